@@ -1,0 +1,470 @@
+# cairn.sh: host side of the cairn marker protocol v1; PROTOCOL.md is the spec.
+# Run as: /bin/sh -c 'eval "$1"' cairn "<this script>" MODE ARG...
+# POSIX sh (bash, dash, busybox ash). Comments are whole lines (strippable).
+CAIRN_SRC=$1
+shift
+MODE=$1
+set -f
+NL='
+'
+S=
+B=
+
+# protocol line on stderr
+p() { printf '%s %s\n' "$B" "$*" >&2; }
+
+# B error TEXT, with newlines turned into spaces
+e() {
+	m=$*
+	while :; do
+		case $m in
+		*"$NL"*) m="${m%%"$NL"*} ${m#*"$NL"}" ;;
+		*) break ;;
+		esac
+	done
+	p error "$m"
+}
+
+# the supervisor reports on its verdict pipe, all others on the channel
+die() {
+	[ -n "$S" ] && rm -rf "$S"
+	if [ "$MODE" = supervise ]; then
+		printf '%s\nverdict refused\n' "$1"
+	else
+		e "$1"
+		[ "$MODE" = dispatch ] && p verdict refused
+		p end
+	fi
+	exit 1
+}
+
+# run a command or function; on failure die with its own message
+run() { m=$("$@" 2>&1) || die "$m"; }
+put() { printf '%s\n' "$2" >"$1"; }
+num() { case $1 in '' | *[!0-9]* | 0?*) false ;; *) [ ${#1} -le 15 ] ;; esac; }
+hex() { case $1 in *[!0-9a-f]*) false ;; *) [ ${#1} -eq "$2" ] ;; esac; }
+bit() { case $1 in 0 | 1) true ;; *) false ;; esac; }
+# old sync(1) without FILE arguments syncs everything
+fsync() { sync "$1" 2>/dev/null || sync; }
+# size FILE: sets Z (busybox wc may pad with spaces)
+size() { Z=$(wc -c <"$1") && Z=${Z##*[!0-9]}; }
+
+# pst PID: STATE and STIME (field 22) from /proc/PID/stat; comm (field 2) may
+# hold spaces and parentheses: use what follows the last ") "
+pst() {
+	read -r PS 2>/dev/null <"/proc/$1/stat" || return 1
+	PS=${PS##*") "}
+	# shellcheck disable=SC2086 # split the numeric fields on purpose (noglob is on)
+	set -- $PS
+	STATE=$1
+	STIME=${20}
+}
+# boot identity: kernel boot ID / start time of PID 1
+boot() {
+	read -r b <"${CAIRN_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}" && pst 1 && BOOT=$b/$STIME
+}
+# rec RECORD: sets R_* from a started record; false if its version is not ours
+rec() {
+	R_v='' R_boot='' R_pid='' R_start=''
+	for kv in $1; do
+		case $kv in
+		v=*) R_v=${kv#*=} ;;
+		boot=*) R_boot=${kv#*=} ;;
+		sup_pid=*) R_pid=${kv#*=} ;;
+		sup_start=*) R_start=${kv#*=} ;;
+		esac
+	done
+	[ "$R_v" = 1 ]
+}
+# liveness of the supervisor of the record last parsed: sets L
+alive() {
+	if ! boot || [ "$BOOT" != "$R_boot" ]; then
+		L=rebooted
+	elif pst "$R_pid" && [ "$STIME" = "$R_start" ] && case $STATE in Z | X) false ;; esac; then
+		L=alive
+	else
+		L=dead
+	fi
+}
+# is the command's group leader (x/ID/pgid: PID, start time) still alive?
+lead() { num "$g" && pst "$g" && [ "$STIME" = "$gs" ] && case $STATE in Z | X) false ;; esac; }
+
+# Signals go only through these: every PID is checked to be a number > 1, so a
+# bad value can never become kill -1 (everything) or kill 0 (our own group).
+kl() {
+	k_=$1
+	shift
+	for q_; do
+		num "$q_" && [ "$q_" -gt 1 ] && kill "-$k_" "$q_" 2>/dev/null
+	done
+	true
+}
+# kg SIG PGID: the process group, or the PID while its group does not exist yet
+kg() { num "$2" && [ "$2" -gt 1 ] && { kill "-$1" "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; }; }
+tick() { sleep 0.1 2>/dev/null || sleep 1; }
+# sleep that can be cut short: TERM to the subshell running it also ends the sleep
+nap() {
+	sleep "$1" &
+	NP=$!
+	wait $NP
+}
+
+# rest FILE OFFSET: send FILE from OFFSET to its current size; sets N to the new offset
+rest() {
+	N=$2
+	size "$1" 2>/dev/null && [ "$Z" -gt "$2" ] || return 0
+	tail -c +$(($2 + 1)) "$1" 2>/dev/null | head -c $((Z - $2))
+	N=$Z
+}
+
+# heartbeat: wake the watcher every 2 s to re-check liveness; if the watcher
+# is gone, kill what it started
+hb() {
+	NP=
+	trap 'kl TERM "$NP"; exit 0' TERM
+	while nap 2; do
+		kill -0 $$ 2>/dev/null || break
+		echo >&4
+	done
+	kl TERM "$@"
+}
+
+# stream OUT_OFF ERR_OFF WAIT: the body of watch (and of dispatch with ATTACH=1)
+stream() {
+	o=$1 r=$2
+	alive
+	if [ "$3" = 1 ]; then
+		# the supervisor moves the stage into place right after crossing the guard
+		while [ "$L" = alive ] && [ ! -p "$F/wake" ]; do
+			tick
+			alive
+		done
+	fi
+	if [ "$3" = 1 ] && [ "$L" = alive ] && [ -p "$F/wake" ]; then
+		# open wake first, then re-check: a finish after this point wakes us
+		exec 4<>"$F/wake"
+		[ -e "$F.done" ] || live
+		exec 4>&-
+	fi
+	# liveness is decided before looking for the finish record
+	alive
+	rest "$F/out" "$o" && o=$N
+	rest "$F/err" "$r" >&2 && r=$N
+	p sizes "out=$o err=$r"
+	p live "$L"
+	if [ -e "$F.done" ] && read -r d <"$F.done"; then
+		p 'done' "$d"
+	fi
+}
+
+# Follow out and err (tail -f) until the finish record appears or the supervisor
+# is gone. tail -> fifo -> tee -> channel, and tee -> fifo -> wc: the count is
+# exactly what reached the channel, so rest() continues from there.
+live() {
+	W=$T/w$$
+	# (noglob is on: name the files)
+	wrm() { rm -f "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne"; }
+	wrm
+	mkfifo "$W.o" "$W.e" "$W.co" "$W.ce" || return
+	# We open the data fifos ourselves, so no open can block and each tee sees
+	# EOF exactly when its tail dies (each tail holds the only write end).
+	# shellcheck disable=SC2094 # a fifo: read-write, then read-only, on purpose
+	exec 5<>"$W.o" 6<"$W.o" 7<>"$W.e" 8<"$W.e"
+	tail -c +$((o + 1)) -f "$F/out" >&5 7>&- 2>/dev/null &
+	f1=$!
+	tail -c +$((r + 1)) -f "$F/err" >&7 5>&- 2>/dev/null &
+	f2=$!
+	exec 5>&- 7>&-
+	wc -c <"$W.co" >"$W.no" &
+	w1=$!
+	wc -c <"$W.ce" >"$W.ne" &
+	w2=$!
+	tee "$W.co" <&6 2>/dev/null &
+	t1=$!
+	tee "$W.ce" <&8 >&2 2>/dev/null &
+	t2=$!
+	exec 6<&- 8<&-
+	hb $f1 $f2 $t1 $t2 $w1 $w2 &
+	h=$!
+	while read -r _ <&4; do
+		[ -e "$F.done" ] && break
+		alive
+		[ "$L" = alive ] || break
+		# a dead tee means the channel is gone
+		kill -0 "$t1" "$t2" 2>/dev/null || break
+	done
+	kl TERM "$h" "$f1" "$f2"
+	wait $t1 $t2 $w1 $w2 $h
+	read -r n <"$W.no" && o=$((o + n))
+	read -r n <"$W.ne" && r=$((r + n))
+	wrm
+}
+
+# --- arguments: nothing from the caller is ever evaluated as code ---
+case $3 in
+*[!0-9a-f]* | '') B= ;;
+*) [ ${#3} -eq 32 ] && B=@@cairn-$3@@ ;;
+esac
+[ -n "$B" ] || {
+	echo "cairn: bad nonce" >&2
+	exit 2
+}
+case $MODE in
+hello) [ $# -eq 3 ] ;;
+dispatch) [ $# -eq 8 ] && num "$5" && hex "$6" 64 && num "$7" && bit "$8" ;;
+supervise) [ $# -eq 8 ] && num "$5" && hex "$6" 64 && num "$7" && num "$8" ;;
+watch) [ $# -eq 7 ] && num "$5" && num "$6" && bit "$7" ;;
+cancel) [ $# -eq 5 ] && num "$5" ;;
+*) false ;;
+esac || die "bad arguments for mode '$MODE'"
+ID=$4
+NONCE=$3
+if [ "$MODE" != hello ]; then
+	case $ID in '' | *[!A-Za-z0-9_-]*) die "bad execution ID" ;; esac
+	[ ${#ID} -le 128 ] || die "bad execution ID"
+fi
+D=$2
+case $D in
+'' | *"$NL"*) die "bad marker directory" ;;
+/*) ;;
+*) [ -n "$HOME" ] || die "HOME is not set"
+	D=$HOME/$D ;;
+esac
+X=$D/x
+T=$D/tmp
+F=$X/$ID
+
+# --- supervisor: started by dispatch, detached, never writes to the channel ---
+if [ "$MODE" = supervise ]; then
+	# the dispatcher may die (SIGPIPE/SIGHUP) at any time: that must not stop us
+	trap '' HUP PIPE
+	S=$T/$ID.$8
+	TO=$7
+	sh=${SHELL:-/bin/sh}
+	[ -x "$sh" ] || die "login shell $sh is not executable"
+	if [ ! -d "${HOME:-/}" ] || [ ! -x "${HOME:-/}" ]; then
+		die "cannot cd to home ${HOME:-/}"
+	fi
+	boot || die "cannot read the boot identity"
+	pst $$ || die "cannot read /proc/$$/stat"
+	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
+	run put "$S/start" "v=1 id=$ID len=$5 digest=$6 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$(date +%s) timeout=$TO"
+	fsync "$S/start"
+	# THE start guard: an exclusive link of the durable started record
+	if ! m=$(ln "$S/start" "$F.start" 2>&1); then
+		[ -e "$F.start" ] || die "$m"
+		echo "verdict exists"
+		rm -rf "$S"
+		exit 0
+	fi
+	fsync "$X"
+	if ! m=$(mv "$S" "$F" 2>&1); then
+		# nothing ran: give the guard back rather than leave a start we cannot honour
+		rm -f "$F.start"
+		fsync "$X"
+		die "$m"
+	fi
+	S=
+	echo "verdict started"
+	exec >/dev/null 2>&1
+	w=
+	if [ "$TO" -gt 0 ]; then
+		(
+			NP=
+			trap 'kl TERM "$NP"; exit 0' TERM
+			nap "$TO"
+			read -r g _ <"$F/pgid" || exit 0
+			true >"$F/timedout"
+			kg TERM "$g"
+			nap 5
+			kg KILL "$g"
+		) &
+		w=$!
+	fi
+	# The command: own session, cwd $HOME, default HUP/PIPE. Its PID is recorded
+	# before the cancel flag is checked (cancel writes the flag, then reads the PID).
+	(
+		read -r q _ </proc/self/stat
+		pst "$q"
+		echo "$q $STIME" >"$F/pgid"
+		[ -e "$F.cancel" ] && exit 130
+		trap - HUP PIPE
+		cd "${HOME:-/}" || exit 126
+		CAIRN_EXECUTION_ID=$ID
+		CAIRN_COMMAND_FILE=$F/cmd
+		export CAIRN_EXECUTION_ID CAIRN_COMMAND_FILE
+		# shellcheck disable=SC2016 # expanded by the login shell, from its environment
+		exec setsid "$sh" -c '. "$CAIRN_COMMAND_FILE"' <"/dev/null" >"$F/out" 2>"$F/err"
+	)
+	c=$?
+	if [ -n "$w" ]; then
+		kl TERM "$w"
+		wait "$w"
+	fi
+	t=0 k=0
+	[ -e "$F/timedout" ] && t=1
+	[ -e "$F.cancel" ] && k=1
+	size "$F/out" && o=$Z && size "$F/err"
+	# written in place into the space reserved before the start
+	printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s' \
+		"$ID" "$c" "$(date +%s)" "$o" "$Z" "$t" "$k" 1<>"$F/done.tmp"
+	fsync "$F/done.tmp"
+	mv "$F/done.tmp" "$F.done"
+	fsync "$X"
+	# wake watchers (read-write open of the fifo never blocks)
+	n=$NL$NL$NL$NL
+	n=$n$n$n$n
+	printf '%s' "$n$n$n$n" 1<>"$F/wake"
+	exit 0
+fi
+
+# --- every other mode: ensure the marker home and the epoch, say hello ---
+if [ ! -d "$X" ] || [ ! -d "$T" ]; then
+	run mkdir -p -m 700 "$D"
+	run mkdir -p "$X" "$T"
+fi
+if ! read -r E _ 2>/dev/null <"$D/epoch"; then
+	read -r u </proc/sys/kernel/random/uuid || die "cannot read /proc/sys/kernel/random/uuid"
+	while :; do
+		case $u in
+		*-*) u=${u%%-*}${u#*-} ;;
+		*) break ;;
+		esac
+	done
+	run put "$T/epoch.$$" "$u created=$(date +%s)"
+	fsync "$T/epoch.$$"
+	# exclusive: of two racing first uses, one epoch wins
+	ln "$T/epoch.$$" "$D/epoch" 2>/dev/null
+	rm -f "$T/epoch.$$"
+	fsync "$D"
+	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
+fi
+boot || die "cannot read the boot identity"
+p hello "v=1 epoch=$E boot=$BOOT now=$(date +%s)"
+
+case $MODE in
+dispatch)
+	LEN=$5 DIG=$6 TO=$7 ATT=$8
+	if [ ! -e "$F.start" ]; then
+		command -v setsid >/dev/null || die "setsid: command not found"
+		S=$T/$ID.$$
+		run mkdir "$S"
+		# exactly LEN bytes from stdin, or refuse (a cut connection gives fewer)
+		rd() { head -c "$LEN" >"$S/cmd"; }
+		run rd
+		size "$S/cmd"
+		[ "$Z" = "$LEN" ] || die "stdin ended after $Z of $LEN bytes"
+		# the stage; done.tmp reserves the space of the finish record
+		prep() {
+			true >"$S/out" && true >"$S/err" && printf '%512s\n' '' >"$S/done.tmp" && mkfifo "$S/wake"
+		}
+		run prep
+		# the supervisor runs under the shell running us (busybox needs "sh")
+		sh=$(readlink "/proc/$$/exe" 2>/dev/null)
+		set -- /bin/sh
+		if [ -x "$sh" ]; then
+			case $sh in
+			*/busybox) set -- "$sh" sh ;;
+			/*) set -- "$sh" ;;
+			esac
+		fi
+		# setsid twice: the second, a session leader, must fork (a portable setsid -f);
+		# we only wait for EOF on the pipe, after the verdict
+		# shellcheck disable=SC2016 # the script is $1 of the new shell
+		v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$D" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ </dev/null 2>&1)
+		# error lines, then "verdict X" last
+		V=
+		case $v in
+		*"verdict "*)
+			V=${v##*verdict }
+			v=${v%verdict *}
+			;;
+		esac
+		v=${v%"$NL"}
+		[ -n "$v" ] && e "$v"
+		case $V in
+		started | exists | refused) ;;
+		*)
+			# no verdict: the supervisor died; did it cross the guard? (records
+			# are unique: they hold the supervisor's PID and start time)
+			l=
+			[ -d "$S" ] && read -r l 2>/dev/null <"$S/start"
+			if [ -e "$F.start" ] && { [ ! -d "$S" ] || { read -r d <"$F.start" && [ "$l" = "$d" ]; }; }; then
+				V=started
+			else
+				V=refused
+			fi
+			;;
+		esac
+		[ "$V" = refused ] && rm -rf "$S"
+	else
+		V=exists
+	fi
+	p verdict "$V"
+	if [ "$V" != refused ] && read -r l <"$F.start"; then
+		p start "$l"
+		[ "$V" = started ] && [ "$ATT" = 1 ] && rec "$l" && stream 0 0 1
+	fi
+	;;
+watch)
+	if [ -e "$F.start" ]; then
+		read -r l <"$F.start"
+		p start "$l"
+		if rec "$l"; then
+			stream "$5" "$6" "$7"
+		else
+			e "unsupported started record version '$R_v'"
+		fi
+	else
+		p absent
+	fi
+	;;
+cancel)
+	# the flag first: a supervisor that has not started the command yet will see it
+	run touch "$F.cancel"
+	if [ ! -e "$F.start" ]; then
+		p absent
+		R=absent
+	else
+		read -r l <"$F.start"
+		p start "$l"
+		rec "$l" || die "unsupported started record version '$R_v'"
+		alive
+		if [ -e "$F.done" ]; then
+			R=finished
+		elif [ "$L" = rebooted ]; then
+			R=dead
+		elif ! read -r g gs 2>/dev/null <"$F/pgid"; then
+			R=prevented
+			[ "$L" = alive ] || R=dead
+		elif lead; then
+			kg TERM "$g"
+			R=signalled
+			i=$(($5 * 10))
+			while [ $i -gt 0 ] && [ ! -e "$F.done" ] && lead; do
+				tick
+				i=$((i - 1))
+			done
+			if [ ! -e "$F.done" ] && lead; then
+				kg KILL "$g"
+			fi
+		else
+			R=finished
+			[ "$L" = alive ] || R=dead
+		fi
+		# an alive supervisor records the outcome within moments
+		i=30
+		while [ $i -gt 0 ] && [ "$L" = alive ] && [ ! -e "$F.done" ]; do
+			tick
+			i=$((i - 1))
+			alive
+		done
+		p live "$L"
+		if [ -e "$F.done" ] && read -r d <"$F.done"; then
+			p 'done' "$d"
+		fi
+	fi
+	p cancel "$R"
+	;;
+esac
+p end

@@ -1,0 +1,227 @@
+#!/usr/bin/env bash
+# test-local.sh: exercise cairn.sh locally (no SSH) under bash, dash and busybox ash.
+# Each exec gets stdin from a file and its stdout/stderr captured, exactly as over SSH.
+# Usage: remote-scripts/test-local.sh [bash|dash|busybox ...]    (default: all three)
+set -u
+# Run in a private PID namespace when we can: whatever the script under test
+# signals, it cannot reach a process outside this test run.
+if [ -z "${CAIRN_TEST_NS:-}" ] && unshare --pid --fork --mount-proc true 2>/dev/null; then
+	CAIRN_TEST_NS=1 exec unshare --pid --fork --mount-proc "$0" "$@"
+fi
+HERE=$(cd "$(dirname "$0")" && pwd)
+SRC=$(cat "$HERE/cairn.sh")
+NONCE=0123456789abcdef0123456789abcdef
+B="@@cairn-$NONCE@@"
+DG=$(printf '%064d' 0)
+PASS=0
+FAIL=0
+ROOT=$(mktemp -d /tmp/cairn-test.XXXXXX)
+mkdir -p "$ROOT/bb" && ln -s "$(command -v busybox)" "$ROOT/bb/sh"
+
+ok() { PASS=$((PASS + 1)); echo "  ok   $SHN: $1"; }
+bad() {
+	FAIL=$((FAIL + 1))
+	echo "  FAIL $SHN: $1"
+	{ echo "--- protocol:"; cat "$W/p"; echo "--- stdout (head):"; head -c 300 "$W/o"; echo; } 2>/dev/null | sed 's/^/       /'
+}
+# check DESC CMD...: pass if CMD succeeds
+check() { local d=$1; shift; if "$@"; then ok "$d"; else bad "$d"; fi; }
+ms() { echo $(($(date +%s%N) / 1000000)); }
+
+# cx STDIN MODE ARG...: one exec of the script. stdout -> $W/o, stderr -> $W/e,
+# protocol lines (without B) -> $W/p, raw stderr bytes (protocol lines removed) -> $W/r
+cx() {
+	local in=$1
+	shift
+	# shellcheck disable=SC2086,SC2016
+	timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" "$@" <"$in" >"$W/o" 2>"$W/e"
+	RC=$?
+	perl -0777 -e '$b = shift; $_ = <STDIN>; open P, ">", shift; open R, ">", shift;
+		print P "$1\n" while /\Q$b\E ([^\n]*)\n/g; s/\Q$b\E[^\n]*\n//g; print R $_' \
+		"$B" "$W/p" "$W/r" <"$W/e"
+}
+# disp ID CMDFILE TIMEOUT ATTACH [LEN]
+disp() { cx "$2" dispatch .cairn "$NONCE" "$1" "${5:-$(wc -c <"$2")}" "$DG" "$3" "$4"; }
+has() { grep -qxF -- "$1" "$W/p"; }
+hasre() { grep -qE -- "$1" "$W/p"; }
+ended() { [ "$(tail -n 1 "$W/p")" = end ]; }
+same() { printf '%b' "$2" >"$W/exp" && cmp -s "$W/exp" "$1"; }
+field() { sed -n "s/^$1 .*\<$2=\([^ ]*\).*/\1/p" "$W/p" | head -n 1; }
+mkcmd() { printf '%s' "$1" >"$W/cmd.$2"; echo "$W/cmd.$2"; }
+
+run_shell() {
+	case $SHN in
+	bash) SH=$(command -v bash); export SHELL=$SH ;;
+	dash) SH=$(command -v dash); export SHELL=$SH ;;
+	busybox) SH="$(command -v busybox) sh"; export SHELL=$ROOT/bb/sh ;;
+	esac
+	export HOME=$ROOT/$SHN/home
+	W=$ROOT/$SHN/w
+	mkdir -p "$HOME" "$W"
+	X=$HOME/.cairn/x
+	local t0 c e1 e2 id r sup pg
+
+	cx /dev/null hello .cairn "$NONCE"
+	e1=$(field hello epoch)
+	cx /dev/null hello .cairn "$NONCE"
+	e2=$(field hello epoch)
+	check "hello twice: same epoch ($e1)" test -n "$e1" -a "$e1" = "$e2" -a "$RC" = 0 -a "$(head -n 1 "$W/p" | cut -c1-9)" = "hello v=1"
+
+	c=$(mkcmd 'printf "out\n"; printf "err1\n" >&2; printf "tail"; printf "e2" >&2; exit 3' a)
+	disp a1 "$c" 0 1
+	check "attach: exact stdout" same "$W/o" 'out\ntail'
+	check "attach: exact stderr" same "$W/r" 'err1\ne2'
+	check "attach: verdict, sizes, status 3, end" eval 'has "verdict started" && has "sizes out=8 err=7" && [ "$(field done status)" = 3 ] && [ "$(field done out)" = 8 ] && ended'
+	check "attach: started record fields" eval 'hasre "^start v=1 id=a1 len=[0-9]+ digest=$DG epoch=$e1 boot=[^ ]+/[0-9]+ sup_pid=[0-9]+ sup_start=[0-9]+ started_at=[0-9]+ timeout=0$"'
+
+	c=$(mkcmd 'echo x >>"$HOME/counter"' c)
+	disp c1 "$c" 0 1
+	disp c1 "$c" 0 1
+	check "same ID again: exists, ran once" eval 'has "verdict exists" && hasre "^start v=1 id=c1 " && ! hasre "^done" && ended && [ "$(wc -l <"$HOME/counter")" = 1 ]'
+
+	c=$(mkcmd 'printf abc; printf XYZ >&2; sleep 2; printf def; printf UVW >&2' d)
+	t0=$(ms)
+	disp d1 "$c" 0 0
+	check "ATTACH=0 returns promptly ($(($(ms) - t0)) ms)" eval '[ $(($(ms) - t0)) -lt 1500 ] && has "verdict started" && ! hasre "^sizes" && ended'
+	sleep 0.5
+	cx /dev/null watch .cairn "$NONCE" d1 0 0 0
+	check "watch WAIT=0 while running: alive, partial output, no done" eval 'has "live alive" && ! hasre "^done" && same "$W/o" abc && same "$W/r" XYZ && has "sizes out=3 err=3" && ended'
+	t0=$(ms)
+	cx /dev/null watch .cairn "$NONCE" d1 1 2 1
+	check "watch WAIT=1 from offsets 1/2: exact rest ($(($(ms) - t0)) ms)" eval 'same "$W/o" bcdef && same "$W/r" ZUVW && has "sizes out=6 err=6" && [ "$(field done status)" = 0 ] && ended'
+	cx /dev/null watch .cairn "$NONCE" d1 0 0 0
+	check "watch WAIT=0 after finish: everything" eval 'same "$W/o" abcdef && same "$W/r" XYZUVW && hasre "^done v=1 id=d1 status=0 " && ended'
+	cx /dev/null watch .cairn "$NONCE" nosuch 0 0 1
+	check "watch unknown ID: absent" eval 'has absent && ended'
+
+	c=$(mkcmd 'echo hi' s)
+	disp s1 "$c" 0 1 100
+	check "short stdin: refused, no start record, no stage" eval 'has "verdict refused" && hasre "^error .*7 of 100" && [ ! -e "$X/s1.start" ] && [ -z "$(ls "$HOME/.cairn/tmp")" ] && ended'
+
+	# hostile payload: quotes, $(...), backticks, backslashes, non-UTF-8, tabs, newlines
+	printf '%s' "'\"\$(touch \$HOME/pwned)\`touch \$HOME/pwned2\` \\\\ \$HOME "$'\377\376 \303\251 *' >"$W/hp"
+	printf '\n\tline2 ; exit 9' >>"$W/hp"
+	{ printf "cat <<'EOT'\n"; cat "$W/hp"; printf '\nEOT\necho end\n\n\n'; } >"$W/cmd.h"
+	{ cat "$W/hp"; printf '\nend\n'; } >"$W/exp.h"
+	disp h1 "$W/cmd.h" 0 1
+	check "hostile bytes: command file identical" cmp -s "$W/cmd.h" "$X/h1/cmd"
+	check "hostile bytes: output identical, nothing interpolated" eval 'cmp -s "$W/o" "$W/exp.h" && [ ! -e "$HOME/pwned" ] && [ ! -e "$HOME/pwned2" ] && [ "$(field done status)" = 0 ]'
+
+	{ printf "printf %%s '"; head -c 1048576 /dev/zero | tr '\0' x; printf "' | wc -c\n"; } >"$W/cmd.big"
+	disp b1 "$W/cmd.big" 0 1
+	check "1 MB argument" eval '[ "$(tr -d " \n" <"$W/o")" = 1048576 ] && cmp -s "$W/cmd.big" "$X/b1/cmd" && [ "$(field done status)" = 0 ]'
+
+	c=$(mkcmd 'echo "$CAIRN_EXECUTION_ID"; pwd; grep SigIgn /proc/self/status; cut -d" " -f1,5,6 /proc/$$/stat' v)
+	disp env1 "$c" 0 1
+	check "command env: ID, cwd HOME, no ignored signals, own session" eval '[ "$(sed -n 1p "$W/o")" = env1 ] && [ "$(sed -n 2p "$W/o")" = "$HOME" ] && grep -q "SigIgn:[[:space:]]*0*$" "$W/o" && sed -n 4p "$W/o" | grep -qE "^([0-9]+) \1 \1$"'
+
+	c=$(mkcmd 'sleep 30' k)
+	disp k1 "$c" 0 0
+	sup=$(field start sup_pid)
+	(W=$W/bg && mkdir -p "$W" && t0=$(ms) && cx /dev/null watch .cairn "$NONCE" k1 0 0 1 && echo $(($(ms) - t0)) >"$W/ms") &
+	r=$!
+	sleep 0.7
+	[[ $sup =~ ^[0-9]+$ ]] && [ "$sup" -gt 1 ] && kill -9 "$sup"
+	wait $r
+	cp "$W/bg/p" "$W/p"
+	check "kill -9 supervisor during watch: dead, no done ($(cat "$W/bg/ms") ms)" eval 'has "live dead" && ! hasre "^done" && ended && [ $(cat "$W/bg/ms") -lt 5000 ]'
+	cx /dev/null watch .cairn "$NONCE" k1 0 0 1
+	check "watch after supervisor death: dead at once" eval 'has "live dead" && ! hasre "^done" && ended'
+	read -r pg _ <"$X/k1/pgid" && [[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg"
+
+	echo boot-A >"$W/boot"
+	c=$(mkcmd 'true' r)
+	CAIRN_BOOT_ID_FILE=$W/boot disp r1 "$c" 0 1
+	echo boot-B >"$W/boot"
+	CAIRN_BOOT_ID_FILE=$W/boot cx /dev/null watch .cairn "$NONCE" r1 0 0 0
+	check "boot ID changed: rebooted" eval 'has "live rebooted" && ended'
+
+	c=$(mkcmd 'sleep 30' t)
+	t0=$(ms)
+	disp t1 "$c" 1 1
+	check "timeout: TERM ($(($(ms) - t0)) ms)" eval 'hasre "^done .* status=143 .* timed_out=1 cancelled=0" && [ $(($(ms) - t0)) -lt 4000 ]'
+	c=$(mkcmd "trap '' TERM; sleep 30" t2)
+	t0=$(ms)
+	disp t2 "$c" 1 1
+	check "timeout: TERM ignored, KILL 5 s later ($(($(ms) - t0)) ms)" eval 'hasre "^done .* status=137 .* timed_out=1" && [ $(($(ms) - t0)) -lt 9000 ]'
+
+	c=$(mkcmd 'sleep 30' n)
+	disp n1 "$c" 0 0
+	sleep 0.3
+	t0=$(ms)
+	cx /dev/null cancel .cairn "$NONCE" n1 2
+	check "cancel while running ($(($(ms) - t0)) ms)" eval 'has "cancel signalled" && hasre "^done .* status=143 .* cancelled=1" && ended && [ $(($(ms) - t0)) -lt 2500 ]'
+	cx /dev/null cancel .cairn "$NONCE" n1 2
+	check "cancel after finish: finished" eval 'has "cancel finished" && ended'
+	c=$(mkcmd 'echo x >>"$HOME/counter2"' n2)
+	cx /dev/null cancel .cairn "$NONCE" n2 2
+	check "cancel before dispatch: absent" eval 'has absent && has "cancel absent" && ended'
+	disp n2 "$c" 0 1
+	check "... then dispatch: started, not run, cancelled=1 status=130" eval 'has "verdict started" && hasre "^done .* status=130 .* cancelled=1" && [ ! -e "$HOME/counter2" ]'
+
+	c=$(mkcmd 'sleep 1; echo survived' p)
+	# shellcheck disable=SC2086,SC2016
+	timeout 10 $SH -c 'eval "$1"' cairn "$SRC" dispatch .cairn "$NONCE" p1 "$(wc -c <"$c")" "$DG" 0 1 <"$c" 2>&1 | head -c 10 >/dev/null
+	cx /dev/null watch .cairn "$NONCE" p1 0 0 1
+	check "dispatcher killed by SIGPIPE: supervisor carries on" eval 'same "$W/o" "survived\n" && [ "$(field done status)" = 0 ]'
+	# shellcheck disable=SC2086,SC2016
+	timeout -s HUP 0.5 $SH -c 'eval "$1"' cairn "$SRC" dispatch .cairn "$NONCE" p2 "$(wc -c <"$c")" "$DG" 0 1 <"$c" >/dev/null 2>&1
+	cx /dev/null watch .cairn "$NONCE" p2 0 0 1
+	check "dispatcher killed by SIGHUP: supervisor carries on" eval 'same "$W/o" "survived\n" && [ "$(field done status)" = 0 ]'
+	if [ "$SHN" != busybox ]; then
+		mkdir -p "$ROOT/nosetsid"
+		for t in mkdir ln mv cat wc tail head sync mkfifo date sleep rm tee readlink touch; do
+			ln -sf "$(command -v $t)" "$ROOT/nosetsid/$t"
+		done
+		c=$(mkcmd 'true' m)
+		CXPATH=$ROOT/nosetsid disp m1 "$c" 0 1
+		check "setsid missing: error, refused, no start record" eval 'hasre "^error .*setsid" && has "verdict refused" && [ ! -e "$X/m1.start" ] && ended'
+	fi
+
+	c=$(mkcmd 'true' u)
+	cx "$c" dispatch /proc/cairn-nope "$NONCE" u1 4 "$DG" 0 1
+	check "unwritable DIR: tool's error, refused" eval 'hasre "^error .*mkdir.*cairn-nope" && has "verdict refused" && ended'
+	echo >"$HOME/afile"
+	cx /dev/null watch afile/sub "$NONCE" u1 0 0 1
+	check "DIR under a file: watch gives error" eval 'hasre "^error .*[Nn]ot a directory" && ended'
+	chmod 500 "$X" 2>/dev/null
+	if [ "$(id -u)" != 0 ]; then
+		disp u2 "$c" 0 1
+		check "unwritable x/: refused with message" eval 'hasre "^error " && has "verdict refused" && [ ! -e "$X/u2.start" ]'
+	fi
+	chmod 700 "$X"
+
+	for id in '../x' '' "$(printf '%0129d' 7)" 'a b' 'é'; do
+		disp "$id" "$c" 0 1
+		check "bad ID '${id:0:12}': refused by the script" eval 'has "error bad execution ID" && has "verdict refused" && ended && [ ! -e "$HOME/.cairn/x.start" ]'
+	done
+	cx "$c" dispatch .cairn "$NONCE" g1 4 "$DG" 010 1
+	check "bad number (leading zero) refused" eval 'has "verdict refused" && [ ! -e "$X/g1.start" ]'
+	cx /dev/null hello .cairn NOTANONCE
+	check "bad nonce: plain refusal" eval '[ "$RC" = 2 ] && grep -q "bad nonce" "$W/e"'
+
+	sleep 2.5
+	r=$(pgrep -af "$ROOT/$SHN" | grep -v pgrep)
+	check "no stray processes left" test -z "$r"
+	[ -n "$r" ] && echo "$r" | cut -c1-150
+}
+
+SHELLS=${*:-bash dash busybox}
+for SHN in $SHELLS; do
+	echo "== $SHN"
+	run_shell
+done
+
+# rough cost of a dispatch ATTACH=1 of `true` under dash
+SHN=dash SH=dash W=$ROOT/dash/w HOME=$ROOT/dash/home SHELL=$(command -v dash)
+c=$(mkcmd true perf)
+p0=$(cat /proc/sys/kernel/ns_last_pid)
+t0=$(ms)
+for i in $(seq 1 20); do disp "perf$i" "$c" 0 1; done
+t1=$(ms)
+p1=$(cat /proc/sys/kernel/ns_last_pid)
+echo "dash: dispatch ATTACH=1 of true: $(((t1 - t0) / 20)) ms each, ~$(((p1 - p0) / 20)) PIDs each (incl. timeout + perl of this driver)"
+
+echo "$PASS passed, $FAIL failed"
+rm -rf "$ROOT"
+[ "$FAIL" = 0 ]
