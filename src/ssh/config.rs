@@ -1,0 +1,727 @@
+//! A subset of OpenSSH `ssh_config` (see [`super::resolve`] for the keywords honoured).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::known_hosts::wildcard_match;
+use super::{ConnectOptions, SshError, Target};
+
+/// Where a value came from, for error messages.
+#[derive(Debug, Clone)]
+struct Loc {
+    file: PathBuf,
+    line: usize,
+}
+
+#[derive(Debug, Clone)]
+struct Val {
+    value: String,
+    loc: Loc,
+}
+
+/// Settings collected for one host, first value wins (IdentityFile accumulates).
+#[derive(Debug, Default)]
+struct Collected {
+    hostname: Option<Val>,
+    user: Option<Val>,
+    port: Option<Val>,
+    identity_files: Vec<Val>,
+    user_known_hosts: Option<(Vec<String>, Loc)>,
+    global_known_hosts: Option<(Vec<String>, Loc)>,
+    connect_timeout: Option<Val>,
+    alive_interval: Option<Val>,
+    alive_count: Option<Val>,
+    strict: Option<Val>,
+    hash_known_hosts: Option<Val>,
+    identity_agent: Option<Val>,
+}
+
+const MAX_INCLUDE_DEPTH: usize = 16;
+
+fn cfg_err(loc: &Loc, message: impl Into<String>) -> SshError {
+    SshError::Config {
+        file: loc.file.clone(),
+        line: loc.line,
+        message: message.into(),
+    }
+}
+
+/// Split a config line into words, honouring double quotes. Handles `Keyword=value`.
+fn split_words(line: &str) -> Result<Vec<String>, String> {
+    let mut words = Vec::new();
+    let mut cur = String::new();
+    let mut in_word = false;
+    let mut quoted = false;
+    let mut first_eq_done = false;
+    for c in line.chars() {
+        if quoted {
+            if c == '"' {
+                quoted = false;
+            } else {
+                cur.push(c);
+            }
+            continue;
+        }
+        match c {
+            '"' => {
+                quoted = true;
+                in_word = true;
+            }
+            '=' if !first_eq_done && words.is_empty() => {
+                // "Keyword=value" or "Keyword = value"
+                first_eq_done = true;
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c if c.is_whitespace() => {
+                if in_word {
+                    words.push(std::mem::take(&mut cur));
+                    in_word = false;
+                }
+            }
+            c => {
+                if words.len() == 1 && !first_eq_done && !in_word && c == '=' {
+                    first_eq_done = true;
+                    continue;
+                }
+                cur.push(c);
+                in_word = true;
+            }
+        }
+    }
+    if quoted {
+        return Err("unterminated quote".into());
+    }
+    if in_word {
+        words.push(cur);
+    }
+    // "Keyword = value": a lone "=" as second word.
+    if words.len() >= 2 && words[1] == "=" {
+        words.remove(1);
+    }
+    Ok(words)
+}
+
+fn host_matches(patterns: &[String], alias: &str) -> bool {
+    let mut positive = false;
+    for p in patterns {
+        if let Some(neg) = p.strip_prefix('!') {
+            if wildcard_match(neg, alias) {
+                return false;
+            }
+        } else if wildcard_match(p, alias) {
+            positive = true;
+        }
+    }
+    positive
+}
+
+struct Parser<'a> {
+    alias: &'a str,
+    home: &'a Path,
+    out: Collected,
+}
+
+impl Parser<'_> {
+    fn parse_file(&mut self, path: &Path, depth: usize, required: bool) -> Result<(), SshError> {
+        let content = match std::fs::read_to_string(path) {
+            Ok(c) => c,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => {
+                return Err(SshError::Config {
+                    file: path.to_path_buf(),
+                    line: 0,
+                    message: format!("cannot read the file: {e}"),
+                })
+            }
+        };
+        let mut active = true;
+        for (idx, raw) in content.lines().enumerate() {
+            let loc = Loc {
+                file: path.to_path_buf(),
+                line: idx + 1,
+            };
+            let trimmed = raw.trim();
+            if trimmed.is_empty() || trimmed.starts_with('#') {
+                continue;
+            }
+            let words = split_words(trimmed).map_err(|m| cfg_err(&loc, m))?;
+            let Some((kw, args)) = words.split_first() else {
+                continue;
+            };
+            let kw = kw.to_ascii_lowercase();
+            match kw.as_str() {
+                "host" => {
+                    if args.is_empty() {
+                        return Err(cfg_err(&loc, "Host needs at least one pattern"));
+                    }
+                    active = host_matches(args, self.alias);
+                    continue;
+                }
+                "match" => {
+                    // Only "Match all" is understood; other Match blocks are skipped.
+                    active = args.len() == 1 && args[0].eq_ignore_ascii_case("all");
+                    if !active {
+                        tracing::debug!(file = %path.display(), line = idx + 1, "skipping unsupported Match block");
+                    }
+                    continue;
+                }
+                _ => {}
+            }
+            if !active {
+                continue;
+            }
+            if kw == "include" {
+                if depth >= MAX_INCLUDE_DEPTH {
+                    return Err(cfg_err(&loc, "Include nested too deeply"));
+                }
+                for arg in args {
+                    for inc in expand_include(arg, self.home) {
+                        self.parse_file(&inc, depth + 1, false)?;
+                    }
+                }
+                continue;
+            }
+            let first = |slot: &mut Option<Val>| {
+                if slot.is_none() {
+                    if let Some(v) = args.first() {
+                        *slot = Some(Val {
+                            value: v.clone(),
+                            loc: loc.clone(),
+                        });
+                    }
+                }
+            };
+            if args.is_empty() {
+                return Err(cfg_err(&loc, format!("{kw} needs a value")));
+            }
+            let o = &mut self.out;
+            match kw.as_str() {
+                "hostname" => first(&mut o.hostname),
+                "user" => first(&mut o.user),
+                "port" => first(&mut o.port),
+                "identityfile" => o.identity_files.push(Val {
+                    value: args[0].clone(),
+                    loc: loc.clone(),
+                }),
+                "userknownhostsfile" if o.user_known_hosts.is_none() => {
+                    o.user_known_hosts = Some((args.to_vec(), loc.clone()));
+                }
+                "globalknownhostsfile" if o.global_known_hosts.is_none() => {
+                    o.global_known_hosts = Some((args.to_vec(), loc.clone()));
+                }
+                "connecttimeout" => first(&mut o.connect_timeout),
+                "serveraliveinterval" => first(&mut o.alive_interval),
+                "serveralivecountmax" => first(&mut o.alive_count),
+                "stricthostkeychecking" => first(&mut o.strict),
+                "hashknownhosts" => first(&mut o.hash_known_hosts),
+                "identityagent" => first(&mut o.identity_agent),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Include paths: `~` expanded, relative ones are relative to ~/.ssh, `*`/`?` in the last
+/// path component are expanded (sorted, as glob(3) does).
+fn expand_include(arg: &str, home: &Path) -> Vec<PathBuf> {
+    let p = expand_tilde(arg, home);
+    let p = if p.is_absolute() {
+        p
+    } else {
+        home.join(".ssh").join(p)
+    };
+    let name = p
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !name.contains(['*', '?']) {
+        return vec![p];
+    }
+    let Some(dir) = p.parent() else {
+        return vec![];
+    };
+    let mut out: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(Result::ok)
+                .filter(|e| {
+                    let n = e.file_name().to_string_lossy().into_owned();
+                    !n.starts_with('.') && wildcard_match(&name, &n)
+                })
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
+
+pub(crate) fn expand_tilde(s: &str, home: &Path) -> PathBuf {
+    if s == "~" {
+        home.to_path_buf()
+    } else if let Some(rest) = s.strip_prefix("~/") {
+        home.join(rest)
+    } else {
+        PathBuf::from(s)
+    }
+}
+
+struct Tokens<'a> {
+    alias: &'a str,
+    hostname: &'a str,
+    user: &'a str,
+    local_user: &'a str,
+    home: &'a str,
+    port: u16,
+}
+
+fn expand_tokens(s: &str, t: &Tokens<'_>, loc: &Loc) -> Result<String, SshError> {
+    let mut out = String::new();
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '%' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('%') => out.push('%'),
+            Some('h') => out.push_str(t.hostname),
+            Some('n') => out.push_str(t.alias),
+            Some('r') => out.push_str(t.user),
+            Some('u') => out.push_str(t.local_user),
+            Some('d') => out.push_str(t.home),
+            Some('p') => out.push_str(&t.port.to_string()),
+            Some('i') => out.push_str(&unsafe { libc::getuid() }.to_string()),
+            Some(other) => {
+                return Err(cfg_err(loc, format!("unknown token %{other} in \"{s}\"")));
+            }
+            None => return Err(cfg_err(loc, format!("lone % at the end of \"{s}\""))),
+        }
+    }
+    Ok(out)
+}
+
+fn parse_secs(v: &Val, what: &str) -> Result<u64, SshError> {
+    v.value.parse::<u64>().map_err(|_| {
+        cfg_err(
+            &v.loc,
+            format!("{what} must be a number of seconds, not \"{}\"", v.value),
+        )
+    })
+}
+
+fn yes_no(v: &Val) -> bool {
+    matches!(v.value.to_ascii_lowercase().as_str(), "yes" | "true")
+}
+
+/// The current user's name and home directory.
+pub(crate) fn local_user_and_home() -> (String, PathBuf) {
+    let (pw_name, pw_dir) = passwd_entry();
+    let user = std::env::var("USER")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .or(pw_name)
+        .unwrap_or_else(|| unsafe { libc::getuid() }.to_string());
+    let home = std::env::var_os("HOME")
+        .filter(|h| !h.is_empty())
+        .map(PathBuf::from)
+        .or(pw_dir)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    (user, home)
+}
+
+fn passwd_entry() -> (Option<String>, Option<PathBuf>) {
+    use std::ffi::CStr;
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: buffers are valid for the given sizes; result is checked before use.
+    let rc = unsafe {
+        libc::getpwuid_r(
+            libc::getuid(),
+            &mut pwd,
+            buf.as_mut_ptr(),
+            buf.len(),
+            &mut result,
+        )
+    };
+    if rc != 0 || result.is_null() {
+        return (None, None);
+    }
+    // SAFETY: getpwuid_r succeeded, so the fields point into buf as NUL-terminated strings.
+    unsafe {
+        let name = (!pwd.pw_name.is_null())
+            .then(|| CStr::from_ptr(pwd.pw_name).to_string_lossy().into_owned());
+        let dir = (!pwd.pw_dir.is_null())
+            .then(|| PathBuf::from(CStr::from_ptr(pwd.pw_dir).to_string_lossy().into_owned()));
+        (name, dir)
+    }
+}
+
+pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
+    let (dest_user, host) = match destination.rsplit_once('@') {
+        Some((u, h)) => (Some(u.to_string()), h),
+        None => (None, destination),
+    };
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if host.is_empty() || dest_user.as_deref() == Some("") || host.starts_with('-') {
+        return Err(SshError::InvalidDestination(destination.to_string()));
+    }
+    let alias = host.to_string();
+    let (local_user, home) = local_user_and_home();
+
+    let mut parser = Parser {
+        alias: &alias,
+        home: &home,
+        out: Collected::default(),
+    };
+    match &opts.ssh_config {
+        Some(p) => parser.parse_file(p, 0, true)?,
+        None => {
+            parser.parse_file(&home.join(".ssh/config"), 0, false)?;
+            parser.parse_file(Path::new("/etc/ssh/ssh_config"), 0, false)?;
+        }
+    }
+    let c = parser.out;
+
+    let hostname = match &c.hostname {
+        Some(v) => {
+            let t = Tokens {
+                alias: &alias,
+                hostname: &alias,
+                user: "",
+                local_user: &local_user,
+                home: &home.to_string_lossy(),
+                port: 22,
+            };
+            let mut s = String::new();
+            // HostName only knows %h and %%.
+            let mut it = v.value.chars();
+            while let Some(ch) = it.next() {
+                if ch == '%' {
+                    match it.next() {
+                        Some('h') => s.push_str(t.hostname),
+                        Some('%') => s.push('%'),
+                        other => {
+                            return Err(cfg_err(
+                                &v.loc,
+                                format!(
+                                    "HostName only understands %h and %%, not %{}",
+                                    other.map(String::from).unwrap_or_default()
+                                ),
+                            ))
+                        }
+                    }
+                } else {
+                    s.push(ch);
+                }
+            }
+            s
+        }
+        None => alias.clone(),
+    };
+    let port = match (opts.port, &c.port) {
+        (Some(p), _) => p,
+        (None, Some(v)) => v
+            .value
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| cfg_err(&v.loc, format!("Port must be 1-65535, not \"{}\"", v.value)))?,
+        (None, None) => 22,
+    };
+    let user = match (&dest_user, &c.user) {
+        (Some(u), _) => u.clone(),
+        (None, Some(v)) => v.value.clone(),
+        (None, None) => local_user.clone(),
+    };
+    let home_s = home.to_string_lossy().into_owned();
+    let tokens = Tokens {
+        alias: &alias,
+        hostname: &hostname,
+        user: &user,
+        local_user: &local_user,
+        home: &home_s,
+        port,
+    };
+
+    let mut identity_files: Vec<PathBuf> = opts.identity.clone();
+    for v in &c.identity_files {
+        if v.value.eq_ignore_ascii_case("none") {
+            continue;
+        }
+        let s = expand_tokens(&v.value, &tokens, &v.loc)?;
+        let p = expand_tilde(&s, &home);
+        if !identity_files.contains(&p) {
+            identity_files.push(p);
+        }
+    }
+    let mut default_identities = true;
+    if !c.identity_files.is_empty() || !opts.identity.is_empty() {
+        // OpenSSH only falls back to the default key names when none was configured.
+        default_identities = false;
+    }
+    if default_identities {
+        for name in ["id_ed25519", "id_ecdsa", "id_rsa"] {
+            identity_files.push(home.join(".ssh").join(name));
+        }
+    }
+
+    let expand_list = |list: &(Vec<String>, Loc)| -> Result<Vec<PathBuf>, SshError> {
+        list.0
+            .iter()
+            .filter(|s| !s.eq_ignore_ascii_case("none"))
+            .map(|s| Ok(expand_tilde(&expand_tokens(s, &tokens, &list.1)?, &home)))
+            .collect()
+    };
+    let (known_hosts, known_hosts_read) = match &opts.known_hosts {
+        Some(p) => (p.clone(), Vec::new()),
+        None => {
+            let mut user_files = match &c.user_known_hosts {
+                Some(l) => expand_list(l)?,
+                None => vec![
+                    home.join(".ssh/known_hosts"),
+                    home.join(".ssh/known_hosts2"),
+                ],
+            };
+            let global = match &c.global_known_hosts {
+                Some(l) => expand_list(l)?,
+                None => vec![
+                    PathBuf::from("/etc/ssh/ssh_known_hosts"),
+                    PathBuf::from("/etc/ssh/ssh_known_hosts2"),
+                ],
+            };
+            if user_files.is_empty() {
+                user_files.push(home.join(".ssh/known_hosts"));
+            }
+            let first = user_files.remove(0);
+            user_files.extend(global);
+            (first, user_files)
+        }
+    };
+
+    let connect_timeout = match &c.connect_timeout {
+        Some(v) => match parse_secs(v, "ConnectTimeout")? {
+            0 => opts.connect_timeout,
+            s => Duration::from_secs(s),
+        },
+        None => opts.connect_timeout,
+    };
+    // ServerAliveInterval 0 would disable dead-link detection, which cairn relies on: keep ours.
+    let keepalive_interval = match &c.alive_interval {
+        Some(v) => match parse_secs(v, "ServerAliveInterval")? {
+            0 => opts.keepalive_interval,
+            s => Duration::from_secs(s),
+        },
+        None => opts.keepalive_interval,
+    };
+    let keepalive_max = match &c.alive_count {
+        Some(v) => v
+            .value
+            .parse::<usize>()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| {
+                cfg_err(
+                    &v.loc,
+                    format!(
+                        "ServerAliveCountMax must be a positive number, not \"{}\"",
+                        v.value
+                    ),
+                )
+            })?,
+        None => opts.keepalive_max,
+    };
+    // "no"/"off" would also accept changed keys in OpenSSH; cairn never does: treat as accept-new.
+    let accept_new = opts.accept_new
+        || c.strict.as_ref().is_some_and(|v| {
+            matches!(
+                v.value.to_ascii_lowercase().as_str(),
+                "accept-new" | "no" | "off"
+            )
+        });
+    let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
+    let identity_agent = match &c.identity_agent {
+        None => AgentSetting::Env,
+        Some(v) if v.value.eq_ignore_ascii_case("none") => AgentSetting::None,
+        Some(v) if v.value == "SSH_AUTH_SOCK" => AgentSetting::Env,
+        Some(v) => {
+            let s = expand_tokens(&v.value, &tokens, &v.loc)?;
+            if let Some(var) = s.strip_prefix('$') {
+                match std::env::var_os(var) {
+                    Some(p) => AgentSetting::Path(PathBuf::from(p)),
+                    None => AgentSetting::None,
+                }
+            } else {
+                AgentSetting::Path(expand_tilde(&s, &home))
+            }
+        }
+    };
+
+    Ok(Target {
+        alias,
+        hostname,
+        port,
+        user,
+        identity_files,
+        known_hosts,
+        known_hosts_read,
+        accept_new,
+        hash_known_hosts,
+        connect_timeout,
+        keepalive_interval,
+        keepalive_max,
+        identity_agent,
+    })
+}
+
+/// Which ssh-agent to use (IdentityAgent).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AgentSetting {
+    /// `SSH_AUTH_SOCK` from the environment (default).
+    Env,
+    /// No agent.
+    None,
+    /// A specific socket.
+    Path(PathBuf),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn opts_with(config: &str) -> (tempfile::TempDir, ConnectOptions) {
+        let d = tempfile::tempdir().unwrap();
+        let p = d.path().join("config");
+        std::fs::write(&p, config).unwrap();
+        let o = ConnectOptions {
+            ssh_config: Some(p),
+            ..Default::default()
+        };
+        (d, o)
+    }
+
+    #[test]
+    fn words() {
+        assert_eq!(split_words("Host a b").unwrap(), vec!["Host", "a", "b"]);
+        assert_eq!(split_words("Port=2222").unwrap(), vec!["Port", "2222"]);
+        assert_eq!(split_words("Port = 2222").unwrap(), vec!["Port", "2222"]);
+        assert_eq!(
+            split_words("IdentityFile \"/a b/c\"").unwrap(),
+            vec!["IdentityFile", "/a b/c"]
+        );
+        assert!(split_words("User \"x").is_err());
+    }
+
+    #[test]
+    fn first_value_wins_and_patterns() {
+        let (_d, o) = opts_with(
+            "Host web*\n  HostName %h.example.com\n  User alice\n  Port 2200\n  IdentityFile ~/.ssh/%r@%h\n\
+             Host * !webx\n  User bob\n  Port 2300\n  IdentityFile /k/%n-%p\n  ConnectTimeout 7\n\
+             \tServerAliveInterval 2\n  ServerAliveCountMax 4\n  StrictHostKeyChecking accept-new\n",
+        );
+        let t = resolve("web1", &o).unwrap();
+        assert_eq!(t.hostname, "web1.example.com");
+        assert_eq!(t.user, "alice");
+        assert_eq!(t.port, 2200);
+        let (_, home) = local_user_and_home();
+        assert_eq!(
+            t.identity_files,
+            vec![
+                home.join(".ssh/alice@web1.example.com"),
+                PathBuf::from("/k/web1-2200")
+            ]
+        );
+        assert_eq!(t.connect_timeout, Duration::from_secs(7));
+        assert_eq!(t.keepalive_interval, Duration::from_secs(2));
+        assert_eq!(t.keepalive_max, 4);
+        assert!(t.accept_new);
+        assert_eq!(t.display(), "alice@web1:2200");
+
+        // Negation: webx matches web* but is excluded from "*".
+        let t = resolve("carol@webx", &o).unwrap();
+        assert_eq!(t.user, "carol");
+        assert_eq!(t.port, 2200);
+        assert!(!t.accept_new);
+
+        let o2 = ConnectOptions {
+            port: Some(9),
+            identity: vec![PathBuf::from("/cli/key")],
+            ..o
+        };
+        let t = resolve("other", &o2).unwrap();
+        assert_eq!(t.port, 9);
+        assert_eq!(t.user, "bob");
+        assert_eq!(t.hostname, "other");
+        assert_eq!(t.identity_files[0], PathBuf::from("/cli/key"));
+    }
+
+    #[test]
+    fn defaults_and_errors() {
+        let (_d, o) = opts_with("Host bad\n Port nope\nHost tok\n IdentityFile /x/%z\n");
+        let t = resolve("plain", &o).unwrap();
+        let (user, home) = local_user_and_home();
+        assert_eq!(t.user, user);
+        assert_eq!(t.port, 22);
+        assert_eq!(t.identity_files.len(), 3);
+        assert_eq!(t.identity_files[0], home.join(".ssh/id_ed25519"));
+        assert_eq!(t.known_hosts, home.join(".ssh/known_hosts"));
+        match resolve("bad", &o) {
+            Err(SshError::Config { line: 2, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        match resolve("tok", &o) {
+            Err(SshError::Config { line: 4, .. }) => {}
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(
+            resolve("", &o),
+            Err(SshError::InvalidDestination(_))
+        ));
+        assert!(matches!(
+            resolve("u@", &o),
+            Err(SshError::InvalidDestination(_))
+        ));
+    }
+
+    #[test]
+    fn include_and_known_hosts() {
+        let d = tempfile::tempdir().unwrap();
+        std::fs::write(
+            d.path().join("inc.conf"),
+            "Host h\n UserKnownHostsFile ~/kh1 /x/kh2\n",
+        )
+        .unwrap();
+        let p = d.path().join("config");
+        std::fs::write(
+            &p,
+            format!(
+                "Include {}/inc*.conf\nHost *\n User z\n",
+                d.path().display()
+            ),
+        )
+        .unwrap();
+        let o = ConnectOptions {
+            ssh_config: Some(p),
+            ..Default::default()
+        };
+        let t = resolve("h", &o).unwrap();
+        let (_, home) = local_user_and_home();
+        assert_eq!(t.known_hosts, home.join("kh1"));
+        assert_eq!(t.known_hosts_read[0], PathBuf::from("/x/kh2"));
+        assert_eq!(t.user, "z");
+        let o = ConnectOptions {
+            known_hosts: Some(PathBuf::from("/explicit")),
+            ..o
+        };
+        let t = resolve("h", &o).unwrap();
+        assert_eq!(t.known_hosts, PathBuf::from("/explicit"));
+        assert!(t.known_hosts_read.is_empty());
+    }
+}

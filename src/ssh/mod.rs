@@ -1,0 +1,709 @@
+//! The SSH layer: resolve a destination with ssh_config, connect with strict host-key checking,
+//! authenticate (agent, then key files), and run commands on session channels.
+//!
+//! Built on russh. Notes that matter to callers:
+//! - [`Exec::next`] returning `Ok(None)` without an `ExitStatus` having been seen, or
+//!   `Err(SshError::Disconnected)`, means the outcome is unknown — never exit 0.
+//! - Keepalives (`keepalive_interval` × `keepalive_max`, plus one interval of slack, as russh
+//!   counts) turn a black-holed link into an error instead of a hang.
+//! - Nothing here ever prompts: an encrypted key that no agent holds is [`SshError::EncryptedKey`].
+
+mod auth;
+mod config;
+pub mod known_hosts;
+mod stream;
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use russh::client;
+use russh::keys::ssh_key::{Algorithm, HashAlg, PublicKey};
+use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
+
+pub use config::AgentSetting;
+
+/// How to connect; mirrors the `ssh` command-line options cairn offers.
+#[derive(Debug, Clone)]
+pub struct ConnectOptions {
+    /// `-F`: the ssh_config file. Default: ~/.ssh/config (if present) then /etc/ssh/ssh_config.
+    pub ssh_config: Option<PathBuf>,
+    /// `-p`: overrides the config's Port.
+    pub port: Option<u16>,
+    /// `-i`: identity files, tried before the config's IdentityFile entries.
+    pub identity: Vec<PathBuf>,
+    /// `--known-hosts`: the only known_hosts file consulted (and written with `accept_new`).
+    /// Default: the config's UserKnownHostsFile, else ~/.ssh/known_hosts (+ the global files).
+    pub known_hosts: Option<PathBuf>,
+    /// `--accept-new`: record the key of a host that has none recorded (never a changed one).
+    pub accept_new: bool,
+    /// Overall deadline for TCP connect + handshake + authentication.
+    pub connect_timeout: Duration,
+    /// Send a keepalive after this long without hearing from the server.
+    pub keepalive_interval: Duration,
+    /// Give up after this many unanswered keepalives.
+    pub keepalive_max: usize,
+}
+
+impl Default for ConnectOptions {
+    fn default() -> Self {
+        ConnectOptions {
+            ssh_config: None,
+            port: None,
+            identity: Vec::new(),
+            known_hosts: None,
+            accept_new: false,
+            connect_timeout: Duration::from_secs(15),
+            keepalive_interval: Duration::from_secs(5),
+            keepalive_max: 3,
+        }
+    }
+}
+
+/// A destination after ssh_config has been applied. Fields are what [`Connection::connect`]
+/// uses; a caller may adjust them after [`resolve`].
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// The name as given (`host` of `[user@]host`); ssh_config Host patterns match this.
+    pub alias: String,
+    /// The name or address actually connected to (HostName).
+    pub hostname: String,
+    pub port: u16,
+    pub user: String,
+    /// Key files to try, in order (after the agent).
+    pub identity_files: Vec<PathBuf>,
+    /// The known_hosts file that is checked first and written by accept-new.
+    pub known_hosts: PathBuf,
+    /// Further known_hosts files that are only read (UserKnownHostsFile extras, global files).
+    pub known_hosts_read: Vec<PathBuf>,
+    /// Record an unknown host key (`--accept-new` or `StrictHostKeyChecking accept-new`).
+    pub accept_new: bool,
+    /// Write accept-new entries hashed (`HashKnownHosts yes`).
+    pub hash_known_hosts: bool,
+    pub connect_timeout: Duration,
+    pub keepalive_interval: Duration,
+    pub keepalive_max: usize,
+    /// Which ssh-agent to ask (IdentityAgent).
+    pub identity_agent: AgentSetting,
+}
+
+impl Target {
+    /// `user@alias:port`, for messages.
+    pub fn display(&self) -> String {
+        format!("{}@{}:{}", self.user, self.alias, self.port)
+    }
+
+    /// The names looked up in known_hosts: the alias and the HostName, in `[host]:port` form
+    /// when the port is not 22.
+    pub fn known_host_names(&self) -> Vec<String> {
+        let mut names = vec![known_hosts::lookup_name(&self.hostname, self.port)];
+        let alias = known_hosts::lookup_name(&self.alias, self.port);
+        if !names.contains(&alias) {
+            names.push(alias);
+        }
+        names
+    }
+
+    fn known_hosts_files(&self) -> Vec<PathBuf> {
+        let mut files = vec![self.known_hosts.clone()];
+        files.extend(self.known_hosts_read.iter().cloned());
+        files
+    }
+}
+
+/// Parse `[user@]host` and apply ssh_config: Host patterns (with `*`, `?` and `!negation`, first
+/// value wins), HostName (with %h), User, Port, IdentityFile (with `~`, %d %u %h %r %p %n),
+/// UserKnownHostsFile, GlobalKnownHostsFile, ConnectTimeout, ServerAliveInterval,
+/// ServerAliveCountMax, StrictHostKeyChecking accept-new, HashKnownHosts, IdentityAgent,
+/// Include. `Match` blocks other than `Match all` are skipped.
+/// Default user: `$USER`, else the current uid's name.
+pub fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
+    config::resolve(destination, opts)
+}
+
+/// Errors of the SSH layer. Every message says what happened and what to do about it.
+#[non_exhaustive]
+#[derive(thiserror::Error, Debug)]
+pub enum SshError {
+    #[error(
+        "the host key of {host} is not known (fingerprint {fingerprint}); it is not recorded in {}. \
+         cairn checks host keys strictly and refused to connect. If you trust this fingerprint \
+         (compare it with the server's `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub`), run again \
+         with --accept-new to record it, or add the key to that file yourself.",
+        file.display()
+    )]
+    UnknownHostKey {
+        host: String,
+        file: PathBuf,
+        fingerprint: String,
+    },
+
+    #[error(
+        "WARNING: REMOTE HOST IDENTIFICATION HAS CHANGED for {host}! The server presented a key \
+         (fingerprint {fingerprint}) that does not match the one recorded in {}:{line}. Someone \
+         could be eavesdropping on you right now (man-in-the-middle attack), or the host key has \
+         just been changed. cairn refused to connect. If the change is legitimate, remove the old \
+         entry (`ssh-keygen -R` or delete line {line}) and connect again with --accept-new.",
+        file.display()
+    )]
+    HostKeyChanged {
+        host: String,
+        file: PathBuf,
+        line: usize,
+        fingerprint: String,
+    },
+
+    #[error(
+        "the host key of {host} (fingerprint {fingerprint}) is marked @revoked in {}:{line}; \
+         cairn refused to connect. The key must not be trusted: ask the host's administrator \
+         for its current key.",
+        file.display()
+    )]
+    HostKeyRevoked {
+        host: String,
+        file: PathBuf,
+        line: usize,
+        fingerprint: String,
+    },
+
+    #[error("could not read or write the known_hosts file {}: {source}", file.display())]
+    KnownHosts {
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("could not connect to {host} port {port}: {source}")]
+    Connect {
+        host: String,
+        port: u16,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("{what} timed out after {}s; the host may be down, unreachable, hung or overloaded", after.as_secs_f64())]
+    Timeout { what: &'static str, after: Duration },
+
+    #[error(
+        "authentication as {user} on {host} failed: the server accepted none of the keys tried ({}). \
+         Add the right key to ssh-agent, pass it with -i, or set IdentityFile in ssh_config; \
+         check that its public key is in the account's authorized_keys.",
+        if tried.is_empty() { "no usable key was found: no agent keys and no key files".to_string() } else { tried.join("; ") }
+    )]
+    Auth {
+        user: String,
+        host: String,
+        tried: Vec<String>,
+    },
+
+    #[error(
+        "the key file {} is encrypted with a passphrase and no ssh-agent holds it; cairn never \
+         prompts for passphrases. Load it into your agent first (`ssh-add {}`) and make sure \
+         SSH_AUTH_SOCK is set.",
+        path.display(), path.display()
+    )]
+    EncryptedKey { path: PathBuf },
+
+    #[error("{}:{line}: {message}", file.display())]
+    Config {
+        file: PathBuf,
+        line: usize,
+        message: String,
+    },
+
+    #[error("invalid destination {0:?}: expected [user@]host")]
+    InvalidDestination(String),
+
+    #[error("the server refused to open a channel ({0}); it may have too many sessions open (MaxSessions), try again later")]
+    ChannelRefused(String),
+
+    #[error("the SSH connection was lost: {0}")]
+    Disconnected(String),
+
+    #[error("SSH protocol error: {0}")]
+    Protocol(String),
+}
+
+impl SshError {
+    /// Whether trying again (reconnecting with backoff) can help: refused/reset connections,
+    /// timeouts and lost connections are transient; host-key, auth and config problems are not.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            SshError::Connect { source, .. } => !matches!(
+                source.kind(),
+                std::io::ErrorKind::NotFound
+                    | std::io::ErrorKind::InvalidInput
+                    | std::io::ErrorKind::PermissionDenied
+            ),
+            SshError::Timeout { .. } | SshError::Disconnected(_) | SshError::ChannelRefused(_) => {
+                true
+            }
+            SshError::UnknownHostKey { .. }
+            | SshError::HostKeyChanged { .. }
+            | SshError::HostKeyRevoked { .. }
+            | SshError::KnownHosts { .. }
+            | SshError::Auth { .. }
+            | SshError::EncryptedKey { .. }
+            | SshError::Config { .. }
+            | SshError::InvalidDestination(_)
+            | SshError::Protocol(_) => false,
+        }
+    }
+}
+
+impl From<russh::Error> for SshError {
+    fn from(e: russh::Error) -> Self {
+        use russh::Error as E;
+        match e {
+            E::KeepaliveTimeout => SshError::Disconnected(
+                "the server stopped answering keepalives (link down or host hung)".into(),
+            ),
+            E::InactivityTimeout => SshError::Disconnected("inactivity timeout".into()),
+            E::IO(io) => SshError::Disconnected(format!("I/O error: {io}")),
+            E::Disconnect | E::HUP | E::SendError => {
+                SshError::Disconnected("connection closed".into())
+            }
+            E::ConnectionTimeout => SshError::Disconnected("connection timed out".into()),
+            E::ChannelOpenFailure(r) => SshError::ChannelRefused(format!("{r:?}")),
+            other => SshError::Protocol(other.to_string()),
+        }
+    }
+}
+
+/// State shared between the russh handler task and the [`Connection`]/[`Exec`] handles.
+#[derive(Debug, Default)]
+struct Shared {
+    fingerprint: Mutex<String>,
+    disconnect_reason: Mutex<Option<String>>,
+}
+
+impl Shared {
+    fn reason(&self) -> String {
+        self.disconnect_reason
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+            .unwrap_or_else(|| "the connection closed unexpectedly".into())
+    }
+}
+
+/// The russh handler: host-key checking against known_hosts, disconnect bookkeeping.
+struct ClientHandler {
+    host: String,
+    names: Vec<String>,
+    files: Vec<PathBuf>,
+    write_name: String,
+    accept_new: bool,
+    hash_known_hosts: bool,
+    shared: Arc<Shared>,
+}
+
+impl ClientHandler {
+    fn verify(&self, key: &PublicKey) -> Result<(), SshError> {
+        let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
+        if let Ok(mut f) = self.shared.fingerprint.lock() {
+            f.clone_from(&fingerprint);
+        }
+        let verdict = known_hosts::check(&self.files, &self.names, key).map_err(|source| {
+            SshError::KnownHosts {
+                file: self.files[0].clone(),
+                source,
+            }
+        })?;
+        match verdict {
+            known_hosts::Verdict::Known { file, line } => {
+                tracing::debug!(host = %self.host, %fingerprint, file = %file.display(), line, "host key known");
+                Ok(())
+            }
+            known_hosts::Verdict::Revoked { file, line } => Err(SshError::HostKeyRevoked {
+                host: self.host.clone(),
+                file,
+                line,
+                fingerprint,
+            }),
+            known_hosts::Verdict::Changed { file, line } => Err(SshError::HostKeyChanged {
+                host: self.host.clone(),
+                file,
+                line,
+                fingerprint,
+            }),
+            known_hosts::Verdict::Unknown if self.accept_new => {
+                let file = &self.files[0];
+                let name = if self.hash_known_hosts {
+                    known_hosts::hash_name(&self.write_name)
+                } else {
+                    self.write_name.clone()
+                };
+                known_hosts::append(file, &name, key).map_err(|source| SshError::KnownHosts {
+                    file: file.clone(),
+                    source,
+                })?;
+                tracing::info!(host = %self.host, %fingerprint, file = %file.display(), "recorded new host key");
+                Ok(())
+            }
+            known_hosts::Verdict::Unknown => Err(SshError::UnknownHostKey {
+                host: self.host.clone(),
+                file: self.files[0].clone(),
+                fingerprint,
+            }),
+        }
+    }
+}
+
+impl client::Handler for ClientHandler {
+    type Error = SshError;
+
+    async fn check_server_key(
+        &mut self,
+        server_public_key: &russh::keys::PublicKeyOrCertificate,
+    ) -> Result<bool, Self::Error> {
+        let key = match server_public_key {
+            russh::keys::PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
+            russh::keys::PublicKeyOrCertificate::Certificate(cert) => {
+                // Host certificates are not requested; should one arrive, check its key plainly.
+                PublicKey::from(cert.public_key().clone())
+            }
+        };
+        self.verify(&key)?;
+        Ok(true)
+    }
+
+    async fn disconnected(
+        &mut self,
+        reason: client::DisconnectReason<Self::Error>,
+    ) -> Result<(), Self::Error> {
+        let text = match reason {
+            client::DisconnectReason::ReceivedDisconnect(info) => {
+                format!(
+                    "the server disconnected ({:?}: {})",
+                    info.reason_code, info.message
+                )
+            }
+            client::DisconnectReason::Error(SshError::Disconnected(m)) => m,
+            client::DisconnectReason::Error(e) => e.to_string(),
+        };
+        tracing::debug!(host = %self.host, "disconnected: {text}");
+        if let Ok(mut r) = self.shared.disconnect_reason.lock() {
+            r.get_or_insert(text);
+        }
+        Ok(())
+    }
+}
+
+/// Host key algorithms with those already recorded for the host first (as OpenSSH does), so a
+/// host with several key types presents the one we know.
+fn preferred_host_key_algs(recorded: &[Algorithm]) -> Vec<Algorithm> {
+    let defaults: Vec<Algorithm> = russh::Preferred::DEFAULT.key.to_vec();
+    let family = |a: &Algorithm, b: &Algorithm| match (a, b) {
+        (Algorithm::Rsa { .. }, Algorithm::Rsa { .. }) => true,
+        _ => a == b,
+    };
+    let mut first: Vec<Algorithm> = Vec::new();
+    let mut rest: Vec<Algorithm> = Vec::new();
+    for a in defaults {
+        if recorded.iter().any(|r| family(r, &a)) {
+            first.push(a);
+        } else {
+            rest.push(a);
+        }
+    }
+    first.extend(rest);
+    first
+}
+
+/// An authenticated SSH connection.
+pub struct Connection {
+    handle: Arc<client::Handle<ClientHandler>>,
+    shared: Arc<Shared>,
+    fingerprint: String,
+    target: Target,
+}
+
+impl std::fmt::Debug for Connection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connection")
+            .field("target", &self.target.display())
+            .field("fingerprint", &self.fingerprint)
+            .finish()
+    }
+}
+
+impl Connection {
+    /// TCP connect, handshake, host-key check and authentication, all under the target's
+    /// `connect_timeout`. (`opts` is accepted for symmetry; the target already carries the
+    /// settings derived from it.)
+    pub async fn connect(target: &Target, opts: &ConnectOptions) -> Result<Connection, SshError> {
+        let _ = opts;
+        let deadline = target.connect_timeout;
+        match tokio::time::timeout(deadline, Self::connect_inner(target)).await {
+            Ok(r) => r,
+            Err(_) => Err(SshError::Timeout {
+                what: "connecting (TCP connect, SSH handshake and authentication)",
+                after: deadline,
+            }),
+        }
+    }
+
+    async fn connect_inner(target: &Target) -> Result<Connection, SshError> {
+        let tcp = tokio::net::TcpStream::connect((target.hostname.as_str(), target.port))
+            .await
+            .map_err(|source| SshError::Connect {
+                host: target.hostname.clone(),
+                port: target.port,
+                source,
+            })?;
+        let quickack = std::env::var_os("CAIRN_SSH_NO_QUICKACK").is_none();
+        let dead_after = target.keepalive_interval.saturating_mul(
+            target
+                .keepalive_max
+                .saturating_add(1)
+                .min(u32::MAX as usize) as u32,
+        );
+        let stream = stream::QuickAckStream::new(tcp, quickack, Some(dead_after));
+
+        let names = target.known_host_names();
+        let files = target.known_hosts_files();
+        let recorded = known_hosts::recorded_algorithms(&files, &names);
+        let config = client::Config {
+            inactivity_timeout: None,
+            keepalive_interval: Some(target.keepalive_interval),
+            keepalive_max: target.keepalive_max,
+            nodelay: true,
+            preferred: russh::Preferred {
+                key: preferred_host_key_algs(&recorded).into(),
+                ..russh::Preferred::DEFAULT
+            },
+            ..Default::default()
+        };
+        let shared = Arc::new(Shared::default());
+        let host = if target.alias == target.hostname {
+            format!("{}:{}", target.hostname, target.port)
+        } else {
+            format!("{} ({}:{})", target.alias, target.hostname, target.port)
+        };
+        let handler = ClientHandler {
+            host: host.clone(),
+            write_name: known_hosts::lookup_name(&target.hostname, target.port),
+            names,
+            files,
+            accept_new: target.accept_new,
+            hash_known_hosts: target.hash_known_hosts,
+            shared: shared.clone(),
+        };
+        let mut handle = client::connect_stream(Arc::new(config), stream, handler)
+            .await
+            .map_err(|e| match e {
+                SshError::Disconnected(m) => SshError::Disconnected(format!(
+                    "{host} closed the connection before the SSH handshake finished ({m}); \
+                     is this an SSH server, and is it accepting connections?"
+                )),
+                other => other,
+            })?;
+        auth::authenticate(&mut handle, target).await?;
+        let fingerprint = shared
+            .fingerprint
+            .lock()
+            .map(|f| f.clone())
+            .unwrap_or_default();
+        Ok(Connection {
+            handle: Arc::new(handle),
+            shared,
+            fingerprint,
+            target: target.clone(),
+        })
+    }
+
+    /// The server's host key fingerprint, `SHA256:...` as OpenSSH prints it.
+    pub fn host_key_fingerprint(&self) -> &str {
+        &self.fingerprint
+    }
+
+    /// The target this connection was made to.
+    pub fn target(&self) -> &Target {
+        &self.target
+    }
+
+    /// True once the connection is gone (closed, lost, or keepalive timeout).
+    pub fn is_closed(&self) -> bool {
+        self.handle.is_closed()
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn disconnect_reason(&self) -> Option<String> {
+        self.shared
+            .disconnect_reason
+            .lock()
+            .ok()
+            .and_then(|r| r.clone())
+    }
+
+    /// Open a session channel and run `command` (no PTY).
+    pub async fn exec(&self, command: &[u8]) -> Result<Exec, SshError> {
+        let map = |e: russh::Error, shared: &Shared| match e {
+            russh::Error::ChannelOpenFailure(r) => SshError::ChannelRefused(format!("{r:?}")),
+            russh::Error::SendError | russh::Error::Disconnect | russh::Error::HUP => {
+                SshError::Disconnected(shared.reason())
+            }
+            other => SshError::from(other),
+        };
+        let channel = self
+            .handle
+            .channel_open_session()
+            .await
+            .map_err(|e| map(e, &self.shared))?;
+        channel
+            .exec(true, command.to_vec())
+            .await
+            .map_err(|e| map(e, &self.shared))?;
+        let (read, write) = channel.split();
+        Ok(Exec {
+            read,
+            write,
+            pending: VecDeque::new(),
+            read_ended: false,
+            saw_close: false,
+            done: false,
+            shared: self.shared.clone(),
+            _handle: self.handle.clone(),
+        })
+    }
+
+    /// Disconnect politely (best effort).
+    pub async fn close(self) {
+        let _ = self
+            .handle
+            .disconnect(russh::Disconnect::ByApplication, "", "en")
+            .await;
+    }
+}
+
+/// Something the remote command did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    ExitStatus(u32),
+    /// The command was killed by this signal (name without "SIG", e.g. "TERM").
+    ExitSignal(String),
+}
+
+/// A command running on a session channel.
+pub struct Exec {
+    read: ChannelReadHalf,
+    write: ChannelWriteHalf<client::Msg>,
+    /// Messages received while `write_stdin` waited for window space.
+    pending: VecDeque<ChannelMsg>,
+    read_ended: bool,
+    saw_close: bool,
+    done: bool,
+    shared: Arc<Shared>,
+    _handle: Arc<client::Handle<ClientHandler>>,
+}
+
+impl std::fmt::Debug for Exec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Exec").field("done", &self.done).finish()
+    }
+}
+
+impl Exec {
+    /// Send bytes to the command's stdin, waiting for the server's window as needed. Output that
+    /// arrives meanwhile is kept for [`Exec::next`], so a command that writes while it reads
+    /// cannot deadlock us.
+    pub async fn write_stdin(&mut self, data: &[u8]) -> Result<(), SshError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        let write = &self.write;
+        let fut = write.data_bytes(data.to_vec());
+        tokio::pin!(fut);
+        loop {
+            if self.read_ended {
+                if self.saw_close {
+                    // The command finished and closed the channel: the rest of stdin has
+                    // nowhere to go (like EPIPE). Its exit status is still in `next()`.
+                    tracing::debug!("stdin discarded: channel already closed by the server");
+                    return Ok(());
+                }
+                return Err(SshError::Disconnected(self.shared.reason()));
+            }
+            tokio::select! {
+                r = &mut fut => {
+                    return r.map_err(|_| SshError::Disconnected(self.shared.reason()));
+                }
+                msg = self.read.wait() => match msg {
+                    Some(m) => {
+                        if matches!(m, ChannelMsg::Close) {
+                            self.saw_close = true;
+                        }
+                        self.pending.push_back(m);
+                    }
+                    None => self.read_ended = true,
+                },
+            }
+        }
+    }
+
+    /// Send EOF on stdin.
+    pub async fn close_stdin(&mut self) -> Result<(), SshError> {
+        self.write
+            .eof()
+            .await
+            .map_err(|_| SshError::Disconnected(self.shared.reason()))
+    }
+
+    /// The next event. `Ok(None)` once the channel has closed normally. If the connection dies,
+    /// this returns `Err(SshError::Disconnected)` (once; `Ok(None)` after that) — keepalives
+    /// bound how long a black-holed link takes to get there.
+    pub async fn next(&mut self) -> Result<Option<ExecEvent>, SshError> {
+        loop {
+            if self.done {
+                return Ok(None);
+            }
+            let msg = if let Some(m) = self.pending.pop_front() {
+                Some(m)
+            } else if self.read_ended {
+                None
+            } else {
+                self.read.wait().await
+            };
+            let Some(msg) = msg else {
+                self.read_ended = true;
+                self.done = true;
+                if self.saw_close {
+                    return Ok(None);
+                }
+                return Err(SshError::Disconnected(self.shared.reason()));
+            };
+            match msg {
+                ChannelMsg::Data { data } => return Ok(Some(ExecEvent::Stdout(data.to_vec()))),
+                ChannelMsg::ExtendedData { data, ext: 1 } => {
+                    return Ok(Some(ExecEvent::Stderr(data.to_vec())))
+                }
+                ChannelMsg::ExitStatus { exit_status } => {
+                    return Ok(Some(ExecEvent::ExitStatus(exit_status)))
+                }
+                ChannelMsg::ExitSignal { signal_name, .. } => {
+                    let name = match signal_name {
+                        russh::Sig::Custom(s) => s,
+                        other => format!("{other:?}"),
+                    };
+                    return Ok(Some(ExecEvent::ExitSignal(name)));
+                }
+                ChannelMsg::Close => {
+                    self.saw_close = true;
+                    self.done = true;
+                    return Ok(None);
+                }
+                ChannelMsg::Failure => {
+                    self.done = true;
+                    return Err(SshError::Protocol(
+                        "the server refused to run the command (exec request failed)".into(),
+                    ));
+                }
+                _ => continue,
+            }
+        }
+    }
+}
