@@ -1,0 +1,641 @@
+//! The `cairn` command line, in the habits of `ssh`.
+//!
+//! Exit codes: the remote exit status when it is known; 255 when nothing was dispatched (bad
+//! input, unreachable host, refused host key, the host refused the dispatch); 254 when the
+//! outcome is `interrupted` or `unknown`; 0 for `--detach` once the command is running.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
+use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
+use crate::id::ExecutionId;
+use crate::journal::Journal;
+use crate::recovery::{decide, Action, Prior, Probe};
+use crate::ssh::ConnectOptions;
+use crate::state::State;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "cairn",
+    version,
+    about = "Run commands on remote hosts over SSH so that a dropped connection never turns into a second run",
+    after_help = "Exit codes: the remote exit status when known; 255 nothing was dispatched; \
+                  254 outcome interrupted or unknown (see `cairn status ID`)."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run COMMAND on HOST (as `ssh HOST COMMAND` would), surviving connection loss.
+    Run(RunArgs),
+    /// The journal's record of an execution plus a fresh probe of the host.
+    Status {
+        id: String,
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stream an execution's output from the stored offsets, wait, exit with its status.
+    Attach {
+        id: String,
+        #[command(flatten)]
+        common: Common,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print an execution's whole stdout (or stderr) as stored on the host.
+    Output {
+        id: String,
+        #[arg(long)]
+        stderr: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// List executions in the journal.
+    Ls {
+        #[arg(long)]
+        state: Option<State>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Apply the recovery table to every execution that is not settled.
+    Recover {
+        #[arg(long)]
+        json: bool,
+        /// Wait for running executions to finish instead of reporting them as running.
+        #[arg(long)]
+        wait: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+    /// Stop an execution's remote process group and record `cancelled`.
+    Cancel {
+        id: String,
+        /// Seconds between TERM and KILL.
+        #[arg(long, default_value_t = 5)]
+        grace: u64,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: Common,
+    },
+}
+
+/// Options every command that talks to a host takes.
+#[derive(Args, Debug, Clone)]
+pub struct Common {
+    /// Journal file (default: $XDG_STATE_HOME/cairn/journal.db).
+    #[arg(long, env = "CAIRN_JOURNAL")]
+    pub journal: Option<PathBuf>,
+    /// Port to connect to (overrides ssh_config).
+    #[arg(short = 'p', long)]
+    pub port: Option<u16>,
+    /// Identity (private key) file; may be repeated.
+    #[arg(short = 'i', long = "identity")]
+    pub identity: Vec<PathBuf>,
+    /// ssh_config file (default ~/.ssh/config).
+    #[arg(short = 'F', long = "ssh-config")]
+    pub ssh_config: Option<PathBuf>,
+    /// known_hosts file (default ~/.ssh/known_hosts).
+    #[arg(long)]
+    pub known_hosts: Option<PathBuf>,
+    /// Record the host key of a host not yet in known_hosts (never a changed one).
+    #[arg(long)]
+    pub accept_new: bool,
+    /// Deadline for one connection attempt (TCP, handshake and authentication).
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub connect_timeout: Duration,
+    /// After losing the host, how long to keep trying to reach it before reporting `unknown`.
+    #[arg(long, default_value = "5m", value_parser = parse_duration)]
+    pub reconnect_for: Duration,
+    /// Seconds between keepalives; three unanswered ones drop the connection.
+    #[arg(long, default_value = "5s", value_parser = parse_duration)]
+    pub keepalive: Duration,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// [user@]host, or an alias from ssh_config.
+    pub destination: String,
+    /// The command, run by the remote account's shell as with ssh.
+    #[arg(last = true, required = true, num_args = 1.., allow_hyphen_values = true)]
+    pub command: Vec<OsString>,
+    #[command(flatten)]
+    pub common: Common,
+    /// Caller-chosen execution ID ([A-Za-z0-9_-]{1,128}).
+    #[arg(long)]
+    pub id: Option<String>,
+    /// Return as soon as the command is durably started on the host; print its ID.
+    #[arg(long)]
+    pub detach: bool,
+    /// Stop the command on the host after this long (enforced by the host's supervisor).
+    #[arg(long, value_parser = parse_duration)]
+    pub timeout: Option<Duration>,
+    /// Marker directory on the host (relative to the account's home).
+    #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = ".cairn")]
+    pub remote_dir: String,
+    /// Print one JSON object describing the outcome instead of streaming output.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Parse `90`, `90s`, `5m`, `2h`, `1d`, `250ms`.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration (examples: 30s, 5m, 2h, 250ms)"))?;
+    let d = match unit {
+        "" | "s" => Duration::from_secs(n),
+        "ms" => Duration::from_millis(n),
+        "m" => Duration::from_secs(n * 60),
+        "h" => Duration::from_secs(n * 3600),
+        "d" => Duration::from_secs(n * 86_400),
+        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m, h, d)")),
+    };
+    Ok(d)
+}
+
+impl Common {
+    fn connect_options(&self) -> ConnectOptions {
+        ConnectOptions {
+            ssh_config: self.ssh_config.clone(),
+            port: self.port,
+            identity: self.identity.clone(),
+            known_hosts: self.known_hosts.clone(),
+            accept_new: self.accept_new,
+            connect_timeout: self.connect_timeout,
+            keepalive_interval: self.keepalive,
+            ..ConnectOptions::default()
+        }
+    }
+
+    fn executor(&self) -> Result<Executor, ExecError> {
+        let path = self.journal.clone().unwrap_or_else(Journal::default_path);
+        let journal = Journal::open(&path)?;
+        let patience = Patience {
+            reconnect_for: self.reconnect_for,
+            ..Patience::default()
+        };
+        Ok(Executor::new(journal, self.connect_options(), patience))
+    }
+}
+
+/// Streams output to this process's stdout/stderr as it arrives; with `--json`, keeps a
+/// bounded copy for the JSON object instead.
+struct Terminal {
+    json: bool,
+    cap: usize,
+    out: Vec<u8>,
+    err: Vec<u8>,
+    truncated: bool,
+}
+
+impl OutputSink for Terminal {
+    fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
+        if self.json {
+            keep(&mut self.out, d, self.cap, &mut self.truncated);
+            return Ok(());
+        }
+        let mut o = std::io::stdout().lock();
+        o.write_all(d)?;
+        o.flush()
+    }
+    fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
+        if self.json {
+            keep(&mut self.err, d, self.cap, &mut self.truncated);
+            return Ok(());
+        }
+        let mut e = std::io::stderr().lock();
+        e.write_all(d)?;
+        e.flush()
+    }
+}
+
+fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
+    let room = cap.saturating_sub(buf.len());
+    if d.len() > room {
+        *truncated = true;
+    }
+    buf.extend_from_slice(&d[..d.len().min(room)]);
+}
+
+fn outcome_json(o: &Outcome, term: Option<&Terminal>) -> serde_json::Value {
+    let mut v = serde_json::to_value(o).unwrap_or_default();
+    if let (Some(t), Some(m)) = (term, v.as_object_mut()) {
+        m.insert("stdout".into(), String::from_utf8_lossy(&t.out).into());
+        m.insert("stderr".into(), String::from_utf8_lossy(&t.err).into());
+        m.insert("output_truncated".into(), t.truncated.into());
+    }
+    v
+}
+
+fn print_json(v: &serde_json::Value) {
+    println!("{}", serde_json::to_string(v).unwrap_or_default());
+}
+
+/// Say what is known, and what is not, when the outcome is not a plain exit status.
+fn explain(o: &Outcome) {
+    match o.state {
+        State::Interrupted | State::Unknown => eprintln!(
+            "cairn: {} is {}: {}\ncairn: it was not run again. Inspect with `cairn status {}`.",
+            o.execution_id,
+            o.state,
+            o.reason.as_deref().unwrap_or("no finish record"),
+            o.execution_id
+        ),
+        State::Failed => eprintln!(
+            "cairn: {} failed before it started: {}",
+            o.execution_id,
+            o.reason.as_deref().unwrap_or("")
+        ),
+        State::Cancelled => eprintln!("cairn: {} was cancelled", o.execution_id),
+        _ => {}
+    }
+}
+
+fn parse_id(s: &str) -> Result<ExecutionId, ExecError> {
+    ExecutionId::parse(s).map_err(|e| ExecError::Input(e.to_string()))
+}
+
+/// Run the CLI; returns the process exit code.
+pub async fn main(cli: Cli) -> i32 {
+    match dispatch(cli).await {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("cairn: {e}");
+            EXIT_NOT_DISPATCHED
+        }
+    }
+}
+
+async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
+    match cli.command {
+        Command::Run(args) => run(args).await,
+        Command::Status { id, common, json } => status(&parse_id(&id)?, &common, json).await,
+        Command::Attach { id, common, json } => {
+            let id = parse_id(&id)?;
+            let mut ex = common.executor()?;
+            let mut term = Terminal {
+                json,
+                cap: 1 << 20,
+                out: Vec::new(),
+                err: Vec::new(),
+                truncated: false,
+            };
+            let o = ex.attach(&id, &mut term).await?;
+            finish(&mut ex, &o, json.then_some(&term))
+        }
+        Command::Output { id, stderr, common } => {
+            let id = parse_id(&id)?;
+            let mut ex = common.executor()?;
+            let mut term = Terminal {
+                json: false,
+                cap: 0,
+                out: Vec::new(),
+                err: Vec::new(),
+                truncated: false,
+            };
+            struct OneStream<'a>(&'a mut Terminal, bool);
+            impl OutputSink for OneStream<'_> {
+                fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
+                    if !self.1 {
+                        self.0.stdout(d)?;
+                    }
+                    Ok(())
+                }
+                fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
+                    // `--stderr` prints the command's stderr on stdout, so it can be piped.
+                    if self.1 {
+                        self.0.stdout(d)?;
+                    }
+                    Ok(())
+                }
+            }
+            let done = ex
+                .output(&id, stderr, &mut OneStream(&mut term, stderr))
+                .await?;
+            if done.is_none() {
+                eprintln!("cairn: {id} has not finished; this is the output so far");
+            }
+            Ok(0)
+        }
+        Command::Ls {
+            state,
+            json,
+            common,
+        } => {
+            let path = common.journal.unwrap_or_else(Journal::default_path);
+            let j = Journal::open(&path)?;
+            let rows: Vec<_> = j
+                .list()?
+                .into_iter()
+                .filter(|(_, st)| state.is_none_or(|s| s == st.state))
+                .collect();
+            if json {
+                let arr: Vec<_> = rows
+                    .iter()
+                    .map(|(r, st)| {
+                        serde_json::json!({
+                            "execution_id": r.id, "state": st.state, "destination": r.destination,
+                            "host": format!("{}@{}:{}", r.user, r.host, r.port),
+                            "created_at": r.created_at, "command": r.command_display(),
+                        })
+                    })
+                    .collect();
+                print_json(&serde_json::Value::Array(arr));
+            } else {
+                println!(
+                    "{:<36} {:<11} {:<24} {:<24} COMMAND",
+                    "ID", "STATE", "HOST", "CREATED"
+                );
+                for (r, st) in rows {
+                    let mut cmd = r.command_display().replace('\n', "\\n");
+                    if cmd.chars().count() > 60 {
+                        cmd = cmd.chars().take(57).collect::<String>() + "...";
+                    }
+                    println!(
+                        "{:<36} {:<11} {:<24} {:<24} {}",
+                        r.id.as_str(),
+                        st.state.as_str(),
+                        r.destination,
+                        r.created_at,
+                        cmd
+                    );
+                }
+            }
+            Ok(0)
+        }
+        Command::Recover { json, wait, common } => {
+            let mut ex = common.executor()?;
+            let todo: Vec<_> = ex
+                .journal
+                .list()?
+                .into_iter()
+                .filter(|(_, st)| !st.state.is_settled())
+                .map(|(r, st)| (r.id, st.state))
+                .collect();
+            let mut worst = 0;
+            let mut results = Vec::new();
+            for (id, before) in todo {
+                match ex.recover_one(&id, wait).await {
+                    Ok(o) => {
+                        if json {
+                            let mut v = outcome_json(&o, None);
+                            v["state_before"] = before.as_str().into();
+                            results.push(v);
+                        } else {
+                            println!(
+                                "{}  {} -> {}{}{}",
+                                id,
+                                before,
+                                o.state,
+                                o.exit_code
+                                    .map(|c| format!(" (exit {c})"))
+                                    .unwrap_or_default(),
+                                o.reason
+                                    .as_deref()
+                                    .filter(|_| !matches!(
+                                        o.state,
+                                        State::Completed | State::Running
+                                    ))
+                                    .map(|r| format!(": {r}"))
+                                    .unwrap_or_default()
+                            );
+                        }
+                        if matches!(o.state, State::Unknown | State::Interrupted) {
+                            worst = EXIT_UNKNOWN;
+                        }
+                    }
+                    Err(e) => {
+                        worst = EXIT_UNKNOWN;
+                        if json {
+                            results.push(serde_json::json!({"execution_id": id, "state_before": before, "error": e.to_string()}));
+                        } else {
+                            println!("{id}  {before} -> (not recovered): {e}");
+                        }
+                    }
+                }
+            }
+            if json {
+                print_json(&serde_json::Value::Array(results));
+            }
+            Ok(worst)
+        }
+        Command::Cancel {
+            id,
+            grace,
+            json,
+            common,
+        } => {
+            let id = parse_id(&id)?;
+            let mut ex = common.executor()?;
+            let o = ex.cancel(&id, grace).await?;
+            if json {
+                print_json(&outcome_json(&o, None));
+            } else {
+                println!(
+                    "{}: {}{}",
+                    o.execution_id,
+                    o.state,
+                    o.reason
+                        .as_deref()
+                        .map(|r| format!(" ({r})"))
+                        .unwrap_or_default()
+                );
+            }
+            Ok(if o.state == State::Cancelled { 0 } else { 1 })
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> Result<i32, ExecError> {
+    // Everything the user typed is checked before any connection is made.
+    let id = args.id.as_deref().map(parse_id).transpose()?;
+    let mut command = Vec::new();
+    for (i, w) in args.command.iter().enumerate() {
+        if i > 0 {
+            command.push(b' ');
+        }
+        command.extend_from_slice(&os_bytes(w));
+    }
+    if command.contains(&0) {
+        return Err(ExecError::Input(
+            "the command contains a NUL byte, which no shell can receive".into(),
+        ));
+    }
+    let mut ex = args.common.executor()?;
+    let req = RunRequest {
+        destination: args.destination.clone(),
+        command,
+        id,
+        timeout_secs: args.timeout.map(|d| d.as_secs().max(1)).unwrap_or(0),
+        detach: args.detach,
+        remote_dir: args.remote_dir.clone(),
+    };
+    let mut term = Terminal {
+        json: args.json,
+        cap: 1 << 20,
+        out: Vec::new(),
+        err: Vec::new(),
+        truncated: false,
+    };
+    let o = ex.run(req, &mut term).await?;
+    if args.detach && matches!(o.state, State::Running | State::Dispatched) {
+        if args.json {
+            print_json(&outcome_json(&o, None));
+        } else {
+            println!("{}", o.execution_id);
+        }
+        return Ok(0);
+    }
+    finish(&mut ex, &o, args.json.then_some(&term))
+}
+
+fn finish(ex: &mut Executor, o: &Outcome, json: Option<&Terminal>) -> Result<i32, ExecError> {
+    if let Some(t) = json {
+        print_json(&outcome_json(o, Some(t)));
+    } else {
+        explain(o);
+    }
+    let _ = std::io::stdout().flush();
+    if o.state.has_result() {
+        ex.mark_delivered(
+            &o.execution_id
+                .parse()
+                .map_err(|e: crate::id::IdError| ExecError::Input(e.to_string()))?,
+            "cli",
+        )?;
+    }
+    Ok(o.exit_code_for_cli())
+}
+
+async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, ExecError> {
+    let mut ex = common.executor()?;
+    let (o, probe) = ex.probe(id).await?;
+    let st = ex.journal.status(id)?;
+    let prior = st
+        .as_ref()
+        .map(|s| Prior::from_journal(s.state, s.before_unknown))
+        .unwrap_or(Prior::NotDispatched);
+    let probe_v = probe.clone().unwrap_or(Probe::Unreachable);
+    let action = decide(prior, &probe_v);
+    let host_says = match &probe {
+        Ok(Probe::Absent { same_epoch: true }) => {
+            "no started record (guard never crossed)".to_string()
+        }
+        Ok(Probe::Absent { same_epoch: false }) => {
+            "no started record, but the host epoch changed".into()
+        }
+        Ok(Probe::Started { liveness, .. }) => {
+            format!("started, supervisor {liveness:?}").to_lowercase()
+        }
+        Ok(Probe::Finished) => "finished (finish record present)".into(),
+        Ok(Probe::Unreadable(w)) => format!("unreadable: {w}"),
+        Ok(Probe::Unreachable) => "unreachable".into(),
+        Err(e) => format!("not probed: {e}"),
+    };
+    let next = match &action {
+        Action::Dispatch => "dispatch again under the same ID (`cairn recover`)".to_string(),
+        Action::Reattach => "reattach (`cairn attach`)".into(),
+        Action::Collect => "collect the stored result (`cairn recover` or `cairn attach`)".into(),
+        Action::Conclude { state, reason } => format!("record {state}: {reason}"),
+        Action::Retry { reason } => reason.clone(),
+        Action::Nothing => "nothing: settled".into(),
+    };
+    if json {
+        let mut v = outcome_json(&o, None);
+        v["host_says"] = host_says.into();
+        v["next_action"] = next.into();
+        print_json(&v);
+    } else {
+        let rec = ex.journal.execution(id)?;
+        println!("execution   {}", o.execution_id);
+        println!(
+            "host        {} ({})",
+            o.host,
+            o.host_key_fingerprint
+                .as_deref()
+                .unwrap_or("host key not yet seen")
+        );
+        if let Some(r) = rec {
+            println!("command     {}", r.command_display().replace('\n', "\\n"));
+            println!("accepted    {}", r.created_at);
+        }
+        println!("state       {} (journal)", o.state);
+        if let Some(c) = o.exit_code {
+            println!(
+                "exit code   {c}{}",
+                o.signal
+                    .as_deref()
+                    .map(|s| format!(" (signal {s})"))
+                    .unwrap_or_default()
+            );
+        }
+        if let Some(s) = &o.started_at {
+            println!("started     {s}");
+        }
+        if let Some(s) = &o.finished_at {
+            println!("finished    {s}");
+        }
+        println!("host says   {host_says}");
+        println!("next        {next}");
+        if let Some(r) = &o.reason {
+            println!("evidence    {r}");
+        }
+    }
+    Ok(0)
+}
+
+#[cfg(unix)]
+fn os_bytes(s: &OsString) -> Vec<u8> {
+    use std::os::unix::ffi::OsStrExt;
+    s.as_bytes().to_vec()
+}
+#[cfg(not(unix))]
+fn os_bytes(s: &OsString) -> Vec<u8> {
+    s.to_string_lossy().into_owned().into_bytes()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+        assert_eq!(parse_duration("5m").unwrap(), Duration::from_secs(300));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert!(parse_duration("5 parsecs").is_err());
+        assert!(parse_duration("").is_err());
+    }
+
+    #[test]
+    fn cli_parses_ssh_style_run() {
+        let c = Cli::try_parse_from([
+            "cairn", "run", "-p", "2222", "db-1", "--", "echo", "-n", "x",
+        ])
+        .unwrap();
+        match c.command {
+            Command::Run(r) => {
+                assert_eq!(r.destination, "db-1");
+                assert_eq!(r.common.port, Some(2222));
+                assert_eq!(r.command, vec!["echo", "-n", "x"]);
+            }
+            _ => panic!(),
+        }
+    }
+}

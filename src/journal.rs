@@ -1,0 +1,720 @@
+//! The local journal: SQLite (WAL, `synchronous=FULL`), one row per execution and an append-only
+//! stream of events per execution.
+//!
+//! Every lifecycle transition is an event, appended (never updated: triggers refuse UPDATE and
+//! DELETE on `events`) with a timestamp and the evidence behind it as JSON. An append commits,
+//! and so reaches the disk, before the caller acts on it: the `dispatched` event is durable before
+//! a byte of the dispatch leaves this machine.
+//!
+//! Each event also carries `hash = SHA-256(prev_hash, seq, execution_id, at, kind, state,
+//! evidence)`, chaining it to the one before, so that a later audit can detect edits.
+//!
+//! Two cairn processes may share one journal: WAL allows concurrent readers, appends take the
+//! write lock with `BEGIN IMMEDIATE` and wait (busy timeout) rather than fail.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+
+use crate::id::ExecutionId;
+use crate::state::State;
+
+const SCHEMA_VERSION: i64 = 1;
+
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum JournalError {
+    #[error("journal {path}: {source}")]
+    Sqlite {
+        path: PathBuf,
+        #[source]
+        source: rusqlite::Error,
+    },
+    #[error("journal {path}: {message}")]
+    Io { path: PathBuf, message: String },
+    #[error(
+        "journal {path} has schema version {found}; this cairn understands version {SCHEMA_VERSION}. \
+         Use a matching cairn, or point --journal elsewhere"
+    )]
+    Version { path: PathBuf, found: i64 },
+    #[error("journal {path}: execution {id} has a corrupt row: {message}")]
+    Corrupt {
+        path: PathBuf,
+        id: String,
+        message: String,
+    },
+}
+
+type Result<T> = std::result::Result<T, JournalError>;
+
+/// What identifies an execution's intent; fixed when it is accepted.
+#[derive(Clone, Debug, Serialize)]
+pub struct ExecutionRecord {
+    pub id: ExecutionId,
+    pub created_at: String,
+    /// The destination as the caller wrote it (`db-1`, `root@10.0.0.5`).
+    pub destination: String,
+    /// Resolved address, port and account.
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    /// The command bytes as sent to the host's shell.
+    #[serde(skip)]
+    pub command: Vec<u8>,
+    /// SHA-256 of the command bytes, hex.
+    pub command_digest: String,
+    /// Marker home on the host.
+    pub remote_dir: String,
+    /// Host-enforced timeout in seconds, 0 = none.
+    pub timeout_secs: u64,
+    /// Process that accepted the execution (`pid@hostname`).
+    pub client: String,
+}
+
+impl ExecutionRecord {
+    /// The command for people: lossy UTF-8.
+    pub fn command_display(&self) -> String {
+        String::from_utf8_lossy(&self.command).into_owned()
+    }
+}
+
+/// One journal event.
+#[derive(Clone, Debug, Serialize)]
+pub struct Event {
+    pub seq: i64,
+    pub execution_id: String,
+    pub at: String,
+    pub kind: String,
+    pub state: Option<State>,
+    pub evidence: serde_json::Value,
+    pub hash: String,
+}
+
+/// Current state of an execution, as derived from its events.
+#[derive(Clone, Debug)]
+pub struct Status {
+    pub state: State,
+    /// For `unknown`: the last state before it (what was known before knowledge was lost).
+    pub before_unknown: Option<State>,
+}
+
+pub struct Journal {
+    conn: Connection,
+    path: PathBuf,
+}
+
+/// Current UTC time as RFC 3339 with milliseconds.
+pub fn now_rfc3339() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339_from_unix(now.as_secs() as i64, now.subsec_millis())
+}
+
+/// Format seconds since the Unix epoch as RFC 3339 UTC.
+pub fn rfc3339_from_unix(secs: i64, millis: u32) -> String {
+    let days = secs.div_euclid(86_400);
+    let rem = secs.rem_euclid(86_400);
+    let (h, m, s) = (rem / 3600, (rem % 3600) / 60, rem % 60);
+    // Civil-from-days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let y = yoe + era * 400;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let mo = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = if mo <= 2 { y + 1 } else { y };
+    format!("{y:04}-{mo:02}-{d:02}T{h:02}:{m:02}:{s:02}.{millis:03}Z")
+}
+
+impl Journal {
+    /// The default journal path: `$CAIRN_JOURNAL`, else `$XDG_STATE_HOME/cairn/journal.db`,
+    /// else `~/.local/state/cairn/journal.db`.
+    pub fn default_path() -> PathBuf {
+        if let Some(p) = std::env::var_os("CAIRN_JOURNAL").filter(|p| !p.is_empty()) {
+            return PathBuf::from(p);
+        }
+        let base = std::env::var_os("XDG_STATE_HOME")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/state")))
+            .unwrap_or_else(|| PathBuf::from("."));
+        base.join("cairn").join("journal.db")
+    }
+
+    /// Open (creating if needed) the journal at `path`.
+    pub fn open(path: &Path) -> Result<Journal> {
+        let io = |message: String| JournalError::Io {
+            path: path.to_owned(),
+            message,
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            if !dir.exists() {
+                std::fs::create_dir_all(dir)
+                    .map_err(|e| io(format!("cannot create directory {}: {e}", dir.display())))?;
+                set_mode(dir, 0o700);
+            }
+        }
+        let fresh = !path.exists();
+        let conn = Connection::open(path).map_err(|source| JournalError::Sqlite {
+            path: path.to_owned(),
+            source,
+        })?;
+        if fresh {
+            set_mode(path, 0o600);
+        }
+        let j = Journal {
+            conn,
+            path: path.to_owned(),
+        };
+        j.init()?;
+        Ok(j)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn err(&self, source: rusqlite::Error) -> JournalError {
+        JournalError::Sqlite {
+            path: self.path.clone(),
+            source,
+        }
+    }
+
+    fn init(&self) -> Result<()> {
+        self.conn
+            .busy_timeout(Duration::from_secs(30))
+            .map_err(|e| self.err(e))?;
+        // journal_mode returns a row; WAL persists in the file once set.
+        let _mode: String = self
+            .conn
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        self.conn
+            .execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
+            .map_err(|e| self.err(e))?;
+        let version: i64 = self
+            .conn
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        match version {
+            0 => self.create_schema(),
+            SCHEMA_VERSION => Ok(()),
+            found => Err(JournalError::Version {
+                path: self.path.clone(),
+                found,
+            }),
+        }
+    }
+
+    fn create_schema(&self) -> Result<()> {
+        self.conn
+            .execute_batch(
+                "BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS executions (
+                    id TEXT PRIMARY KEY,
+                    created_at TEXT NOT NULL,
+                    destination TEXT NOT NULL,
+                    host TEXT NOT NULL,
+                    port INTEGER NOT NULL,
+                    user TEXT NOT NULL,
+                    command BLOB NOT NULL,
+                    command_digest TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    timeout_secs INTEGER NOT NULL,
+                    client TEXT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS events (
+                    seq INTEGER PRIMARY KEY,
+                    execution_id TEXT NOT NULL REFERENCES executions(id),
+                    at TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    state TEXT,
+                    evidence TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    hash TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS events_by_execution ON events(execution_id, seq);
+                 CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
+                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+                 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
+                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+                 CREATE TRIGGER IF NOT EXISTS executions_fixed_u BEFORE UPDATE ON executions
+                    BEGIN SELECT RAISE(ABORT, 'an execution record is fixed once accepted'); END;
+                 -- Progress, not evidence: how far the caller has been given each stream.
+                 CREATE TABLE IF NOT EXISTS cursors (
+                    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
+                    out_off INTEGER NOT NULL,
+                    err_off INTEGER NOT NULL
+                 );
+                 -- The epoch each host's marker home had when last seen, keyed by host key.
+                 CREATE TABLE IF NOT EXISTS host_epochs (
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    epoch TEXT NOT NULL,
+                    seen_at TEXT NOT NULL,
+                    PRIMARY KEY (host_key, remote_dir)
+                 );
+                 PRAGMA user_version = 1;
+                 COMMIT;",
+            )
+            .map_err(|e| self.err(e))
+    }
+
+    /// Record a new execution and its `accepted` event in one transaction.
+    /// Fails if the ID already exists.
+    pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
+        let path = self.path.clone();
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|source| JournalError::Sqlite {
+                path: path.clone(),
+                source,
+            })?;
+        tx.execute(
+            "INSERT INTO executions (id, created_at, destination, host, port, user, command,
+                command_digest, remote_dir, timeout_secs, client)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
+            params![
+                rec.id.as_str(),
+                rec.created_at,
+                rec.destination,
+                rec.host,
+                rec.port,
+                rec.user,
+                rec.command,
+                rec.command_digest,
+                rec.remote_dir,
+                rec.timeout_secs as i64,
+                rec.client,
+            ],
+        )
+        .map_err(|source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        })?;
+        let ev = append_in(
+            &tx,
+            rec.id.as_str(),
+            "accepted",
+            Some(State::Accepted),
+            &evidence,
+        )
+        .map_err(|source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        })?;
+        tx.commit()
+            .map_err(|source| JournalError::Sqlite { path, source })?;
+        Ok(ev)
+    }
+
+    /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
+    /// (a reconnect, a probe result, a delivery of part of the output …).
+    pub fn append(
+        &mut self,
+        id: &ExecutionId,
+        kind: &str,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<Event> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let ev = append_in(&tx, id.as_str(), kind, state, &evidence).map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        Ok(ev)
+    }
+
+    pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT id, created_at, destination, host, port, user, command, command_digest,
+                        remote_dir, timeout_secs, client FROM executions WHERE id = ?1",
+                [id.as_str()],
+                |r| {
+                    Ok((
+                        r.get::<_, String>(0)?,
+                        r.get::<_, String>(1)?,
+                        r.get::<_, String>(2)?,
+                        r.get::<_, String>(3)?,
+                        r.get::<_, i64>(4)?,
+                        r.get::<_, String>(5)?,
+                        r.get::<_, Vec<u8>>(6)?,
+                        r.get::<_, String>(7)?,
+                        r.get::<_, String>(8)?,
+                        r.get::<_, i64>(9)?,
+                        r.get::<_, String>(10)?,
+                    ))
+                },
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        let Some(r) = row else { return Ok(None) };
+        let corrupt = |message: String| JournalError::Corrupt {
+            path: self.path.clone(),
+            id: id.to_string(),
+            message,
+        };
+        Ok(Some(ExecutionRecord {
+            id: ExecutionId::parse(&r.0).map_err(|e| corrupt(e.to_string()))?,
+            created_at: r.1,
+            destination: r.2,
+            host: r.3,
+            port: u16::try_from(r.4).map_err(|_| corrupt(format!("port {} out of range", r.4)))?,
+            user: r.5,
+            command: r.6,
+            command_digest: r.7,
+            remote_dir: r.8,
+            timeout_secs: u64::try_from(r.9)
+                .map_err(|_| corrupt(format!("timeout {} out of range", r.9)))?,
+            client: r.10,
+        }))
+    }
+
+    pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
+        let mut st = self
+            .conn
+            .prepare_cached(
+                "SELECT seq, execution_id, at, kind, state, evidence, hash FROM events
+                 WHERE execution_id = ?1 ORDER BY seq",
+            )
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([id.as_str()], |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, String>(2)?,
+                    r.get::<_, String>(3)?,
+                    r.get::<_, Option<String>>(4)?,
+                    r.get::<_, String>(5)?,
+                    r.get::<_, String>(6)?,
+                ))
+            })
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let (seq, eid, at, kind, state, evidence, hash) = row.map_err(|e| self.err(e))?;
+            let corrupt = |message: String| JournalError::Corrupt {
+                path: self.path.clone(),
+                id: eid.clone(),
+                message,
+            };
+            let state = match state {
+                Some(s) => Some(
+                    s.parse::<State>()
+                        .map_err(|e| corrupt(format!("event {seq}: {e}")))?,
+                ),
+                None => None,
+            };
+            let evidence = serde_json::from_str(&evidence)
+                .map_err(|e| corrupt(format!("event {seq}: evidence is not JSON: {e}")))?;
+            out.push(Event {
+                seq,
+                execution_id: eid.clone(),
+                at,
+                kind,
+                state,
+                evidence,
+                hash,
+            });
+        }
+        Ok(out)
+    }
+
+    /// The current state: the state of the last transition event.
+    pub fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
+        let events = self.events(id)?;
+        Ok(status_from_events(&events))
+    }
+
+    /// Executions, newest first, with their current state.
+    pub fn list(&self) -> Result<Vec<(ExecutionRecord, Status)>> {
+        let ids: Vec<String> = {
+            let mut st = self
+                .conn
+                .prepare("SELECT id FROM executions ORDER BY created_at DESC, id DESC")
+                .map_err(|e| self.err(e))?;
+            let rows = st
+                .query_map([], |r| r.get::<_, String>(0))
+                .map_err(|e| self.err(e))?;
+            rows.collect::<std::result::Result<_, _>>()
+                .map_err(|e| self.err(e))?
+        };
+        let mut out = Vec::new();
+        for raw in ids {
+            let id = ExecutionId::parse(&raw).map_err(|e| JournalError::Corrupt {
+                path: self.path.clone(),
+                id: raw.clone(),
+                message: e.to_string(),
+            })?;
+            if let (Some(rec), Some(st)) = (self.execution(&id)?, self.status(&id)?) {
+                out.push((rec, st));
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
+        let r = self
+            .conn
+            .query_row(
+                "SELECT out_off, err_off FROM cursors WHERE execution_id = ?1",
+                [id.as_str()],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        Ok(r.map(|(o, e)| (o.max(0) as u64, e.max(0) as u64))
+            .unwrap_or((0, 0)))
+    }
+
+    pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
+        self.conn
+            .prepare_cached(
+                "INSERT INTO cursors (execution_id, out_off, err_off) VALUES (?1, ?2, ?3)
+                 ON CONFLICT(execution_id) DO UPDATE SET out_off = ?2, err_off = ?3",
+            )
+            .and_then(|mut st| st.execute(params![id.as_str(), out_off as i64, err_off as i64]))
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub fn host_epoch(&self, host_key: &str, remote_dir: &str) -> Result<Option<String>> {
+        self.conn
+            .query_row(
+                "SELECT epoch FROM host_epochs WHERE host_key = ?1 AND remote_dir = ?2",
+                [host_key, remote_dir],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    pub fn set_host_epoch(&self, host_key: &str, remote_dir: &str, epoch: &str) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO host_epochs (host_key, remote_dir, epoch, seen_at) VALUES (?1, ?2, ?3, ?4)
+                 ON CONFLICT(host_key, remote_dir) DO UPDATE SET epoch = ?3, seen_at = ?4",
+                params![host_key, remote_dir, epoch, now_rfc3339()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+}
+
+/// Derive the current status from an execution's events.
+pub fn status_from_events(events: &[Event]) -> Option<Status> {
+    let mut state = None;
+    let mut before_unknown = None;
+    for s in events.iter().filter_map(|e| e.state) {
+        if s == State::Unknown {
+            if let Some(prev) = state.filter(|p| *p != State::Unknown) {
+                before_unknown = Some(prev);
+            }
+        }
+        state = Some(s);
+    }
+    state.map(|state| Status {
+        state,
+        before_unknown: if state == State::Unknown {
+            before_unknown
+        } else {
+            None
+        },
+    })
+}
+
+fn append_in(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    kind: &str,
+    state: Option<State>,
+    evidence: &serde_json::Value,
+) -> rusqlite::Result<Event> {
+    let (last_seq, prev_hash): (i64, String) = tx
+        .query_row(
+            "SELECT seq, hash FROM events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?
+        .unwrap_or((0, String::new()));
+    let seq = last_seq + 1;
+    let at = now_rfc3339();
+    let evidence_text = evidence.to_string();
+    let state_text = state.map(|s| s.as_str()).unwrap_or("");
+    let hash = chain_hash(&prev_hash, seq, id, &at, kind, state_text, &evidence_text);
+    tx.prepare_cached(
+        "INSERT INTO events (seq, execution_id, at, kind, state, evidence, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+    )?
+    .execute(params![
+        seq,
+        id,
+        at,
+        kind,
+        state.map(|s| s.as_str()),
+        evidence_text,
+        prev_hash,
+        hash
+    ])?;
+    Ok(Event {
+        seq,
+        execution_id: id.to_owned(),
+        at,
+        kind: kind.to_owned(),
+        state,
+        evidence: evidence.clone(),
+        hash,
+    })
+}
+
+/// The chain hash of one event: SHA-256 over length-prefixed fields, so that no two different
+/// events encode the same way.
+pub fn chain_hash(
+    prev: &str,
+    seq: i64,
+    id: &str,
+    at: &str,
+    kind: &str,
+    state: &str,
+    evidence: &str,
+) -> String {
+    let mut h = Sha256::new();
+    let seq = seq.to_string();
+    for field in [prev, &seq, id, at, kind, state, evidence] {
+        h.update((field.len() as u64).to_be_bytes());
+        h.update(field.as_bytes());
+    }
+    hex::encode(h.finalize())
+}
+
+#[cfg(unix)]
+fn set_mode(path: &Path, mode: u32) {
+    use std::os::unix::fs::PermissionsExt;
+    let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode));
+}
+#[cfg(not(unix))]
+fn set_mode(_: &Path, _: u32) {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: &str) -> ExecutionRecord {
+        ExecutionRecord {
+            id: ExecutionId::parse(id).unwrap(),
+            created_at: now_rfc3339(),
+            destination: "db-1".into(),
+            host: "127.0.0.1".into(),
+            port: 22,
+            user: "ops".into(),
+            command: b"echo hi".to_vec(),
+            command_digest: "00".into(),
+            remote_dir: ".cairn".into(),
+            timeout_secs: 0,
+            client: "1@test".into(),
+        }
+    }
+
+    #[test]
+    fn events_are_append_only_and_chained() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let r = rec("a1");
+        let e1 = j.accept(&r, serde_json::json!({})).unwrap();
+        let e2 = j
+            .append(
+                &r.id,
+                "dispatched",
+                Some(State::Dispatched),
+                serde_json::json!({"x": 1}),
+            )
+            .unwrap();
+        assert_eq!(e1.seq + 1, e2.seq);
+        let evs = j.events(&r.id).unwrap();
+        assert_eq!(evs.len(), 2);
+        assert!(j
+            .conn
+            .execute("UPDATE events SET kind = 'x' WHERE seq = 1", [])
+            .is_err());
+        assert!(j.conn.execute("DELETE FROM events", []).is_err());
+        assert!(j.accept(&r, serde_json::json!({})).is_err(), "duplicate ID");
+        let st = j.status(&r.id).unwrap().unwrap();
+        assert_eq!(st.state, State::Dispatched);
+    }
+
+    #[test]
+    fn status_remembers_what_was_known_before_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let r = rec("a2");
+        j.accept(&r, serde_json::json!({})).unwrap();
+        for s in [State::Dispatched, State::Running, State::Unknown] {
+            j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
+                .unwrap();
+        }
+        let st = j.status(&r.id).unwrap().unwrap();
+        assert_eq!(st.state, State::Unknown);
+        assert_eq!(st.before_unknown, Some(State::Running));
+    }
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339_from_unix(0, 0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339_from_unix(1_796_036_400, 5),
+            "2026-11-30T11:00:00.005Z"
+        );
+        assert_eq!(
+            rfc3339_from_unix(951_782_400, 0),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn two_handles_append_concurrently_without_losing_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut j = Journal::open(&path).unwrap();
+        let r = rec("c1");
+        j.accept(&r, serde_json::json!({})).unwrap();
+        let threads: Vec<_> = (0..2)
+            .map(|_| {
+                let path = path.clone();
+                let id = r.id.clone();
+                std::thread::spawn(move || {
+                    let mut j = Journal::open(&path).unwrap();
+                    for _ in 0..50 {
+                        j.append(&id, "note", None, serde_json::json!({})).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let evs = j.events(&r.id).unwrap();
+        assert_eq!(evs.len(), 101);
+        for w in evs.windows(2) {
+            assert_eq!(w[0].seq + 1, w[1].seq);
+        }
+    }
+}

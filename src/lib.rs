@@ -1,0 +1,35 @@
+//! cairn runs commands on remote hosts over SSH so that a dropped connection never turns into
+//! a second run.
+//!
+//! Each dispatch gets an execution ID; a supervisor on the host writes a durable marker before
+//! the command starts and a finish record when it ends; a local journal records every step.
+//! After a reconnect, or after cairn itself was killed, cairn probes the marker and reattaches,
+//! returns the stored result, or says plainly that the outcome is unknown. It never just sends
+//! the command again.
+//!
+//! # Map
+//! - [`id`]: execution IDs, generation and validation.
+//! - [`state`]: the lifecycle states of DESIGN.md.
+//! - [`journal`]: SQLite journal: executions, append-only hash-chained events, cursors.
+//! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
+//!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
+//! - [`recovery`]: the recovery table as a pure function (journal × probe → action).
+//! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
+//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
+//! - [`cli`]: the `cairn` command line.
+//!
+//! Data flows one way: front end ([`cli`]) → [`executor`] → ([`journal`], [`ssh`] + [`marker`]),
+//! with [`recovery::decide`] in the middle.
+
+pub mod cli;
+pub mod executor;
+pub mod id;
+pub mod journal;
+pub mod marker;
+pub mod recovery;
+pub mod ssh;
+pub mod state;
+
+pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
+pub use id::ExecutionId;
+pub use state::State;

@@ -1,0 +1,36 @@
+use clap::Parser;
+
+fn main() {
+    let cli = match cairn::cli::Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 255 } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    // cairn's own messages go to stderr as `cairn: …`; CAIRN_LOG=debug shows more.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("cairn=info,russh=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_level(false)
+        .without_time()
+        .init();
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("cairn: cannot start the async runtime: {e}");
+            std::process::exit(255);
+        }
+    };
+    let code = rt.block_on(cairn::cli::main(cli));
+    drop(rt);
+    std::process::exit(code);
+}

@@ -1,0 +1,533 @@
+//! Client side of the marker protocol (see `remote-scripts/PROTOCOL.md`).
+//!
+//! Builds the one exec string each operation sends (the embedded host script plus validated
+//! arguments, all single-quoted), and splits what comes back: channel stdout is the command's
+//! stdout, raw; channel stderr carries protocol lines `@@cairn-NONCE@@ KIND …\n` with the
+//! command's raw stderr between them. The nonce is fresh per exec and never reaches the command,
+//! so the command cannot forge a protocol line.
+
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+
+use crate::id::ExecutionId;
+use crate::recovery::Liveness;
+
+/// Protocol version this client speaks.
+pub const PROTOCOL_VERSION: &str = "1";
+
+/// The host side, embedded at build time.
+pub const SCRIPT_SOURCE: &str = include_str!("../remote-scripts/cairn.sh");
+
+/// The script as sent: comment-only and blank lines removed (they are for people reading the
+/// file, not for the wire). Code lines never carry trailing comments, so this is safe.
+pub fn script() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| {
+        let mut out = String::with_capacity(SCRIPT_SOURCE.len());
+        for line in SCRIPT_SOURCE.lines() {
+            let t = line.trim_start();
+            if t.is_empty() || t.starts_with('#') {
+                continue;
+            }
+            out.push_str(t);
+            out.push('\n');
+        }
+        out
+    })
+}
+
+/// Quote bytes for a POSIX shell: `'…'`, with `'` written as `'\''`.
+pub fn shell_quote(s: &str) -> String {
+    let mut q = String::with_capacity(s.len() + 2);
+    q.push('\'');
+    for c in s.chars() {
+        if c == '\'' {
+            q.push_str("'\\''");
+        } else {
+            q.push(c);
+        }
+    }
+    q.push('\'');
+    q
+}
+
+/// A fresh 128-bit nonce in hex.
+pub fn new_nonce() -> String {
+    let n: u128 = rand::random();
+    format!("{n:032x}")
+}
+
+/// Why a remote directory is refused before anything is sent.
+pub fn validate_remote_dir(dir: &str) -> Result<(), String> {
+    if dir.is_empty() {
+        return Err("remote directory is empty".into());
+    }
+    if dir.contains(['\n', '\0']) {
+        return Err("remote directory contains a newline or NUL".into());
+    }
+    if dir.split('/').any(|c| c == "..") {
+        return Err(format!("remote directory {dir:?} contains '..'"));
+    }
+    Ok(())
+}
+
+/// One operation on the host.
+#[derive(Clone, Debug)]
+pub enum Op<'a> {
+    Hello,
+    Dispatch {
+        id: &'a ExecutionId,
+        len: usize,
+        digest: &'a str,
+        timeout_secs: u64,
+        attach: bool,
+    },
+    Watch {
+        id: &'a ExecutionId,
+        out_off: u64,
+        err_off: u64,
+        wait: bool,
+    },
+    Cancel {
+        id: &'a ExecutionId,
+        grace_secs: u64,
+    },
+}
+
+/// The exec string for `op` against marker home `dir`, with `nonce`.
+pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
+    let b = |v: bool| if v { "1" } else { "0" }.to_string();
+    let (mode, args): (&str, Vec<String>) = match op {
+        Op::Hello => ("hello", vec![]),
+        Op::Dispatch {
+            id,
+            len,
+            digest,
+            timeout_secs,
+            attach,
+        } => (
+            "dispatch",
+            vec![
+                id.to_string(),
+                len.to_string(),
+                digest.to_string(),
+                timeout_secs.to_string(),
+                b(*attach),
+            ],
+        ),
+        Op::Watch {
+            id,
+            out_off,
+            err_off,
+            wait,
+        } => (
+            "watch",
+            vec![
+                id.to_string(),
+                out_off.to_string(),
+                err_off.to_string(),
+                b(*wait),
+            ],
+        ),
+        Op::Cancel { id, grace_secs } => ("cancel", vec![id.to_string(), grace_secs.to_string()]),
+    };
+    let mut s = String::with_capacity(script().len() + 256);
+    s.push_str("exec /bin/sh -c 'eval \"$1\"' cairn ");
+    s.push_str(&shell_quote(script()));
+    for a in [mode.to_string(), dir.to_string(), nonce.to_string()]
+        .into_iter()
+        .chain(args)
+    {
+        s.push(' ');
+        s.push_str(&shell_quote(&a));
+    }
+    s
+}
+
+/// A parsed `key=value …` record.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Fields(BTreeMap<String, String>);
+
+impl Fields {
+    pub fn parse(text: &str) -> Result<Fields, String> {
+        let mut m = BTreeMap::new();
+        for tok in text.split_ascii_whitespace() {
+            let (k, v) = tok
+                .split_once('=')
+                .ok_or_else(|| format!("field {tok:?} is not key=value"))?;
+            m.insert(k.to_owned(), v.to_owned());
+        }
+        Ok(Fields(m))
+    }
+    pub fn get(&self, k: &str) -> Result<&str, String> {
+        self.0
+            .get(k)
+            .map(|s| s.as_str())
+            .ok_or_else(|| format!("field {k} missing"))
+    }
+    pub fn num(&self, k: &str) -> Result<u64, String> {
+        let v = self.get(k)?;
+        v.parse()
+            .map_err(|_| format!("field {k}={v:?} is not a number"))
+    }
+    fn check_version(&self) -> Result<(), String> {
+        match self.get("v")? {
+            PROTOCOL_VERSION => Ok(()),
+            other => Err(format!(
+                "written by marker protocol version {other}; this cairn reads version {PROTOCOL_VERSION}"
+            )),
+        }
+    }
+}
+
+/// The host's answer to `hello` (first line of every reply).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Hello {
+    pub epoch: String,
+    pub boot: String,
+    pub now: u64,
+}
+
+/// The started record: written and flushed on the host before the command started.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StartRecord {
+    pub id: String,
+    pub len: u64,
+    pub digest: String,
+    pub epoch: String,
+    pub boot: String,
+    pub sup_pid: u64,
+    pub sup_start: u64,
+    pub started_at: u64,
+    pub timeout: u64,
+}
+
+impl StartRecord {
+    pub fn parse(text: &str) -> Result<StartRecord, String> {
+        let f = Fields::parse(text)?;
+        f.check_version()?;
+        Ok(StartRecord {
+            id: f.get("id")?.to_owned(),
+            len: f.num("len")?,
+            digest: f.get("digest")?.to_owned(),
+            epoch: f.get("epoch")?.to_owned(),
+            boot: f.get("boot")?.to_owned(),
+            sup_pid: f.num("sup_pid")?,
+            sup_start: f.num("sup_start")?,
+            started_at: f.num("started_at")?,
+            timeout: f.num("timeout")?,
+        })
+    }
+}
+
+/// The finish record: flushed on the host before anyone is told the command finished.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct FinishRecord {
+    pub id: String,
+    /// What the supervising shell's `wait` reported: 0-255, 128+N after signal N.
+    pub status: u8,
+    pub finished_at: u64,
+    pub out: u64,
+    pub err: u64,
+    pub timed_out: bool,
+    pub cancelled: bool,
+}
+
+impl FinishRecord {
+    pub fn parse(text: &str) -> Result<FinishRecord, String> {
+        let f = Fields::parse(text)?;
+        f.check_version()?;
+        let status = f.num("status")?;
+        Ok(FinishRecord {
+            id: f.get("id")?.to_owned(),
+            status: u8::try_from(status).map_err(|_| format!("status {status} out of range"))?,
+            finished_at: f.num("finished_at")?,
+            out: f.num("out")?,
+            err: f.num("err")?,
+            timed_out: f.num("timed_out")? == 1,
+            cancelled: f.num("cancelled")? == 1,
+        })
+    }
+
+    /// The signal that ended the command, when the shell's status says so (129..=192).
+    pub fn signal(&self) -> Option<String> {
+        let n = self
+            .status
+            .checked_sub(128)
+            .filter(|n| (1..=64).contains(n))?;
+        Some(
+            signal_name(n)
+                .map(str::to_owned)
+                .unwrap_or_else(|| n.to_string()),
+        )
+    }
+}
+
+fn signal_name(n: u8) -> Option<&'static str> {
+    Some(match n {
+        1 => "HUP",
+        2 => "INT",
+        3 => "QUIT",
+        4 => "ILL",
+        6 => "ABRT",
+        8 => "FPE",
+        9 => "KILL",
+        11 => "SEGV",
+        13 => "PIPE",
+        14 => "ALRM",
+        15 => "TERM",
+        _ => return None,
+    })
+}
+
+/// One protocol line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Line {
+    Hello(Hello),
+    Error(String),
+    Verdict(String),
+    Absent,
+    Start(StartRecord),
+    Live(Liveness),
+    Sizes { out: u64, err: u64 },
+    Done(FinishRecord),
+    Cancel(String),
+    End,
+}
+
+/// Parse the text of one protocol line (after the boundary, without the newline).
+pub fn parse_line(text: &str) -> Result<Line, String> {
+    let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
+    Ok(match kind {
+        "hello" => {
+            let f = Fields::parse(rest)?;
+            f.check_version()?;
+            Line::Hello(Hello {
+                epoch: f.get("epoch")?.to_owned(),
+                boot: f.get("boot")?.to_owned(),
+                now: f.num("now")?,
+            })
+        }
+        "error" => Line::Error(rest.to_owned()),
+        "verdict" => Line::Verdict(rest.trim().to_owned()),
+        "absent" => Line::Absent,
+        "start" => {
+            Line::Start(StartRecord::parse(rest).map_err(|e| format!("started record: {e}"))?)
+        }
+        "live" => Line::Live(match rest.trim() {
+            "alive" => Liveness::Alive,
+            "dead" => Liveness::Dead,
+            "rebooted" => Liveness::Rebooted,
+            other => return Err(format!("unknown liveness {other:?}")),
+        }),
+        "sizes" => {
+            let f = Fields::parse(rest)?;
+            Line::Sizes {
+                out: f.num("out")?,
+                err: f.num("err")?,
+            }
+        }
+        "done" => Line::Done(FinishRecord::parse(rest).map_err(|e| format!("finish record: {e}"))?),
+        "cancel" => Line::Cancel(rest.trim().to_owned()),
+        "end" => Line::End,
+        other => return Err(format!("unknown protocol line {other:?}")),
+    })
+}
+
+/// What the demultiplexer yields.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// Command stderr bytes.
+    Stderr(Vec<u8>),
+    /// A protocol line (or why it did not parse).
+    Line(Result<Line, String>),
+}
+
+/// Splits the channel's stderr stream into command stderr and protocol lines.
+///
+/// Bytes that could be the start of a boundary are held back until it is clear whether they
+/// are; everything else is released at once, so live stderr stays live.
+pub struct StderrDemux {
+    boundary: Vec<u8>,
+    buf: Vec<u8>,
+    /// Inside a protocol line (boundary seen, newline not yet).
+    in_line: bool,
+}
+
+/// Longest protocol line accepted; a longer one is an error, not a memory sink.
+const MAX_LINE: usize = 64 * 1024;
+
+impl StderrDemux {
+    pub fn new(nonce: &str) -> Self {
+        StderrDemux {
+            boundary: format!("@@cairn-{nonce}@@ ").into_bytes(),
+            buf: Vec::new(),
+            in_line: false,
+        }
+    }
+
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<Piece>) {
+        self.buf.extend_from_slice(data);
+        loop {
+            if self.in_line {
+                match self.buf.iter().position(|&b| b == b'\n') {
+                    Some(nl) => {
+                        let line: Vec<u8> = self.buf.drain(..=nl).collect();
+                        let text = String::from_utf8_lossy(&line[..nl]);
+                        out.push(Piece::Line(parse_line(&text)));
+                        self.in_line = false;
+                    }
+                    None => {
+                        if self.buf.len() > MAX_LINE {
+                            out.push(Piece::Line(Err("protocol line too long".into())));
+                            self.buf.clear();
+                            self.in_line = false;
+                        }
+                        return;
+                    }
+                }
+            } else {
+                match find(&self.buf, &self.boundary) {
+                    Some(pos) => {
+                        if pos > 0 {
+                            out.push(Piece::Stderr(self.buf[..pos].to_vec()));
+                        }
+                        self.buf.drain(..pos + self.boundary.len());
+                        self.in_line = true;
+                    }
+                    None => {
+                        // Keep the longest suffix that is a prefix of the boundary.
+                        let keep = partial_suffix(&self.buf, &self.boundary);
+                        let release = self.buf.len() - keep;
+                        if release > 0 {
+                            out.push(Piece::Stderr(self.buf[..release].to_vec()));
+                            self.buf.drain(..release);
+                        }
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bytes held back when the stream ended (a stream that ends mid-boundary).
+    pub fn finish(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.buf)
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || hay.len() < needle.len() {
+        return None;
+    }
+    let first = needle[0];
+    let mut i = 0;
+    while i + needle.len() <= hay.len() {
+        match hay[i..].iter().position(|&b| b == first) {
+            Some(off) => {
+                i += off;
+                if i + needle.len() <= hay.len() && &hay[i..i + needle.len()] == needle {
+                    return Some(i);
+                }
+                i += 1;
+            }
+            None => return None,
+        }
+    }
+    None
+}
+
+fn partial_suffix(hay: &[u8], needle: &[u8]) -> usize {
+    let max = needle.len().saturating_sub(1).min(hay.len());
+    (1..=max)
+        .rev()
+        .find(|&k| hay[hay.len() - k..] == needle[..k])
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const N: &str = "0123456789abcdef0123456789abcdef";
+
+    fn b(line: &str) -> Vec<u8> {
+        format!("@@cairn-{N}@@ {line}\n").into_bytes()
+    }
+
+    fn run(chunks: &[&[u8]]) -> (Vec<u8>, Vec<Line>) {
+        let mut d = StderrDemux::new(N);
+        let mut pieces = Vec::new();
+        for c in chunks {
+            d.feed(c, &mut pieces);
+        }
+        let mut err = Vec::new();
+        let mut lines = Vec::new();
+        for p in pieces {
+            match p {
+                Piece::Stderr(s) => err.extend(s),
+                Piece::Line(l) => lines.push(l.unwrap()),
+            }
+        }
+        (err, lines)
+    }
+
+    #[test]
+    fn splits_lines_from_raw_stderr_at_any_chunking() {
+        let mut all = b("hello v=1 epoch=e1 boot=b/1 now=5");
+        all.extend_from_slice(b"oops\n@@cairn-not-ours@@ x\npartial @@cai");
+        all.extend(b(
+            "done v=1 id=a status=3 finished_at=9 out=1 err=2 timed_out=0 cancelled=0",
+        ));
+        all.extend(b("end"));
+        for size in [1, 2, 3, 7, 50, all.len()] {
+            let chunks: Vec<&[u8]> = all.chunks(size).collect();
+            let (err, lines) = run(&chunks);
+            assert_eq!(
+                err, b"oops\n@@cairn-not-ours@@ x\npartial @@cai",
+                "chunk {size}"
+            );
+            assert_eq!(lines.len(), 3);
+            assert!(matches!(&lines[1], Line::Done(f) if f.status == 3 && f.err == 2));
+            assert_eq!(lines[2], Line::End);
+        }
+    }
+
+    #[test]
+    fn refuses_other_protocol_versions() {
+        assert!(parse_line("hello v=2 epoch=e boot=b now=1").is_err());
+        assert!(parse_line("start v=0 id=a").is_err());
+        assert!(parse_line("frobnicate").is_err());
+    }
+
+    #[test]
+    fn signal_is_derived_from_shell_status() {
+        let mut f = FinishRecord::parse(
+            "v=1 id=a status=143 finished_at=1 out=0 err=0 timed_out=1 cancelled=0   ",
+        )
+        .unwrap();
+        assert_eq!(f.signal().as_deref(), Some("TERM"));
+        f.status = 3;
+        assert_eq!(f.signal(), None);
+    }
+
+    #[test]
+    fn quoting_survives_hostile_text() {
+        assert_eq!(shell_quote("a'b"), "'a'\\''b'");
+        assert_eq!(shell_quote(""), "''");
+    }
+
+    #[test]
+    fn the_wire_script_has_no_comment_lines() {
+        assert!(!script().lines().any(|l| l.starts_with('#')));
+    }
+
+    #[test]
+    fn remote_dir_validation() {
+        assert!(validate_remote_dir(".cairn").is_ok());
+        assert!(validate_remote_dir("/var/lib/cairn").is_ok());
+        assert!(validate_remote_dir("../x").is_err());
+        assert!(validate_remote_dir("a\nb").is_err());
+        assert!(validate_remote_dir("").is_err());
+    }
+}

@@ -1,0 +1,3 @@
+mod run;
+mod ssh;
+mod support;

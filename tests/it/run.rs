@@ -1,0 +1,841 @@
+//! `cairn run` and friends end to end: the real binary, a real OpenSSH sshd on loopback, and a
+//! TCP proxy in between that the tests cut. Every fault test counts how many times the command
+//! really ran (a line appended to a file on the host), checks the journal's final state and the
+//! bytes returned.
+
+use std::fs;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use cairn::journal::Journal;
+use cairn::{ExecutionId, State};
+
+use crate::support::{Proxy, TestSshd};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cairn");
+
+/// One test host: sshd, a proxy in front of it, a journal and a marker home.
+struct Host {
+    sshd: TestSshd,
+    proxy: Proxy,
+    known_hosts: PathBuf,
+    journal: PathBuf,
+    remote_dir: PathBuf,
+    counter: PathBuf,
+}
+
+impl Host {
+    fn new() -> Host {
+        let sshd = TestSshd::start();
+        let proxy = Proxy::start(sshd.port());
+        let known_hosts = sshd.known_hosts_for_port(proxy.port());
+        let journal = sshd.dir().join("journal.db");
+        let remote_dir = sshd.dir().join("cairn-home");
+        let counter = sshd.dir().join("ran.count");
+        Host {
+            sshd,
+            proxy,
+            known_hosts,
+            journal,
+            remote_dir,
+            counter,
+        }
+    }
+
+    /// `cairn SUBCOMMAND` with the connection options that reach this host through the proxy.
+    fn cairn(&self, sub: &str) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg(sub);
+        c.env_remove("SSH_AUTH_SOCK")
+            .env_remove("CAIRN_JOURNAL")
+            .env("CAIRN_LOG", "cairn=info")
+            .arg("--journal")
+            .arg(&self.journal)
+            .args(["-F", "/dev/null", "-p", &self.proxy.port().to_string()])
+            .arg("-i")
+            .arg(self.sshd.client_key())
+            .arg("--known-hosts")
+            .arg(&self.known_hosts)
+            .args([
+                "--connect-timeout",
+                "5s",
+                "--keepalive",
+                "1s",
+                "--reconnect-for",
+                "60s",
+            ]);
+        c
+    }
+
+    fn run_cmd(&self, extra: &[&str], command: &str) -> Command {
+        let mut c = self.cairn("run");
+        c.arg("--remote-dir").arg(&self.remote_dir);
+        c.args(extra);
+        c.arg("127.0.0.1").arg("--").arg(command);
+        c
+    }
+
+    /// A command prefix that records one run on the host.
+    fn count(&self) -> String {
+        format!("echo ran >> '{}'; ", self.counter.display())
+    }
+
+    fn runs(&self) -> usize {
+        fs::read_to_string(&self.counter)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    fn x(&self) -> PathBuf {
+        self.remote_dir.join("x")
+    }
+
+    /// The one execution ID whose started record exists on the host.
+    fn started_id(&self) -> Option<String> {
+        let rd = fs::read_dir(self.x()).ok()?;
+        rd.filter_map(|e| e.ok())
+            .filter_map(|e| e.file_name().into_string().ok())
+            .find_map(|n| n.strip_suffix(".start").map(str::to_owned))
+    }
+
+    fn wait_started(&self) -> String {
+        wait_for("the started record", Duration::from_secs(20), || {
+            self.started_id()
+        })
+    }
+
+    fn wait_done(&self, id: &str) {
+        let p = self.x().join(format!("{id}.done"));
+        wait_for("the finish record", Duration::from_secs(30), || {
+            p.exists().then_some(())
+        });
+    }
+
+    fn journal_state(&self, id: &str) -> State {
+        let j = Journal::open(&self.journal).expect("open journal");
+        j.status(&ExecutionId::parse(id).unwrap())
+            .expect("status")
+            .expect("execution in journal")
+            .state
+    }
+
+    fn journal_kinds(&self, id: &str) -> Vec<String> {
+        let j = Journal::open(&self.journal).expect("open journal");
+        j.events(&ExecutionId::parse(id).unwrap())
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    fn start_record(&self, id: &str) -> String {
+        fs::read_to_string(self.x().join(format!("{id}.start"))).expect("start record")
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Wait for a child with a bound; kill it and fail if it overruns.
+fn wait_child(mut child: Child, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "cairn did not finish within {limit:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cairn")
+}
+
+fn json(out: &Output) -> serde_json::Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+fn numbered(prefix: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{prefix} {i}\n")).collect()
+}
+
+/// A command that prints `n` numbered lines on stdout and stderr, `delay` apart, then exits `code`.
+fn slow_lines(h: &Host, n: usize, delay: &str, code: i32) -> String {
+    format!(
+        "{}i=0; while [ $i -lt {n} ]; do echo \"out $i\"; echo \"err $i\" >&2; i=$((i+1)); sleep {delay}; done; exit {code}",
+        h.count()
+    )
+}
+
+#[test]
+fn runs_a_command_and_exits_with_its_status() {
+    let h = Host::new();
+    let out = h
+        .run_cmd(
+            &[],
+            &format!("{}echo hello; echo oops >&2; exit 3", h.count()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert_eq!(out.stdout, b"hello\n");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("oops\n"));
+    assert_eq!(h.runs(), 1);
+    let id = h.started_id().unwrap();
+    assert_eq!(h.journal_state(&id), State::Delivered);
+    let kinds = h.journal_kinds(&id);
+    assert_eq!(
+        kinds,
+        [
+            "accepted",
+            "authorized",
+            "dispatched",
+            "running",
+            "completed",
+            "delivered"
+        ],
+        "journal events"
+    );
+}
+
+#[test]
+fn json_output_has_the_documented_fields() {
+    let h = Host::new();
+    let out = h
+        .run_cmd(&["--json"], &format!("{}printf 'a\\nb'; exit 0", h.count()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v = json(&out);
+    for k in [
+        "execution_id",
+        "host",
+        "host_key_fingerprint",
+        "state",
+        "exit_code",
+        "signal",
+        "started_at",
+        "finished_at",
+        "stdout_bytes",
+        "stderr_bytes",
+        "reconnects",
+    ] {
+        assert!(v.get(k).is_some(), "missing {k} in {v}");
+    }
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["stdout"], "a\nb");
+    assert_eq!(v["stdout_bytes"], 3);
+    assert!(v["host_key_fingerprint"]
+        .as_str()
+        .unwrap()
+        .starts_with("SHA256:"));
+}
+
+#[test]
+fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order() {
+    let h = Host::new();
+    let child = spawn(h.run_cmd(&["--json"], &slow_lines(&h, 30, "0.1", 7)));
+    h.wait_started();
+    std::thread::sleep(Duration::from_millis(800));
+    h.proxy.set_refuse(true);
+    h.proxy.cut();
+    std::thread::sleep(Duration::from_millis(700));
+    h.proxy.set_refuse(false);
+    let out = wait_child(child, Duration::from_secs(60));
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(7), "{v}");
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["stdout"], numbered("out", 30));
+    assert_eq!(v["stderr"], numbered("err", 30));
+    assert!(v["reconnects"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(h.runs(), 1, "the command must run exactly once");
+    let id = v["execution_id"].as_str().unwrap();
+    assert_eq!(h.journal_state(id), State::Delivered);
+    assert!(h.journal_kinds(id).contains(&"connection-lost".to_string()));
+}
+
+#[test]
+fn cut_during_the_run_streams_live_without_loss_or_repeat() {
+    let h = Host::new();
+    let mut c = h.run_cmd(&[], &slow_lines(&h, 20, "0.1", 0));
+    c.env("CAIRN_LOG", "off");
+    let child = spawn(c);
+    h.wait_started();
+    std::thread::sleep(Duration::from_millis(600));
+    h.proxy.cut();
+    let out = wait_child(child, Duration::from_secs(60));
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout), numbered("out", 20));
+    assert_eq!(String::from_utf8_lossy(&out.stderr), numbered("err", 20));
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn cut_after_the_finish_before_the_result_was_read_returns_the_stored_result() {
+    let h = Host::new();
+    let child = spawn(h.run_cmd(
+        &["--json"],
+        &format!("{}sleep 1; echo stored-result; exit 4", h.count()),
+    ));
+    let id = h.wait_started();
+    // Hold every byte the host sends, let the command finish, then lose the connection.
+    h.proxy.pause_downstream(true);
+    h.wait_done(&id);
+    h.proxy.cut();
+    h.proxy.pause_downstream(false);
+    let out = wait_child(child, Duration::from_secs(60));
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(4), "{v}");
+    assert_eq!(v["stdout"], "stored-result\n");
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["recovered"], true);
+    assert_eq!(h.runs(), 1);
+    assert_eq!(h.journal_state(&id), State::Delivered);
+}
+
+#[test]
+fn cut_before_the_start_guard_dispatches_again_under_the_same_id() {
+    let h = Host::new();
+    // A 1 MB command: the connection is cut while its bytes are still on the way, so the
+    // host's dispatcher sees a short stdin and never crosses the guard.
+    // (argv caps one argument at 128 KiB, so the megabyte comes as ten words.)
+    let filler = "x".repeat(100_000);
+    let mut c = h.cairn("run");
+    c.arg("--remote-dir")
+        .arg(&h.remote_dir)
+        .args(["--json", "127.0.0.1", "--"]);
+    c.arg(format!("{}:", h.count()));
+    for _ in 0..10 {
+        c.arg(&filler);
+    }
+    c.arg("; echo after-redispatch");
+    h.proxy.cut_after_upstream_bytes(Some(400_000));
+    let child = spawn(c);
+    // Let the first connection be cut, then stop cutting.
+    wait_for("the first cut", Duration::from_secs(30), || {
+        (h.proxy.connections() >= 2).then_some(())
+    });
+    h.proxy.cut_after_upstream_bytes(None);
+    let out = wait_child(child, Duration::from_secs(60));
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["stdout"], "after-redispatch\n");
+    assert_eq!(h.runs(), 1);
+    let id = v["execution_id"].as_str().unwrap();
+    let kinds = h.journal_kinds(id);
+    let dispatches = kinds.iter().filter(|k| *k == "dispatched").count();
+    assert_eq!(
+        dispatches, 2,
+        "dispatched twice under the same ID: {kinds:?}"
+    );
+    assert!(kinds.contains(&"probe".to_string()), "{kinds:?}");
+}
+
+#[test]
+fn kill_9_of_the_client_then_recover_completes_from_the_marker() {
+    let h = Host::new();
+    let mut child = spawn(h.run_cmd(
+        &[],
+        &format!(
+            "{}sleep 1; echo finished-while-cairn-was-dead; exit 5",
+            h.count()
+        ),
+    ));
+    let id = h.wait_started();
+    child.kill().unwrap(); // SIGKILL
+    let _ = child.wait();
+    h.wait_done(&id);
+    let out = h.cairn("recover").arg("--json").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let one = &v.as_array().unwrap()[0];
+    assert_eq!(one["execution_id"], id.as_str());
+    assert_eq!(one["state"], "completed", "{v}");
+    assert_eq!(one["exit_code"], 5);
+    assert_eq!(h.runs(), 1);
+    assert_eq!(h.journal_state(&id), State::Completed);
+    // The stored output is still there, and a second recover touches nothing.
+    let o = h.cairn("output").arg(&id).output().unwrap();
+    assert_eq!(o.stdout, b"finished-while-cairn-was-dead\n");
+    let again = h.cairn("recover").arg("--json").output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&again.stdout).trim(), "[]");
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn kill_9_then_attach_streams_the_rest_and_exits_with_the_status() {
+    let h = Host::new();
+    let mut c = h.run_cmd(&["--id", "attach-me"], &slow_lines(&h, 20, "0.1", 6));
+    c.env("CAIRN_LOG", "off");
+    let mut child = spawn(c);
+    h.wait_started();
+    std::thread::sleep(Duration::from_millis(500));
+    child.kill().unwrap();
+    let first = child.wait_with_output().unwrap();
+    let out = h
+        .cairn("attach")
+        .arg("attach-me")
+        .env("CAIRN_LOG", "off")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(6));
+    let mut all = first.stdout.clone();
+    all.extend_from_slice(&out.stdout);
+    // The cursor is saved at most 100 ms behind what was written, so a kill -9 may make attach
+    // repeat a little; nothing may be lost, and the tail must be exact.
+    let text = String::from_utf8_lossy(&all);
+    for i in 0..20 {
+        assert!(
+            text.contains(&format!("out {i}\n")),
+            "line {i} lost: {text}"
+        );
+    }
+    assert!(String::from_utf8_lossy(&out.stdout).ends_with("out 19\n"));
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn supervisor_gone_and_boot_changed_is_interrupted_never_rerun() {
+    let h = Host::new();
+    let out = h
+        .run_cmd(&["--detach"], &format!("{}sleep 60", h.count()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(h.started_id().as_deref(), Some(id.as_str()));
+    assert_eq!(h.journal_state(&id), State::Running);
+    // The "reboot": kill the supervisor's and the command's process groups, new boot identity.
+    let rec = h.start_record(&id);
+    let sup: i32 = rec
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("sup_pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let pgid: i32 = wait_for("the command's pgid", Duration::from_secs(10), || {
+        fs::read_to_string(h.x().join(&id).join("pgid"))
+            .ok()
+            .and_then(|s| s.split_whitespace().next()?.parse().ok())
+    });
+    unsafe {
+        libc::kill(-sup, libc::SIGKILL);
+        libc::kill(-pgid, libc::SIGKILL);
+    }
+    fs::write(
+        h.sshd.boot_id_file(),
+        "00000000-0000-4000-8000-000000000000\n",
+    )
+    .unwrap();
+    let out = h.cairn("recover").arg("--json").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v[0]["state"], "interrupted", "{v}");
+    assert_eq!(out.status.code(), Some(254));
+    assert_eq!(h.journal_state(&id), State::Interrupted);
+    // attach and status say the same; nothing ran again.
+    let a = h.cairn("attach").arg(&id).output().unwrap();
+    assert_eq!(a.status.code(), Some(254));
+    let s = h.cairn("status").arg(&id).arg("--json").output().unwrap();
+    let sv: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    assert_eq!(sv["state"], "interrupted");
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn a_dead_supervisor_without_reboot_is_interrupted_too() {
+    let h = Host::new();
+    let out = h
+        .run_cmd(
+            &["--detach", "--id", "dead-sup"],
+            &format!("{}sleep 60", h.count()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let rec = h.start_record("dead-sup");
+    let sup: i32 = rec
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("sup_pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    unsafe {
+        libc::kill(sup, libc::SIGKILL);
+    }
+    let a = h.cairn("attach").arg("dead-sup").output().unwrap();
+    assert_eq!(a.status.code(), Some(254), "{a:?}");
+    assert_eq!(h.journal_state("dead-sup"), State::Interrupted);
+    assert_eq!(h.runs(), 1);
+    if let Ok(p) = fs::read_to_string(h.x().join("dead-sup").join("pgid")) {
+        if let Some(Ok(pgid)) = p.split_whitespace().next().map(str::parse::<i32>) {
+            unsafe {
+                libc::kill(-pgid, libc::SIGKILL);
+            }
+        }
+    }
+}
+
+#[test]
+fn rerunning_a_finished_id_returns_the_stored_result_and_another_command_is_refused() {
+    let h = Host::new();
+    let cmd = format!("{}echo first; exit 3", h.count());
+    let a = h.run_cmd(&["--id", "job-1"], &cmd).output().unwrap();
+    assert_eq!(a.status.code(), Some(3));
+    assert_eq!(a.stdout, b"first\n");
+    let b = h.run_cmd(&["--id", "job-1"], &cmd).output().unwrap();
+    assert_eq!(b.status.code(), Some(3), "{b:?}");
+    assert_eq!(b.stdout, b"first\n");
+    assert_eq!(h.runs(), 1, "a finished ID must not run again");
+    let c = h
+        .run_cmd(&["--id", "job-1"], "echo something else")
+        .output()
+        .unwrap();
+    assert_eq!(c.status.code(), Some(255));
+    let err = String::from_utf8_lossy(&c.stderr);
+    assert!(
+        err.contains("echo first") && err.contains("echo something else"),
+        "{err}"
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn bad_ids_are_rejected_before_any_connection() {
+    let h = Host::new();
+    let long = "a".repeat(300);
+    for bad in ["../x", "", long.as_str(), "a\nb", "a b", "é"] {
+        let out = h.run_cmd(&["--id", bad], "true").output().unwrap();
+        assert_eq!(out.status.code(), Some(255), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains("execution ID"),
+            "{bad:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(
+        h.proxy.connections(),
+        0,
+        "no connection may be made for a bad ID"
+    );
+    assert!(
+        !h.journal.exists()
+            || Journal::open(&h.journal)
+                .unwrap()
+                .list()
+                .unwrap()
+                .is_empty()
+    );
+}
+
+/// Quote bytes for sh, byte-exact (non-UTF-8 included).
+fn sh_quote_bytes(b: &[u8]) -> Vec<u8> {
+    let mut q = vec![b'\''];
+    for &c in b {
+        if c == b'\'' {
+            q.extend_from_slice(b"'\\''");
+        } else {
+            q.push(c);
+        }
+    }
+    q.push(b'\'');
+    q
+}
+
+#[test]
+fn hostile_command_bytes_reach_the_host_byte_for_byte() {
+    use std::os::unix::ffi::OsStrExt;
+    let h = Host::new();
+    let payload: &[u8] =
+        b"it's \"quoted\" $(touch /tmp/cairn-pwned) `id` ${HOME} \\ \n second line\t\xff\xfe\x80 end\n\n";
+    let target = h.sshd.dir().join("payload.bin");
+    let mut command = format!("{}printf '%s' ", h.count()).into_bytes();
+    command.extend(sh_quote_bytes(payload));
+    command.extend(format!(" > '{}'", target.display()).into_bytes());
+    let mut c = h.cairn("run");
+    c.arg("--remote-dir")
+        .arg(&h.remote_dir)
+        .args(["--id", "hostile", "127.0.0.1", "--"])
+        .arg(std::ffi::OsStr::from_bytes(&command));
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(fs::read(&target).unwrap(), payload);
+    // What the host stored is exactly what was sent.
+    assert_eq!(
+        fs::read(h.x().join("hostile").join("cmd")).unwrap(),
+        command
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_one_megabyte_argument_arrives_intact() {
+    // argv of a local process is capped at 128 KiB per argument, so this goes through the
+    // library API, as a gateway would.
+    let h = Host::new();
+    let arg: String = (0..(1 << 20))
+        .map(|i| (b'a' + (i % 26) as u8) as char)
+        .collect();
+    let command = format!("{}printf '%s' '{arg}' | sha256sum", h.count());
+    let journal = Journal::open(&h.journal).unwrap();
+    let mut opts = h.sshd.opts();
+    opts.port = Some(h.proxy.port());
+    opts.known_hosts = Some(h.known_hosts.clone());
+    opts.ssh_config = Some(PathBuf::from("/dev/null"));
+    opts.identity = vec![h.sshd.client_key()];
+    let mut ex = cairn::Executor::new(journal, opts, cairn::Patience::default());
+    struct Collect(Vec<u8>);
+    impl cairn::OutputSink for Collect {
+        fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
+            self.0.extend_from_slice(d);
+            Ok(())
+        }
+        fn stderr(&mut self, _: &[u8]) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut sink = Collect(Vec::new());
+    let o = ex
+        .run(
+            cairn::RunRequest {
+                destination: "127.0.0.1".into(),
+                command: command.into_bytes(),
+                id: None,
+                timeout_secs: 0,
+                detach: false,
+                remote_dir: h.remote_dir.display().to_string(),
+            },
+            &mut sink,
+        )
+        .await
+        .unwrap();
+    assert_eq!(o.state, State::Completed);
+    use sha2::Digest;
+    let want = hex::encode(sha2::Sha256::digest(arg.as_bytes()));
+    assert_eq!(String::from_utf8_lossy(&sink.0), format!("{want}  -\n"));
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn unknown_host_key_is_refused_naming_the_file_and_fingerprint() {
+    let mut h = Host::new();
+    let empty = h.sshd.dir().join("empty_known_hosts");
+    fs::write(&empty, "").unwrap();
+    h.known_hosts = empty.clone();
+    let out = h
+        .run_cmd(&[], &format!("{}true", h.count()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(255));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&empty.display().to_string()), "{err}");
+    assert!(err.contains("SHA256:"), "{err}");
+    assert_eq!(h.runs(), 0);
+    // --accept-new records it and then works.
+    let out = h
+        .run_cmd(&["--accept-new"], &format!("{}true", h.count()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(fs::read_to_string(&empty).unwrap().contains("ssh-ed25519"));
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn changed_host_key_is_refused_even_with_accept_new() {
+    let mut h = Host::new();
+    let other = h.sshd.dir().join("other_key");
+    crate::support::sshd::keygen(&other, crate::support::KeyKind::Ed25519, "");
+    let kh = h.sshd.dir().join("changed_known_hosts");
+    fs::write(
+        &kh,
+        format!(
+            "[127.0.0.1]:{} {}\n",
+            h.proxy.port(),
+            crate::support::sshd::pub_key_text(&other.with_extension("pub"))
+        ),
+    )
+    .unwrap();
+    h.known_hosts = kh;
+    for extra in [&[][..], &["--accept-new"][..]] {
+        let out = h
+            .run_cmd(extra, &format!("{}true", h.count()))
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(255));
+        let err = String::from_utf8_lossy(&out.stderr).to_lowercase();
+        assert!(err.contains("changed"), "{err}");
+    }
+    assert_eq!(h.runs(), 0);
+}
+
+#[test]
+fn timeout_is_enforced_on_the_host() {
+    let h = Host::new();
+    let t0 = Instant::now();
+    let out = h
+        .run_cmd(
+            &["--timeout", "1s", "--json"],
+            &format!("{}sleep 30", h.count()),
+        )
+        .output()
+        .unwrap();
+    assert!(t0.elapsed() < Duration::from_secs(20));
+    let v = json(&out);
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["timed_out"], true);
+    assert_eq!(v["signal"], "TERM");
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn detach_then_cancel_stops_the_process_group() {
+    let h = Host::new();
+    let marker = h.sshd.dir().join("still-running");
+    let out = h
+        .run_cmd(
+            &["--detach", "--id", "to-cancel"],
+            &format!(
+                "{}(while :; do touch '{}'; sleep 0.1; done) & sleep 60",
+                h.count(),
+                marker.display()
+            ),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "to-cancel");
+    wait_for("the command to run", Duration::from_secs(10), || {
+        marker.exists().then_some(())
+    });
+    let c = h
+        .cairn("cancel")
+        .args(["to-cancel", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&c.stdout).unwrap_or_else(|_| panic!("{c:?}"));
+    assert_eq!(v["state"], "cancelled", "{v}");
+    assert_eq!(h.journal_state("to-cancel"), State::Cancelled);
+    // The background child of the command died with its group.
+    fs::remove_file(&marker).ok();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !marker.exists(),
+        "a process of the cancelled group is still running"
+    );
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn ls_and_status_report_the_journal() {
+    let h = Host::new();
+    let out = h.run_cmd(&["--id", "listed"], "exit 2").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let ls = h.cairn("ls").arg("--json").output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(v[0]["execution_id"], "listed");
+    assert_eq!(v[0]["state"], "delivered");
+    let ls = h
+        .cairn("ls")
+        .args(["--state", "running", "--json"])
+        .output()
+        .unwrap();
+    assert_eq!(String::from_utf8_lossy(&ls.stdout).trim(), "[]");
+    let s = h.cairn("status").arg("listed").output().unwrap();
+    let text = String::from_utf8_lossy(&s.stdout);
+    assert!(text.contains("finished"), "{text}");
+    assert!(text.contains("exit code   2"), "{text}");
+}
+
+#[test]
+fn two_hundred_megabytes_stream_through_with_bounded_client_memory() {
+    let h = Host::new();
+    let total: u64 = 200_000_000;
+    let mut c = h.run_cmd(&[], &format!("head -c {total} /dev/zero"));
+    c.env("CAIRN_LOG", "off");
+    let mut child = c
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 1 << 16];
+        let mut n = 0u64;
+        let mut nonzero = false;
+        loop {
+            match std::io::Read::read(&mut stdout, &mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(k) => {
+                    nonzero |= buf[..k].iter().any(|&b| b != 0);
+                    n += k as u64;
+                }
+            }
+        }
+        (n, nonzero)
+    });
+    let status_path = format!("/proc/{pid}/status");
+    let mut peak_kib = 0u64;
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if let Ok(s) = fs::read_to_string(&status_path) {
+            if let Some(v) = s
+                .lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches(" kB").trim().parse::<u64>().ok())
+            {
+                peak_kib = peak_kib.max(v);
+            }
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(240),
+            "200 MB took too long"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let (n, nonzero) = reader.join().unwrap();
+    assert_eq!(child.wait().unwrap().code(), Some(0));
+    assert_eq!(n, total);
+    assert!(!nonzero);
+    eprintln!(
+        "200 MB streamed in {:?}, peak RSS {} KiB",
+        t0.elapsed(),
+        peak_kib
+    );
+    // The bound this test holds: 64 MiB peak resident memory for the client.
+    assert!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB");
+}
