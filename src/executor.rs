@@ -168,6 +168,8 @@ struct Run {
     start: Option<StartRecord>,
     done: Option<FinishRecord>,
     last_cursor_save: Instant,
+    /// Tell the user what the next probe finds (set after a lost connection).
+    announce: bool,
 }
 
 pub struct Executor {
@@ -269,6 +271,7 @@ impl Executor {
             start: None,
             done: None,
             last_cursor_save: Instant::now(),
+            announce: false,
         };
 
         // First contact: connect, authorize, learn the host's epoch. A failure here is a
@@ -461,13 +464,14 @@ impl Executor {
         }
         match reply.cancel.as_deref() {
             Some("absent") => {
-                let o = self.outcome_from_journal(&run)?;
-                Ok(Outcome {
-                    reason: Some(
-                        "the host has no started record: nothing was running to cancel".into(),
-                    ),
-                    ..o
-                })
+                // The host now holds a cancel flag for this ID: a dispatch still in flight
+                // records `cancelled` instead of starting, so the command can never run.
+                self.conclude(
+                    &mut run,
+                    State::Cancelled,
+                    "cancelled before it started: the host had no started record and now holds a \
+                     cancel flag that stops any late dispatch of this ID",
+                )
             }
             _ => {
                 // Signalled, prevented or already finished: collect the finish record.
@@ -502,6 +506,7 @@ impl Executor {
             start: None,
             done: None,
             last_cursor_save: Instant::now(),
+            announce: false,
         };
         for ev in &events {
             if let Some(e) = ev.evidence.get("epoch").and_then(|v| v.as_str()) {
@@ -689,7 +694,18 @@ impl Executor {
                 run.start = Some(s.clone());
                 reply.start = Some(s);
             }
-            Line::Live(l) => reply.live = Some(l),
+            Line::Live(l) => {
+                if l == Liveness::Alive && run.announce {
+                    tracing::info!(
+                        "cairn: {} is still running on the host; reattached at stdout byte {}, stderr byte {}",
+                        run.rec.id,
+                        run.out_off,
+                        run.err_off
+                    );
+                    run.announce = false;
+                }
+                reply.live = Some(l)
+            }
             Line::Sizes { .. } => {}
             Line::Done(f) => reply.done = Some(f),
             Line::Cancel(c) => reply.cancel = Some(c),
@@ -801,8 +817,13 @@ impl Executor {
             // 1. A connection (reconnecting with backoff within the patience window).
             let ci = match self.connection(target).await {
                 Ok(ci) => {
-                    if lost_since.take().is_some() {
+                    if let Some(since) = lost_since.take() {
                         run.reconnects += 1;
+                        tracing::info!(
+                            "cairn: reconnected to {} after {:.1}s",
+                            target.display(),
+                            since.elapsed().as_secs_f64()
+                        );
                         self.journal.append(
                             &run.rec.id,
                             "reconnected",
@@ -825,7 +846,10 @@ impl Executor {
                         );
                         return self.conclude(run, State::Unknown, &reason);
                     }
-                    tracing::info!("reconnecting to {} in {:?}: {e}", target.display(), backoff);
+                    tracing::info!(
+                        "cairn: {} still unreachable ({e}); next try in {backoff:?}",
+                        target.display()
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(self.patience.backoff_max);
                     continue;
@@ -886,7 +910,11 @@ impl Executor {
             if let Some(why) = &reply.broken {
                 // Lost mid-reply. Whatever was streamed is kept (offsets advanced); ask the
                 // host again what happened.
-                tracing::info!("connection lost: {why}");
+                tracing::info!(
+                    "cairn: connection to {} lost ({why}); reconnecting to ask the host what happened",
+                    target.display()
+                );
+                run.announce = true;
                 self.journal.append(
                     &run.rec.id,
                     "connection-lost",
@@ -941,6 +969,11 @@ impl Executor {
             tracing::debug!("probe: {probe:?}");
             match decide(run.prior, &probe) {
                 Action::Dispatch => {
+                    tracing::info!(
+                        "cairn: {} never started on the host (start guard not crossed); \
+                         dispatching it again under the same ID",
+                        run.rec.id
+                    );
                     self.journal.append(
                         &run.rec.id,
                         "probe",
@@ -961,7 +994,20 @@ impl Executor {
                     tokio::time::sleep(self.patience.backoff_min).await;
                 }
                 Action::Collect => {
-                    let done = reply.done.clone().expect("Collect implies a finish record");
+                    let Some(done) = reply.done.clone() else {
+                        return self.conclude(
+                            run,
+                            State::Unknown,
+                            "probe said finished without a record",
+                        );
+                    };
+                    if run.announce {
+                        tracing::info!(
+                            "cairn: {} finished while disconnected; returning its stored result",
+                            run.rec.id
+                        );
+                        run.announce = false;
+                    }
                     if live && short_reads < 3 && (run.out_off < done.out || run.err_off < done.err)
                     {
                         // The finish record says there is more than we were sent: fetch it.

@@ -1,3 +1,4 @@
 mod run;
+mod script;
 mod ssh;
 mod support;
