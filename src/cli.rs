@@ -79,6 +79,11 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Check the journal's hash chain and anchor, or show one execution's timeline.
+    Audit {
+        #[command(subcommand)]
+        command: AuditCommand,
+    },
     /// Stop an execution's remote process group and record `cancelled`.
     Cancel {
         id: String,
@@ -89,6 +94,29 @@ pub enum Command {
         json: bool,
         #[command(flatten)]
         common: Common,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum AuditCommand {
+    /// Verify the journal offline: every entry against its hash and predecessor, every execution
+    /// record against its accepted event, the chain head against the anchor.
+    Verify {
+        #[arg(long, env = "CAIRN_JOURNAL")]
+        journal: Option<PathBuf>,
+        /// Anchor file (default: <journal>.anchor; its key is <anchor>.key).
+        #[arg(long, env = "CAIRN_ANCHOR")]
+        anchor: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// One execution's timeline, as an investigator reads it.
+    Show {
+        id: String,
+        #[arg(long, env = "CAIRN_JOURNAL")]
+        journal: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -435,6 +463,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             }
             Ok(worst)
         }
+        Command::Audit { command } => audit(command),
         Command::Cancel {
             id,
             grace,
@@ -521,6 +550,75 @@ fn finish(ex: &mut Executor, o: &Outcome, json: Option<&Terminal>) -> Result<i32
         )?;
     }
     Ok(o.exit_code_for_cli())
+}
+
+fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
+    match cmd {
+        AuditCommand::Verify {
+            journal,
+            anchor,
+            json,
+        } => {
+            let path = journal.unwrap_or_else(Journal::default_path);
+            let anchor = anchor
+                .map(crate::audit::Anchor::at)
+                .unwrap_or_else(|| crate::audit::Anchor::for_journal(&path));
+            let report = crate::audit::verify(&path, &anchor).map_err(ExecError::Input)?;
+            if json {
+                print_json(&serde_json::to_value(&report).unwrap_or_default());
+            } else {
+                println!(
+                    "journal {}: {} events, {} executions, head {}, anchored at {}",
+                    report.journal,
+                    report.events,
+                    report.executions,
+                    report.head_seq,
+                    report
+                        .anchored_seq
+                        .map(|s| s.to_string())
+                        .unwrap_or_else(|| "-".into())
+                );
+                if report.unanchored > 0 {
+                    println!(
+                        "note: {} event(s) after the anchor (a process stopped between its commit and the anchor update)",
+                        report.unanchored
+                    );
+                }
+                for f in &report.findings {
+                    println!(
+                        "DAMAGE {:?} at entry {}{}: {}",
+                        f.damage,
+                        f.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+                        f.execution_id
+                            .as_deref()
+                            .map(|e| format!(" (execution {e})"))
+                            .unwrap_or_default(),
+                        f.detail
+                    );
+                }
+                if report.ok() {
+                    println!("ok: the chain is intact and matches the anchor");
+                }
+            }
+            Ok(if report.ok() { 0 } else { 1 })
+        }
+        AuditCommand::Show { id, journal, json } => {
+            let id = parse_id(&id)?;
+            let path = journal.unwrap_or_else(Journal::default_path);
+            let j = Journal::open(&path)?;
+            let rec = j.execution(&id)?.ok_or_else(|| {
+                ExecError::NoSuchExecution(id.to_string(), path.display().to_string())
+            })?;
+            let events = j.events(&id)?;
+            let t = crate::audit_show::timeline(&rec, &events);
+            if json {
+                print_json(&serde_json::to_value(&t).unwrap_or_default());
+            } else {
+                print!("{}", crate::audit_show::render(&rec, &events, &t));
+            }
+            Ok(0)
+        }
+    }
 }
 
 async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, ExecError> {

@@ -183,13 +183,6 @@ fn digest(cmd: &[u8]) -> String {
     hex::encode(Sha256::digest(cmd))
 }
 
-fn client_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|s| s.trim().to_owned())
-        .unwrap_or_else(|_| "localhost".into());
-    format!("{}@{}", std::process::id(), host)
-}
-
 impl Executor {
     pub fn new(journal: Journal, connect: ConnectOptions, patience: Patience) -> Self {
         Executor {
@@ -236,6 +229,13 @@ impl Executor {
                     });
                 }
                 // The same operation again: never a second run. Replay from the start.
+                self.journal.append(
+                    id,
+                    "request-reused",
+                    None,
+                    json!({"by": crate::journal::client_identity(),
+                           "decision": "same ID, same operation: attach to the existing execution"}),
+                )?;
                 return self.attach_from(id, sink, (0, 0), true).await;
             }
         }
@@ -252,13 +252,10 @@ impl Executor {
             command_digest: cmd_digest,
             remote_dir: req.remote_dir.clone(),
             timeout_secs: req.timeout_secs,
-            client: client_name(),
+            client: crate::journal::client_identity().to_owned(),
         };
-        self.journal.accept(
-            &rec,
-            json!({"destination": rec.destination, "command_digest": rec.command_digest,
-                   "command_len": rec.command.len(), "client": rec.client}),
-        )?;
+        self.journal
+            .accept(&rec, crate::journal::accepted_evidence(&rec))?;
 
         let mut run = Run {
             rec,

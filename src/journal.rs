@@ -90,6 +90,8 @@ pub struct Event {
     pub kind: String,
     pub state: Option<State>,
     pub evidence: serde_json::Value,
+    /// The process that appended it (`pid@hostname`).
+    pub client: String,
     pub hash: String,
 }
 
@@ -104,6 +106,7 @@ pub struct Status {
 pub struct Journal {
     conn: Connection,
     path: PathBuf,
+    anchor: crate::audit::Anchor,
 }
 
 /// Current UTC time as RFC 3339 with milliseconds.
@@ -160,6 +163,7 @@ impl Journal {
                     .map_err(|e| io(format!("cannot create directory {}: {e}", dir.display())))?;
                 set_mode(dir, 0o700);
             }
+            refuse_shared_dir(dir).map_err(io)?;
         }
         let fresh = !path.exists();
         let conn = Connection::open(path).map_err(|source| JournalError::Sqlite {
@@ -172,6 +176,7 @@ impl Journal {
         let j = Journal {
             conn,
             path: path.to_owned(),
+            anchor: crate::audit::Anchor::for_journal(path),
         };
         j.init()?;
         Ok(j)
@@ -238,6 +243,7 @@ impl Journal {
                     kind TEXT NOT NULL,
                     state TEXT,
                     evidence TEXT NOT NULL,
+                    client TEXT NOT NULL,
                     prev_hash TEXT NOT NULL,
                     hash TEXT NOT NULL
                  );
@@ -314,7 +320,16 @@ impl Journal {
         })?;
         tx.commit()
             .map_err(|source| JournalError::Sqlite { path, source })?;
+        self.anchor_to(&ev);
         Ok(ev)
+    }
+
+    /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
+    /// `cairn audit verify`), never fails the operation.
+    fn anchor_to(&self, ev: &Event) {
+        if let Err(e) = self.anchor.advance(ev.seq, &ev.hash) {
+            tracing::warn!("cairn: journal anchor not updated: {e}");
+        }
     }
 
     /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
@@ -337,6 +352,7 @@ impl Journal {
             .map_err(sq)?;
         let ev = append_in(&tx, id.as_str(), kind, state, &evidence).map_err(sq)?;
         tx.commit().map_err(sq)?;
+        self.anchor_to(&ev);
         Ok(ev)
     }
 
@@ -391,7 +407,7 @@ impl Journal {
         let mut st = self
             .conn
             .prepare_cached(
-                "SELECT seq, execution_id, at, kind, state, evidence, hash FROM events
+                "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
                  WHERE execution_id = ?1 ORDER BY seq",
             )
             .map_err(|e| self.err(e))?;
@@ -405,12 +421,14 @@ impl Journal {
                     r.get::<_, Option<String>>(4)?,
                     r.get::<_, String>(5)?,
                     r.get::<_, String>(6)?,
+                    r.get::<_, String>(7)?,
                 ))
             })
             .map_err(|e| self.err(e))?;
         let mut out = Vec::new();
         for row in rows {
-            let (seq, eid, at, kind, state, evidence, hash) = row.map_err(|e| self.err(e))?;
+            let (seq, eid, at, kind, state, evidence, hash, client) =
+                row.map_err(|e| self.err(e))?;
             let corrupt = |message: String| JournalError::Corrupt {
                 path: self.path.clone(),
                 id: eid.clone(),
@@ -432,6 +450,7 @@ impl Journal {
                 kind,
                 state,
                 evidence,
+                client,
                 hash,
             });
         }
@@ -519,6 +538,23 @@ impl Journal {
     }
 }
 
+/// The evidence of an `accepted` event: every field of the execution record, so that the hash
+/// chain commits to the record (the command by its SHA-256).
+pub fn accepted_evidence(rec: &ExecutionRecord) -> serde_json::Value {
+    serde_json::json!({
+        "destination": rec.destination,
+        "host": rec.host,
+        "port": rec.port,
+        "user": rec.user,
+        "command_digest": rec.command_digest,
+        "command_len": rec.command.len(),
+        "remote_dir": rec.remote_dir,
+        "timeout_secs": rec.timeout_secs,
+        "created_at": rec.created_at,
+        "client": rec.client,
+    })
+}
+
 /// Derive the current status from an execution's events.
 pub fn status_from_events(events: &[Event]) -> Option<Status> {
     let mut state = None;
@@ -560,10 +596,20 @@ fn append_in(
     let at = now_rfc3339();
     let evidence_text = evidence.to_string();
     let state_text = state.map(|s| s.as_str()).unwrap_or("");
-    let hash = chain_hash(&prev_hash, seq, id, &at, kind, state_text, &evidence_text);
+    let client = client_identity();
+    let hash = chain_hash(&ChainFields {
+        prev_hash: &prev_hash,
+        seq,
+        execution_id: id,
+        at: &at,
+        kind,
+        state: state_text,
+        evidence: &evidence_text,
+        client,
+    });
     tx.prepare_cached(
-        "INSERT INTO events (seq, execution_id, at, kind, state, evidence, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+        "INSERT INTO events (seq, execution_id, at, kind, state, evidence, client, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)",
     )?
     .execute(params![
         seq,
@@ -572,6 +618,7 @@ fn append_in(
         kind,
         state.map(|s| s.as_str()),
         evidence_text,
+        client,
         prev_hash,
         hash
     ])?;
@@ -582,28 +629,81 @@ fn append_in(
         kind: kind.to_owned(),
         state,
         evidence: evidence.clone(),
+        client: client.to_owned(),
         hash,
     })
 }
 
-/// The chain hash of one event: SHA-256 over length-prefixed fields, so that no two different
-/// events encode the same way.
-pub fn chain_hash(
-    prev: &str,
-    seq: i64,
-    id: &str,
-    at: &str,
-    kind: &str,
-    state: &str,
-    evidence: &str,
-) -> String {
+/// Every field an event's chain hash commits to, as stored.
+#[derive(Clone, Copy, Debug)]
+pub struct ChainFields<'a> {
+    pub prev_hash: &'a str,
+    pub seq: i64,
+    pub execution_id: &'a str,
+    pub at: &'a str,
+    pub kind: &'a str,
+    /// The state name, or "" for a note.
+    pub state: &'a str,
+    pub evidence: &'a str,
+    pub client: &'a str,
+}
+
+/// The chain hash of one event: SHA-256 over a version tag and the length-prefixed fields, so
+/// that no two different events encode the same way.
+pub fn chain_hash(f: &ChainFields<'_>) -> String {
     let mut h = Sha256::new();
-    let seq = seq.to_string();
-    for field in [prev, &seq, id, at, kind, state, evidence] {
+    let seq = f.seq.to_string();
+    h.update(b"cairn-event-v1");
+    for field in [
+        f.prev_hash,
+        &seq,
+        f.execution_id,
+        f.at,
+        f.kind,
+        f.state,
+        f.evidence,
+        f.client,
+    ] {
         h.update((field.len() as u64).to_be_bytes());
         h.update(field.as_bytes());
     }
     hex::encode(h.finalize())
+}
+
+/// Which process appended an event: `pid@hostname`, fixed for the life of the process.
+pub fn client_identity() -> &'static str {
+    static C: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    C.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| "localhost".into());
+        format!("{}@{}", std::process::id(), host)
+    })
+}
+
+/// A journal in a directory others can write to can be replaced under our feet.
+#[cfg(unix)]
+fn refuse_shared_dir(dir: &Path) -> std::result::Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dir)
+        .map_err(|e| format!("cannot inspect directory {}: {e}", dir.display()))?
+        .permissions()
+        .mode();
+    if mode & 0o002 != 0 {
+        return Err(format!(
+            "the journal directory {} is writable by others (mode {:o}), so anyone could replace \
+             or delete the journal. Fix it with `chmod o-w {}`, or choose a private directory \
+             with --journal",
+            dir.display(),
+            mode & 0o7777,
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+#[cfg(not(unix))]
+fn refuse_shared_dir(_: &Path) -> std::result::Result<(), String> {
+    Ok(())
 }
 
 #[cfg(unix)]

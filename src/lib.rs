@@ -13,6 +13,7 @@
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, cursors.
 //! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
 //!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
+//! - [`audit`]: the journal's anchor and offline verification (`cairn audit verify`).
 //! - [`recovery`]: the recovery table as a pure function (journal × probe → action).
 //! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
 //! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
@@ -21,6 +22,8 @@
 //! Data flows one way: front end ([`cli`]) → [`executor`] → ([`journal`], [`ssh`] + [`marker`]),
 //! with [`recovery::decide`] in the middle.
 
+pub mod audit;
+pub mod audit_show;
 pub mod cli;
 pub mod executor;
 pub mod id;

@@ -1,3 +1,4 @@
+mod audit;
 mod run;
 mod script;
 mod ssh;

@@ -839,3 +839,25 @@ fn two_hundred_megabytes_stream_through_with_bounded_client_memory() {
     // The bound this test holds: 64 MiB peak resident memory for the client.
     assert!(peak_kib < 64 * 1024, "peak RSS {peak_kib} KiB");
 }
+
+#[test]
+fn two_cairn_processes_share_one_journal() {
+    let h = Host::new();
+    let children: Vec<_> = (0..4)
+        .map(|i| {
+            spawn(h.run_cmd(
+                &["--id", &format!("shared-{i}")],
+                &format!("{}sleep 0.3; echo {i}", h.count()),
+            ))
+        })
+        .collect();
+    for (i, c) in children.into_iter().enumerate() {
+        let out = wait_child(c, Duration::from_secs(60));
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        assert_eq!(String::from_utf8_lossy(&out.stdout), format!("{i}\n"));
+    }
+    assert_eq!(h.runs(), 4);
+    for i in 0..4 {
+        assert_eq!(h.journal_state(&format!("shared-{i}")), State::Delivered);
+    }
+}

@@ -1,0 +1,545 @@
+//! The journal as evidence: the chain head's anchor outside the database, and offline
+//! verification.
+//!
+//! Every event commits to the one before it (`journal::chain_hash`). That alone detects an
+//! edited, deleted, inserted or reordered entry, but not a cut-off tail, nor a chain rewritten
+//! from the first changed entry on. So after each commit the newest `(seq, hash)` is written to
+//! an anchor file next to the journal (replaced atomically, never moved backwards), with an
+//! HMAC-SHA256 under a key kept in a separate 0600 file. An auditor who copies the anchor (or the
+//! key) elsewhere can later prove the journal has not been rewritten.
+//!
+//! `cairn audit verify` recomputes everything from the SQLite file, read-only, and names the first
+//! bad entry and the kind of damage.
+
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use hmac::{Hmac, Mac};
+use rusqlite::{Connection, OpenFlags};
+use sha2::{Digest, Sha256};
+
+use crate::journal::{chain_hash, ChainFields};
+
+/// Where a journal's anchor and its key live.
+#[derive(Clone, Debug)]
+pub struct Anchor {
+    pub path: PathBuf,
+    pub key_path: PathBuf,
+}
+
+/// The anchor file's content.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct AnchorRecord {
+    pub v: u32,
+    pub seq: i64,
+    pub hash: String,
+    /// HMAC-SHA256 over `v, seq, hash`, hex; empty when no key is available.
+    pub mac: String,
+}
+
+impl Anchor {
+    /// The anchor of the journal at `journal`: `$CAIRN_ANCHOR`, else `<journal>.anchor`;
+    /// the key is `<anchor>.key`.
+    pub fn for_journal(journal: &Path) -> Anchor {
+        let path = std::env::var_os("CAIRN_ANCHOR")
+            .filter(|p| !p.is_empty())
+            .map(PathBuf::from)
+            .unwrap_or_else(|| {
+                let mut p = journal.as_os_str().to_owned();
+                p.push(".anchor");
+                PathBuf::from(p)
+            });
+        Anchor::at(path)
+    }
+
+    pub fn at(path: PathBuf) -> Anchor {
+        let mut k = path.as_os_str().to_owned();
+        k.push(".key");
+        Anchor {
+            path,
+            key_path: PathBuf::from(k),
+        }
+    }
+
+    fn key(&self, create: bool) -> Result<Option<Vec<u8>>, String> {
+        match fs::read(&self.key_path) {
+            Ok(k) if k.len() >= 32 => Ok(Some(k)),
+            Ok(_) => Err(format!(
+                "anchor key {} is too short",
+                self.key_path.display()
+            )),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
+                let key: [u8; 32] = rand::random();
+                write_private(&self.key_path, &key, true)
+                    .map_err(|e| format!("creating anchor key {}: {e}", self.key_path.display()))?;
+                // Another process may have won the race: use whatever is on disk.
+                self.key(false)
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!(
+                "reading anchor key {}: {e}",
+                self.key_path.display()
+            )),
+        }
+    }
+
+    fn mac(key: &[u8], seq: i64, hash: &str) -> String {
+        let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
+        m.update(format!("cairn-anchor-v1\n{seq}\n{hash}\n").as_bytes());
+        hex::encode(m.finalize().into_bytes())
+    }
+
+    pub fn read(&self) -> Result<Option<AnchorRecord>, String> {
+        match fs::read_to_string(&self.path) {
+            Ok(s) => serde_json::from_str(s.trim())
+                .map(Some)
+                .map_err(|e| format!("anchor {} does not parse: {e}", self.path.display())),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("reading anchor {}: {e}", self.path.display())),
+        }
+    }
+
+    /// Move the anchor forward to `(seq, hash)`; never backwards (two writers may finish their
+    /// commits in either order). Serialised with an advisory lock.
+    pub fn advance(&self, seq: i64, hash: &str) -> Result<(), String> {
+        let lock_path = {
+            let mut p = self.path.as_os_str().to_owned();
+            p.push(".lock");
+            PathBuf::from(p)
+        };
+        let lock = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| format!("anchor lock {}: {e}", lock_path.display()))?;
+        let _guard = FileLock::exclusive(&lock)?;
+        if let Ok(Some(cur)) = self.read() {
+            if cur.seq >= seq {
+                return Ok(());
+            }
+        }
+        let key = self.key(true)?;
+        let rec = AnchorRecord {
+            v: 1,
+            seq,
+            hash: hash.to_owned(),
+            mac: key.map(|k| Anchor::mac(&k, seq, hash)).unwrap_or_default(),
+        };
+        let text = serde_json::to_string(&rec).map_err(|e| e.to_string())? + "\n";
+        let tmp = {
+            let mut p = self.path.as_os_str().to_owned();
+            p.push(format!(".tmp{}", std::process::id()));
+            PathBuf::from(p)
+        };
+        write_private(&tmp, text.as_bytes(), false)
+            .and_then(|_| fs::rename(&tmp, &self.path))
+            .map_err(|e| format!("writing anchor {}: {e}", self.path.display()))
+    }
+}
+
+struct FileLock<'a>(&'a fs::File);
+
+impl<'a> FileLock<'a> {
+    fn exclusive(f: &'a fs::File) -> Result<Self, String> {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: flock on a valid, open file descriptor.
+        let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
+        if r != 0 {
+            return Err(format!(
+                "locking the anchor: {}",
+                std::io::Error::last_os_error()
+            ));
+        }
+        Ok(FileLock(f))
+    }
+}
+
+impl Drop for FileLock<'_> {
+    fn drop(&mut self) {
+        use std::os::unix::io::AsRawFd;
+        // SAFETY: as above.
+        unsafe {
+            libc::flock(self.0.as_raw_fd(), libc::LOCK_UN);
+        }
+    }
+}
+
+fn write_private(path: &Path, data: &[u8], exclusive: bool) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut o = fs::OpenOptions::new();
+    o.write(true).mode(0o600);
+    if exclusive {
+        o.create_new(true);
+    } else {
+        o.create(true).truncate(true);
+    }
+    let mut f = o.open(path)?;
+    f.write_all(data)
+}
+
+/// The kind of damage found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Damage {
+    /// An entry's content no longer matches its hash.
+    Modified,
+    /// Entries are missing from the chain.
+    Deleted,
+    /// An entry that was never appended by cairn sits in the chain.
+    Inserted,
+    /// Entries are in a different order than they were appended.
+    Reordered,
+    /// The newest entries were cut off (the anchor names an entry the journal no longer has).
+    Truncated,
+    /// The anchor is not one cairn wrote (bad MAC) or does not match the journal.
+    AnchorReplaced,
+    /// No anchor exists, so a cut-off tail or a rewritten chain could not be ruled out.
+    AnchorMissing,
+    /// An execution record differs from what its `accepted` event committed to.
+    RecordModified,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Finding {
+    pub damage: Damage,
+    /// The first affected entry (event seq), when there is one.
+    pub seq: Option<i64>,
+    pub execution_id: Option<String>,
+    pub detail: String,
+}
+
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Report {
+    pub journal: String,
+    pub anchor: String,
+    pub events: usize,
+    pub executions: usize,
+    pub head_seq: i64,
+    pub anchored_seq: Option<i64>,
+    /// Events after the anchor: appended by a process that stopped before it updated the
+    /// anchor. Not damage, but not covered by the anchor either.
+    pub unanchored: i64,
+    pub findings: Vec<Finding>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.findings.is_empty()
+    }
+}
+
+struct Row {
+    seq: i64,
+    execution_id: String,
+    at: String,
+    kind: String,
+    state: String,
+    evidence: String,
+    client: String,
+    prev_hash: String,
+    hash: String,
+}
+
+impl Row {
+    fn hash_at(&self, seq: i64) -> String {
+        chain_hash(&ChainFields {
+            prev_hash: &self.prev_hash,
+            seq,
+            execution_id: &self.execution_id,
+            at: &self.at,
+            kind: &self.kind,
+            state: &self.state,
+            evidence: &self.evidence,
+            client: &self.client,
+        })
+    }
+    /// The position this entry's content was hashed for, looking a few places either way.
+    fn home(&self) -> Option<i64> {
+        (-16..=16)
+            .map(|d| self.seq + d)
+            .find(|s| self.hash_at(*s) == self.hash)
+    }
+}
+
+/// Verify the journal at `journal` against `anchor`, reading the file only.
+pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
+    if !journal.exists() {
+        return Err(format!("no journal at {}", journal.display()));
+    }
+    let conn = Connection::open_with_flags(
+        journal,
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
+    )
+    .map_err(|e| format!("opening {} read-only: {e}", journal.display()))?;
+    let q = |e: rusqlite::Error| format!("reading {}: {e}", journal.display());
+    let mut st = conn
+        .prepare(
+            "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client, prev_hash, hash
+             FROM events ORDER BY seq",
+        )
+        .map_err(q)?;
+    let rows: Vec<Row> = st
+        .query_map([], |r| {
+            Ok(Row {
+                seq: r.get(0)?,
+                execution_id: r.get(1)?,
+                at: r.get(2)?,
+                kind: r.get(3)?,
+                state: r.get(4)?,
+                evidence: r.get(5)?,
+                client: r.get(6)?,
+                prev_hash: r.get(7)?,
+                hash: r.get(8)?,
+            })
+        })
+        .map_err(q)?
+        .collect::<Result<_, _>>()
+        .map_err(q)?;
+
+    let mut findings = Vec::new();
+    if let Some(f) = check_chain(&rows) {
+        findings.push(f);
+    }
+    let executions = check_records(&conn, &rows, &mut findings).map_err(q)?;
+
+    let head_seq = rows.last().map(|r| r.seq).unwrap_or(0);
+    let mut anchored_seq = None;
+    let mut unanchored = 0;
+    match anchor.read() {
+        Err(e) => findings.push(Finding {
+            damage: Damage::AnchorReplaced,
+            seq: None,
+            execution_id: None,
+            detail: e,
+        }),
+        Ok(None) if rows.is_empty() => {}
+        Ok(None) => findings.push(Finding {
+            damage: Damage::AnchorMissing,
+            seq: None,
+            execution_id: None,
+            detail: format!(
+                "no anchor at {}: a cut-off tail or a rewritten chain cannot be ruled out",
+                anchor.path.display()
+            ),
+        }),
+        Ok(Some(a)) => {
+            anchored_seq = Some(a.seq);
+            let key = anchor.key(false).ok().flatten();
+            let mac_ok = match &key {
+                Some(k) => a.mac == Anchor::mac(k, a.seq, &a.hash),
+                None => true,
+            };
+            if !mac_ok {
+                findings.push(Finding {
+                    damage: Damage::AnchorReplaced,
+                    seq: Some(a.seq),
+                    execution_id: None,
+                    detail: format!(
+                        "the anchor's MAC does not verify under {}: the anchor was not written by cairn",
+                        anchor.key_path.display()
+                    ),
+                });
+            } else if a.seq > head_seq {
+                findings.push(Finding {
+                    damage: Damage::Truncated,
+                    seq: Some(head_seq + 1),
+                    execution_id: None,
+                    detail: format!(
+                        "the anchor names entry {} but the journal ends at {head_seq}: entries {}..={} were cut off",
+                        a.seq,
+                        head_seq + 1,
+                        a.seq
+                    ),
+                });
+            } else {
+                match rows.iter().find(|r| r.seq == a.seq) {
+                    Some(r) if r.hash == a.hash => {}
+                    Some(r) => findings.push(Finding {
+                        damage: Damage::AnchorReplaced,
+                        seq: Some(a.seq),
+                        execution_id: Some(r.execution_id.clone()),
+                        detail: format!(
+                            "entry {} has hash {} but the anchor recorded {}: the chain was rewritten or the anchor replaced",
+                            a.seq, r.hash, a.hash
+                        ),
+                    }),
+                    None => findings.push(Finding {
+                        damage: Damage::Deleted,
+                        seq: Some(a.seq),
+                        execution_id: None,
+                        detail: format!("the anchored entry {} is missing", a.seq),
+                    }),
+                }
+                unanchored = head_seq - a.seq;
+            }
+        }
+    }
+    Ok(Report {
+        journal: journal.display().to_string(),
+        anchor: anchor.path.display().to_string(),
+        events: rows.len(),
+        executions,
+        head_seq,
+        anchored_seq,
+        unanchored,
+        findings,
+    })
+}
+
+/// The first break in the chain, classified.
+fn check_chain(rows: &[Row]) -> Option<Finding> {
+    let mut prev: Option<&Row> = None;
+    for (i, r) in rows.iter().enumerate() {
+        let expected_seq = prev.map(|p| p.seq + 1).unwrap_or(1);
+        let expected_prev = prev.map(|p| p.hash.as_str()).unwrap_or("");
+        let finding = |damage, seq, detail: String| Finding {
+            damage,
+            seq: Some(seq),
+            execution_id: Some(r.execution_id.clone()),
+            detail,
+        };
+        if r.hash_at(r.seq) != r.hash {
+            return Some(match r.home() {
+                None => finding(
+                    Damage::Modified,
+                    r.seq,
+                    format!(
+                        "entry {} ({}) no longer matches its hash: a field was changed",
+                        r.seq, r.kind
+                    ),
+                ),
+                Some(h) if h < r.seq => finding(
+                    Damage::Inserted,
+                    expected_seq.min(r.seq - 1),
+                    format!(
+                        "entry {} was appended as entry {h}: {} entr{} inserted before it",
+                        r.seq,
+                        r.seq - h,
+                        if r.seq - h == 1 { "y was" } else { "ies were" }
+                    ),
+                ),
+                Some(h) => {
+                    let swapped = rows[i + 1..].iter().any(|o| o.home() == Some(r.seq));
+                    if swapped {
+                        finding(
+                            Damage::Reordered,
+                            r.seq,
+                            format!("entry {} holds what was appended as entry {h}: entries were reordered", r.seq),
+                        )
+                    } else {
+                        finding(
+                            Damage::Deleted,
+                            r.seq,
+                            format!(
+                                "entry {} was appended as entry {h}: {} entr{} deleted before it and the rest renumbered",
+                                r.seq,
+                                h - r.seq,
+                                if h - r.seq == 1 { "y was" } else { "ies were" }
+                            ),
+                        )
+                    }
+                }
+            });
+        }
+        if r.seq != expected_seq {
+            return Some(finding(
+                Damage::Deleted,
+                expected_seq,
+                format!("entries {expected_seq}..={} are missing", r.seq - 1),
+            ));
+        }
+        if r.prev_hash != expected_prev {
+            let elsewhere = rows.iter().any(|o| o.hash == r.prev_hash);
+            return Some(if elsewhere {
+                finding(
+                    Damage::Reordered,
+                    r.seq,
+                    format!("entry {} follows an entry that is elsewhere in the journal: entries were reordered", r.seq),
+                )
+            } else {
+                finding(
+                    Damage::Inserted,
+                    prev.map(|p| p.seq).unwrap_or(r.seq),
+                    format!(
+                        "entry {} does not follow from entry {}: entry {} is not the one cairn appended",
+                        r.seq,
+                        expected_seq - 1,
+                        expected_seq - 1
+                    ),
+                )
+            });
+        }
+        prev = Some(r);
+    }
+    None
+}
+
+/// Each execution record must match what its `accepted` event committed to.
+fn check_records(
+    conn: &Connection,
+    rows: &[Row],
+    findings: &mut Vec<Finding>,
+) -> rusqlite::Result<usize> {
+    let mut st = conn.prepare(
+        "SELECT id, destination, host, port, user, command, command_digest, remote_dir, timeout_secs, created_at, client
+         FROM executions ORDER BY id",
+    )?;
+    let recs = st
+        .query_map([], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                serde_json::json!({
+                    "destination": r.get::<_, String>(1)?,
+                    "host": r.get::<_, String>(2)?,
+                    "port": r.get::<_, i64>(3)?,
+                    "user": r.get::<_, String>(4)?,
+                    "command_digest": r.get::<_, String>(6)?,
+                    "remote_dir": r.get::<_, String>(7)?,
+                    "timeout_secs": r.get::<_, i64>(8)?,
+                    "created_at": r.get::<_, String>(9)?,
+                    "client": r.get::<_, String>(10)?,
+                }),
+                r.get::<_, Vec<u8>>(5)?,
+            ))
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    for (id, fields, command) in &recs {
+        let mk = |detail: String| Finding {
+            damage: Damage::RecordModified,
+            seq: None,
+            execution_id: Some(id.clone()),
+            detail,
+        };
+        let digest = hex::encode(Sha256::digest(command));
+        if fields["command_digest"] != digest.as_str() {
+            findings.push(mk(format!(
+                "execution {id}: the stored command does not match its digest"
+            )));
+            continue;
+        }
+        let accepted = rows
+            .iter()
+            .find(|r| r.execution_id == *id && r.kind == "accepted")
+            .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.evidence).ok());
+        let Some(acc) = accepted else {
+            findings.push(mk(format!("execution {id} has no accepted event")));
+            continue;
+        };
+        let obj = fields.as_object().expect("built as an object");
+        for (k, v) in obj {
+            if acc.get(k) != Some(v) {
+                findings.push(mk(format!(
+                    "execution {id}: field {k} is {v} but the accepted event committed to {}",
+                    acc.get(k).cloned().unwrap_or_default()
+                )));
+                break;
+            }
+        }
+        if acc.get("command_len").and_then(|v| v.as_u64()) != Some(command.len() as u64) {
+            findings.push(mk(format!("execution {id}: the command length changed")));
+        }
+    }
+    Ok(recs.len())
+}
