@@ -116,7 +116,7 @@ pub(super) async fn authenticate(
     // 2. Key files.
     let mut encrypted: Option<std::path::PathBuf> = None;
     for path in &target.identity_files {
-        let text = match std::fs::read(path) {
+        let text = match super::read_capped(path, 1 << 20) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::debug!(file = %path.display(), "no such key file");

@@ -122,11 +122,30 @@ struct Parser<'a> {
     alias: &'a str,
     home: &'a Path,
     out: Collected,
+    files_read: usize,
 }
+
+/// Most files one resolution reads through `Include`.
+const MAX_FILES: usize = 256;
+/// Largest config file read.
+const MAX_CONFIG_BYTES: u64 = 1 << 20;
 
 impl Parser<'_> {
     fn parse_file(&mut self, path: &Path, depth: usize, required: bool) -> Result<(), SshError> {
-        let content = match std::fs::read_to_string(path) {
+        // Bounded work whatever the files say: a size cap (an Include of /dev/zero must not eat
+        // memory) and a cap on files read (a file including itself twice per level would
+        // otherwise mean 2^16 parses).
+        self.files_read += 1;
+        if self.files_read > MAX_FILES {
+            return Err(SshError::Config {
+                file: path.to_path_buf(),
+                line: 0,
+                message: format!(
+                    "more than {MAX_FILES} files read through Include; is a file including itself?"
+                ),
+            });
+        }
+        let content = match super::read_text_capped(path, MAX_CONFIG_BYTES) {
             Ok(c) => c,
             Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(e) => {
@@ -380,6 +399,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         alias: &alias,
         home: &home,
         out: Collected::default(),
+        files_read: 0,
     };
     match &opts.ssh_config {
         Some(p) => parser.parse_file(p, 0, true)?,

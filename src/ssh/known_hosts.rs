@@ -70,6 +70,9 @@ impl Entry {
     }
 }
 
+/// Largest known_hosts file read (64 MiB: hundreds of thousands of hosts).
+const MAX_KNOWN_HOSTS_BYTES: u64 = 64 << 20;
+
 /// Case-insensitive glob match with `*` and `?` over the whole string.
 pub fn wildcard_match(pattern: &str, s: &str) -> bool {
     let p: Vec<char> = pattern.to_lowercase().chars().collect();
@@ -175,7 +178,7 @@ pub fn check(files: &[PathBuf], names: &[String], key: &PublicKey) -> std::io::R
     let mut known = None;
     let mut changed = None;
     for file in files {
-        let content = match fs::read_to_string(file) {
+        let content = match super::read_text_capped(file, MAX_KNOWN_HOSTS_BYTES) {
             Ok(c) => c,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
@@ -218,7 +221,7 @@ pub fn check(files: &[PathBuf], names: &[String], key: &PublicKey) -> std::io::R
 pub fn recorded_algorithms(files: &[PathBuf], names: &[String]) -> Vec<Algorithm> {
     let mut out: Vec<Algorithm> = Vec::new();
     for file in files {
-        let Ok(content) = fs::read_to_string(file) else {
+        let Ok(content) = super::read_text_capped(file, MAX_KNOWN_HOSTS_BYTES) else {
             continue;
         };
         for entry in parse(&content) {
@@ -275,7 +278,7 @@ pub fn append(file: &Path, name: &str, key: &PublicKey) -> std::io::Result<()> {
     // Make sure we start on a fresh line even if the file lacks a trailing newline.
     let len = f.metadata()?.len();
     let needs_nl = if len > 0 {
-        let content = fs::read(file)?;
+        let content = super::read_capped(file, MAX_KNOWN_HOSTS_BYTES)?;
         !content.ends_with(b"\n")
     } else {
         false

@@ -707,3 +707,26 @@ impl Exec {
         }
     }
 }
+
+/// Read at most `max` bytes of a file that should be small (a config, known_hosts, a key):
+/// a path that names `/dev/zero` or a huge file is an error, not an endless read.
+pub(crate) fn read_capped(path: &std::path::Path, max: u64) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut buf = Vec::new();
+    std::fs::File::open(path)?
+        .take(max + 1)
+        .read_to_end(&mut buf)?;
+    if buf.len() as u64 > max {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {max} bytes; refusing to read it"),
+        ));
+    }
+    Ok(buf)
+}
+
+/// [`read_capped`] for text files.
+pub(crate) fn read_text_capped(path: &std::path::Path, max: u64) -> std::io::Result<String> {
+    String::from_utf8(read_capped(path, max)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+}

@@ -1,4 +1,5 @@
 mod audit;
+mod fuzz;
 mod run;
 mod script;
 mod ssh;

@@ -1,0 +1,238 @@
+//! Fuzz smoke for everything that parses bytes from outside: the marker protocol's reply
+//! demultiplexer and record parser (bytes from the host), the known_hosts parser and the
+//! ssh_config parser (files). Seeds live in `tests/corpus/`; each seed is mutated with a seeded
+//! RNG, and proptest adds arbitrary inputs. Properties: no panic, no hang (every input is timed),
+//! bounded memory (the demultiplexer never holds more than one protocol line).
+//!
+//! `CAIRN_FUZZ_ITERATIONS` (default 300 per seed) scales the run; CI runs the default.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use cairn::marker::{parse_line, Piece, StderrDemux};
+use proptest::prelude::*;
+
+const NONCE: &str = "0123456789abcdef0123456789abcdef";
+
+fn corpus(kind: &str) -> Vec<Vec<u8>> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/corpus")
+        .join(kind);
+    let mut v: Vec<Vec<u8>> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    v.sort();
+    assert!(!v.is_empty(), "empty corpus {}", dir.display());
+    v
+}
+
+fn iterations() -> usize {
+    std::env::var("CAIRN_FUZZ_ITERATIONS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(300)
+}
+
+/// xorshift64*: deterministic mutations without a dependency.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n.max(1) as u64) as usize
+    }
+}
+
+fn mutate(seed: &[u8], rng: &mut Rng) -> Vec<u8> {
+    let mut v = seed.to_vec();
+    for _ in 0..1 + rng.below(8) {
+        let at = rng.below(v.len() + 1);
+        match rng.below(6) {
+            0 if !v.is_empty() => {
+                let i = at.min(v.len() - 1);
+                v[i] = rng.next() as u8;
+            }
+            1 => v.insert(at, rng.next() as u8),
+            2 if at < v.len() => {
+                v.remove(at);
+            }
+            3 => {
+                // Splice a piece of the seed elsewhere (duplicated lines, boundaries).
+                let a = rng.below(seed.len());
+                let b = (a + rng.below(64)).min(seed.len());
+                let piece = seed[a..b].to_vec();
+                v.splice(at..at, piece);
+            }
+            4 => {
+                v.splice(
+                    at..at,
+                    b"=".iter().copied().chain(std::iter::repeat_n(b'9', 30)),
+                );
+            }
+            _ => v.truncate(at),
+        }
+    }
+    v
+}
+
+fn timed<T>(what: &str, input: &[u8], f: impl FnOnce() -> T) -> T {
+    let t0 = Instant::now();
+    let r = f();
+    let took = t0.elapsed();
+    assert!(
+        took < Duration::from_secs(2),
+        "{what} took {took:?} on input {:?}",
+        String::from_utf8_lossy(input)
+    );
+    r
+}
+
+/// Feed `data` in chunks of the given sizes; check memory stays bounded and nothing is lost.
+fn demux(data: &[u8], chunk_sizes: &[usize]) {
+    let mut d = StderrDemux::new(NONCE);
+    let mut pieces = Vec::new();
+    let mut rest = data;
+    let mut i = 0;
+    while !rest.is_empty() {
+        let n = chunk_sizes
+            .get(i % chunk_sizes.len().max(1))
+            .copied()
+            .unwrap_or(7)
+            .clamp(1, rest.len());
+        d.feed(&rest[..n], &mut pieces);
+        rest = &rest[n..];
+        i += 1;
+    }
+    let held = d.finish();
+    assert!(
+        held.len() <= 64 * 1024 + 64,
+        "demux held {} bytes",
+        held.len()
+    );
+    let raw: usize = pieces
+        .iter()
+        .map(|p| match p {
+            Piece::Stderr(s) => s.len(),
+            Piece::Line(_) => 0,
+        })
+        .sum();
+    assert!(raw + held.len() <= data.len());
+}
+
+#[test]
+fn marker_replies_survive_mutation() {
+    let mut rng = Rng(0x5eed_cafe);
+    for seed in corpus("marker") {
+        for _ in 0..iterations() {
+            let m = mutate(&seed, &mut rng);
+            let sizes = [1 + rng.below(40), 1 + rng.below(4000)];
+            timed("demux", &m, || demux(&m, &sizes));
+            for line in String::from_utf8_lossy(&m).lines() {
+                let text = line.split("@@ ").last().unwrap_or(line);
+                timed("parse_line", line.as_bytes(), || {
+                    let _ = parse_line(text);
+                });
+            }
+        }
+    }
+}
+
+#[test]
+fn a_protocol_line_that_never_ends_does_not_grow_without_bound() {
+    let mut d = StderrDemux::new(NONCE);
+    let mut pieces = Vec::new();
+    d.feed(format!("@@cairn-{NONCE}@@ start ").as_bytes(), &mut pieces);
+    let chunk = vec![b'x'; 1 << 16];
+    for _ in 0..64 {
+        d.feed(&chunk, &mut pieces);
+    }
+    assert!(d.finish().len() <= 1 << 17);
+    assert!(pieces.iter().any(|p| matches!(p, Piece::Line(Err(_)))));
+}
+
+#[test]
+fn known_hosts_files_survive_mutation() {
+    let mut rng = Rng(0xbeef);
+    for seed in corpus("known_hosts") {
+        for _ in 0..iterations() {
+            let m = mutate(&seed, &mut rng);
+            let text = String::from_utf8_lossy(&m);
+            let entries = timed("known_hosts::parse", &m, || {
+                cairn::ssh::known_hosts::parse(&text)
+            });
+            for e in &entries {
+                timed("matches", &m, || {
+                    let _ = e.matches("db-1.prod");
+                    let _ = e.matches(&"a".repeat(300));
+                });
+            }
+        }
+    }
+}
+
+fn resolve_with(config: &Path) {
+    let opts = cairn::ssh::ConnectOptions {
+        ssh_config: Some(config.to_path_buf()),
+        known_hosts: Some(PathBuf::from("/dev/null")),
+        ..Default::default()
+    };
+    for dest in ["db-1", "ops@db-9", "x"] {
+        let _ = cairn::ssh::resolve(dest, &opts);
+    }
+}
+
+#[test]
+fn ssh_config_files_survive_mutation() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config");
+    let mut rng = Rng(0xc0f1);
+    for seed in corpus("ssh_config") {
+        for _ in 0..iterations() {
+            let m = mutate(&seed, &mut rng);
+            std::fs::write(&path, &m).unwrap();
+            timed("ssh_config resolve", &m, || resolve_with(&path));
+        }
+    }
+}
+
+#[test]
+fn ssh_config_including_an_endless_file_or_itself_terminates() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config");
+    for body in [
+        "Include /dev/zero\nHost *\n  User x\n".to_string(),
+        format!("Include {}\n", path.display()),
+    ] {
+        std::fs::write(&path, &body).unwrap();
+        timed("ssh_config include", body.as_bytes(), || {
+            resolve_with(&path)
+        });
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, .. ProptestConfig::default() })]
+
+    #[test]
+    fn demux_never_panics_on_arbitrary_bytes(data in proptest::collection::vec(any::<u8>(), 0..4096),
+                                             a in 1usize..64, b in 1usize..4096) {
+        demux(&data, &[a, b]);
+    }
+
+    #[test]
+    fn parse_line_never_panics(s in ".{0,300}") {
+        let _ = parse_line(&s);
+    }
+
+    #[test]
+    fn known_hosts_parse_never_panics(s in "(.{0,80}\n){0,8}") {
+        for e in cairn::ssh::known_hosts::parse(&s) {
+            let _ = e.matches("host.example");
+        }
+    }
+}
