@@ -233,6 +233,21 @@ esac
 X=$D/x
 T=$D/tmp
 F=$X/$ID
+# No symbolic link anywhere on the marker path: a link could point the markers, and the
+# writes that make them, at files elsewhere.
+r=
+q=
+o=$IFS
+IFS=/
+for c in $D; do
+	[ -n "$c" ] || continue
+	r=$r/$c
+	[ -L "$r" ] && q=$r && break
+done
+IFS=$o
+[ -L "$X" ] && q=$X
+[ -L "$T" ] && q=$T
+[ -z "$q" ] || die "the marker path $D has a symbolic link at $q; refusing it (give --remote-dir the real path)"
 
 # --- supervisor: started by dispatch, detached, never writes to the channel ---
 if [ "$MODE" = supervise ]; then
@@ -338,6 +353,13 @@ if ! read -r E _ 2>/dev/null <"$D/epoch"; then
 	rm -f "$T/epoch.$$"
 	fsync "$D"
 	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
+fi
+# first contact (hello): the marker home must be private
+if [ "$MODE" = hello ]; then
+	case $(ls -ld "$D") in
+	d???------*) ;;
+	*) die "the marker directory $D is accessible by other users; fix it with: chmod 700 $D" ;;
+	esac
 fi
 boot || die "cannot read the boot identity"
 p hello "v=1 epoch=$E boot=$BOOT now=$(date +%s)"

@@ -861,3 +861,42 @@ fn two_cairn_processes_share_one_journal() {
         assert_eq!(h.journal_state(&format!("shared-{i}")), State::Delivered);
     }
 }
+
+#[test]
+fn a_symlink_in_the_marker_path_is_refused_by_the_host() {
+    let h = Host::new();
+    let real = h.sshd.dir().join("real-home");
+    fs::create_dir(&real).unwrap();
+    let link = h.sshd.dir().join("linked");
+    std::os::unix::fs::symlink(&real, &link).unwrap();
+    let mut c = h.cairn("run");
+    c.arg("--remote-dir")
+        .arg(link.join("markers"))
+        .args(["127.0.0.1", "--"])
+        .arg(format!("{}true", h.count()));
+    let out = c.output().unwrap();
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("symbolic link"), "{err}");
+    assert_eq!(h.runs(), 0);
+    assert!(
+        !real.join("markers").exists(),
+        "nothing may be created through the link"
+    );
+}
+
+#[test]
+fn a_marker_home_open_to_other_users_is_refused_with_the_fix() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Host::new();
+    fs::create_dir_all(&h.remote_dir).unwrap();
+    fs::set_permissions(&h.remote_dir, fs::Permissions::from_mode(0o755)).unwrap();
+    let out = h
+        .run_cmd(&[], &format!("{}true", h.count()))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("chmod 700"), "{err}");
+    assert_eq!(h.runs(), 0);
+}
