@@ -131,7 +131,7 @@ hb() {
 
 # stream OUT_OFF ERR_OFF WAIT: the body of watch (and of dispatch with ATTACH=1)
 stream() {
-	o=$1 r=$2
+	o=$1 r=$2 CN=1
 	alive
 	if [ "$3" = 1 ]; then
 		# the supervisor moves the stage into place right after crossing the guard
@@ -148,9 +148,11 @@ stream() {
 	fi
 	# liveness is decided before looking for the finish record
 	alive
-	rest "$F/out" "$o" && o=$N
-	rest "$F/err" "$r" >&2 && r=$N
-	p sizes "out=$o err=$r"
+	if [ "$CN" = 1 ]; then
+		rest "$F/out" "$o" && o=$N
+		rest "$F/err" "$r" >&2 && r=$N
+		p sizes "out=$o err=$r"
+	fi
 	p live "$L"
 	if [ -e "$F.done" ] && read -r d <"$F.done"; then
 		p 'done' "$d"
@@ -165,7 +167,15 @@ live() {
 	# (noglob is on: name the files)
 	wrm() { rm -f "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne"; }
 	wrm
-	mkfifo "$W.o" "$W.e" "$W.co" "$W.ce" || return
+	mkfifo "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne" 2>/dev/null || {
+		wrm
+		return
+	}
+	# The counts come back through fifos opened read-write here (never blocking, never a
+	# write to the disk, which may be full). If a count is lost, CN=0: we no longer know how
+	# far the channel got, so stream() sends nothing more and the client asks again from the
+	# offsets it counted itself.
+	exec 3<>"$W.no" 9<>"$W.ne"
 	# We open the data fifos ourselves, so no open can block and each tee sees
 	# EOF exactly when its tail dies (each tail holds the only write end).
 	# shellcheck disable=SC2094 # a fifo: read-write, then read-only, on purpose
@@ -175,9 +185,9 @@ live() {
 	tail -c +$((r + 1)) -f "$F/err" >&7 5>&- 2>/dev/null &
 	f2=$!
 	exec 5>&- 7>&-
-	wc -c <"$W.co" >"$W.no" &
+	wc -c <"$W.co" >&3 2>/dev/null &
 	w1=$!
-	wc -c <"$W.ce" >"$W.ne" &
+	wc -c <"$W.ce" >&9 2>/dev/null &
 	w2=$!
 	tee "$W.co" <&6 2>/dev/null &
 	t1=$!
@@ -195,8 +205,14 @@ live() {
 	done
 	kl TERM "$h" "$f1" "$f2"
 	wait $t1 $t2 $w1 $w2 $h
-	read -r n <"$W.no" && o=$((o + n))
-	read -r n <"$W.ne" && r=$((r + n))
+	# a sentinel after the count: a wc that died without writing cannot block the read
+	echo x >&3
+	echo x >&9
+	read -r n <&3
+	case $n in '' | *[!0-9]*) CN=0 ;; *) o=$((o + n)) ;; esac
+	read -r n <&9
+	case $n in '' | *[!0-9]*) CN=0 ;; *) r=$((r + n)) ;; esac
+	exec 3>&- 9>&-
 	wrm
 }
 
@@ -215,14 +231,18 @@ dispatch) [ $# -eq 8 ] && num "$5" && hex "$6" 64 && num "$7" && bit "$8" ;;
 supervise) [ $# -eq 8 ] && num "$5" && hex "$6" 64 && num "$7" && num "$8" ;;
 watch) [ $# -eq 7 ] && num "$5" && num "$6" && bit "$7" ;;
 cancel) [ $# -eq 5 ] && num "$5" ;;
+gc) [ $# -eq 5 ] && num "$4" && num "$5" ;;
 *) false ;;
 esac || die "bad arguments for mode '$MODE'"
 ID=$4
 NONCE=$3
-if [ "$MODE" != hello ]; then
+case $MODE in
+hello | gc) ID= ;;
+*)
 	case $ID in '' | *[!A-Za-z0-9_-]*) die "bad execution ID" ;; esac
 	[ ${#ID} -le 128 ] || die "bad execution ID"
-fi
+	;;
+esac
 D=$2
 case $D in
 '' | *"$NL"*) die "bad marker directory" ;;
@@ -432,10 +452,15 @@ watch)
 	if [ -e "$F.start" ]; then
 		read -r l <"$F.start"
 		p start "$l"
-		if rec "$l"; then
-			stream "$5" "$6" "$7"
-		else
+		if ! rec "$l"; then
 			e "unsupported started record version '$R_v'"
+		elif [ ! -d "$F" ] && [ -e "$F.done" ] && read -r d <"$F.done"; then
+			# gc kept only the tombstone: the result is known, the output is gone
+			p gone output
+			p live dead
+			p 'done' "$d"
+		else
+			stream "$5" "$6" "$7"
 		fi
 	else
 		p absent
@@ -487,6 +512,36 @@ cancel)
 		fi
 	fi
 	p cancel "$R"
+	;;
+gc)
+	# Finished executions only (a finish record exists): past OUTPUT_AGE seconds their output
+	# directory goes, past TOMBSTONE_AGE their records too. The started record is removed last,
+	# so the start guard holds until the very end. Running ones are never touched.
+	now=$(date +%s)
+	no=0 nt=0 nk=0
+	set +f
+	for f in "$X"/*.done; do
+		[ -e "$f" ] || continue
+		i=${f%.done}
+		read -r d <"$f" || continue
+		fa=${d##*finished_at=}
+		fa=${fa%% *}
+		num "$fa" || continue
+		a=$((now - fa))
+		if [ "$a" -ge "$5" ]; then
+			rm -rf "$i" && rm -f "$i.cancel" "$f" && rm -f "$i.start" && nt=$((nt + 1))
+		elif [ "$a" -ge "$4" ] && [ -d "$i" ]; then
+			rm -rf "$i" && no=$((no + 1))
+		fi
+	done
+	for f in "$X"/*.start; do
+		[ -e "$f" ] && [ ! -e "${f%.start}.done" ] && nk=$((nk + 1))
+	done
+	set -f
+	# stages of dispatches that died before their verdict, a day old
+	find "$T" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null
+	fsync "$X"
+	p gc "removed_output=$no removed_tombstones=$nt unfinished=$nk"
 	;;
 esac
 p end

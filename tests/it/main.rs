@@ -1,4 +1,5 @@
 mod audit;
+mod docker;
 mod fuzz;
 mod run;
 mod script;

@@ -1,6 +1,7 @@
 //! Shared test harness: a private sshd and a fault-injecting TCP proxy.
 #![allow(dead_code, unused_imports)]
 
+pub mod docker;
 pub mod proxy;
 pub mod sshd;
 

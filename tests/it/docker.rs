@@ -1,0 +1,989 @@
+//! Fault tests against real SSH hosts in Docker containers (`docker/hosts.sh`), on both host
+//! flavours (`ash`: busybox; `debian`: dash/bash/GNU), and a randomized fault campaign.
+//!
+//! Every test counts how many times the command really ran (a line appended to a counter file
+//! on the host, read back with `docker exec`), checks the journal's final state and the bytes
+//! cairn returned. Each test brings up its own hosts (a unique `--prefix`) and takes them down
+//! when it ends, also when it fails.
+//!
+//! Needs a Docker engine and root (loop mounts, veth links). `CAIRN_DOCKER_TESTS=0` skips these
+//! tests; without Docker they fail. Run: `cargo test --test it docker::`
+//! Campaign knobs: `CAMPAIGN_TRIALS` (default 200), `CAMPAIGN_SEED` (default: from the clock,
+//! printed).
+
+use std::collections::BTreeMap;
+use std::process::{Child, Output};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+use cairn::State;
+
+use crate::support::docker::{
+    docker_enabled, json, marker, output_within, say, spawn, splitmix64, wait_within, Client,
+    Flavour, Hosts, Rng,
+};
+
+// ------------------------------------------------------------------------------ helpers
+
+const BIN: &str = env!("CARGO_BIN_EXE_cairn");
+
+/// One test: its hosts, a temp dir for the journal, and its timing (printed when it ends).
+struct Case {
+    name: String,
+    t0: Instant,
+    hosts: Hosts,
+    dir: tempfile::TempDir,
+}
+
+impl Case {
+    fn start(name: &str, flavour: Flavour, n: usize) -> Option<Case> {
+        let full = format!("docker::{}::{name}", flavour.as_str());
+        if !docker_enabled(&full) {
+            return None;
+        }
+        let t0 = Instant::now();
+        let short: String = name.split('_').take(3).collect::<Vec<_>>().join("");
+        let group = format!("{}-{}", &short[..short.len().min(14)], flavour.as_str());
+        let hosts = Hosts::up(&group, flavour, n);
+        Some(Case {
+            name: full,
+            t0,
+            hosts,
+            dir: tempfile::tempdir().expect("tempdir"),
+        })
+    }
+
+    fn client(&self) -> Client {
+        self.hosts
+            .client(BIN.as_ref(), self.dir.path().join("journal.db"))
+    }
+}
+
+impl Drop for Case {
+    fn drop(&mut self) {
+        say(&format!(
+            "docker test {}: {} in {:.1}s",
+            self.name,
+            if std::thread::panicking() {
+                "FAILED"
+            } else {
+                "ok"
+            },
+            self.t0.elapsed().as_secs_f64()
+        ));
+    }
+}
+
+/// Numbered lines as the test commands print them.
+fn numbered(prefix: &str, n: usize) -> String {
+    (0..n).map(|i| format!("{prefix} {i}\n")).collect()
+}
+
+/// A command that appends to `counter` first, then prints `n` numbered lines on stdout and on
+/// stderr, `delay` seconds apart, then exits `code`.
+fn lines_cmd(counter: &str, n: usize, delay: &str, code: u64) -> String {
+    format!(
+        "echo ran >> {counter}; i=0; while [ $i -lt {n} ]; do echo \"line $i\"; \
+         echo \"err $i\" >&2; i=$((i+1)); sleep {delay}; done; exit {code}"
+    )
+}
+
+fn finish(child: Child, limit: Duration) -> Output {
+    wait_within(child, limit).unwrap_or_else(|o| {
+        panic!(
+            "cairn did not finish within {limit:?}\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })
+}
+
+fn run_to_end(c: std::process::Command, limit: Duration) -> Output {
+    output_within(c, limit).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn unique_id(tag: &str) -> String {
+    let n = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() % 1_000_000_000_000)
+        .unwrap_or(0);
+    format!("{tag}-{n}")
+}
+
+fn s(v: &serde_json::Value) -> &str {
+    v.as_str().unwrap_or_default()
+}
+
+/// `key=value` from a one-line record.
+fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
+    record
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key)?.strip_prefix('='))
+}
+
+// ------------------------------------------------------------------------------ the tests
+
+/// The link goes down for 10 s while the command runs; cairn notices, keeps trying, reattaches
+/// after the repair while the command still runs, and returns every byte once.
+fn link_cut_for_10s_mid_run_reattaches_ran_once_full_output(fl: Flavour) {
+    let Some(t) = Case::start("link_cut_for_10s", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let id = unique_id("cut");
+    let counter = format!("/root/count-{id}");
+    let child = spawn(c.run(
+        &["--json", "--id", &id],
+        "h1",
+        &lines_cmd(&counter, 75, "0.2", 7),
+    ));
+    h.wait_file("h1", &marker(&id, ".start"), Duration::from_secs(20));
+    sleep(Duration::from_millis(1500));
+    h.fault(&["cut", "h1"]);
+    sleep(Duration::from_secs(10));
+    let still_running = !h.exists("h1", &marker(&id, ".done"));
+    h.fault(&["restore", "h1"]);
+    let out = finish(child, Duration::from_secs(90));
+    let v = json(&out);
+    assert!(still_running, "the command should outlast the cut");
+    assert_eq!(out.status.code(), Some(7), "{v}");
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["exit_code"], 7);
+    assert_eq!(s(&v["stdout"]), numbered("line", 75), "stdout");
+    assert_eq!(s(&v["stderr"]), numbered("err", 75), "stderr");
+    assert_eq!(v["stdout_bytes"], numbered("line", 75).len());
+    assert!(v["reconnects"].as_u64().unwrap_or(0) >= 1, "{v}");
+    assert_eq!(
+        h.count("h1", &counter),
+        1,
+        "the command must run exactly once"
+    );
+    assert_eq!(c.state(&id), Some(State::Delivered));
+    assert!(
+        c.kinds(&id).iter().any(|k| k == "connection-lost"),
+        "{:?}",
+        c.kinds(&id)
+    );
+}
+
+/// The host reboots while the command runs: `interrupted`, never `running`, never run again.
+fn reboot_mid_run_is_interrupted_never_rerun(fl: Flavour) {
+    let Some(t) = Case::start("reboot_mid_run", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let id = unique_id("rb");
+    let counter = format!("/root/count-{id}");
+    let child = spawn(c.run(
+        &["--json", "--id", &id],
+        "h1",
+        &lines_cmd(&counter, 40, "0.1", 3),
+    ));
+    h.wait_file("h1", &marker(&id, ".start"), Duration::from_secs(20));
+    sleep(Duration::from_millis(1000));
+    h.fault(&["reboot", "h1"]);
+    let out = finish(child, Duration::from_secs(90));
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(254), "{v}");
+    assert_eq!(v["state"], "interrupted", "{v}");
+    assert!(v["exit_code"].is_null(), "{v}");
+    assert!(
+        s(&v["reason"]).contains("reboot"),
+        "reason should say the host rebooted: {v}"
+    );
+    // What was returned is what the host had written before it went down: a prefix.
+    let so = s(&v["stdout"]);
+    assert!(
+        !so.is_empty() && numbered("line", 40).starts_with(so),
+        "stdout: {so:?}"
+    );
+    assert_eq!(c.state(&id), Some(State::Interrupted));
+    assert!(!h.exists("h1", &marker(&id, ".done")));
+    // Nothing runs it again: not the run, not status, not recover, not attach.
+    let st = run_to_end(
+        {
+            let mut x = c.cmd("status");
+            x.args([&id, "--json"]);
+            x
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(json(&st)["state"], "interrupted", "{st:?}");
+    let rec = run_to_end(
+        {
+            let mut x = c.cmd("recover");
+            x.arg("--json");
+            x
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(String::from_utf8_lossy(&rec.stdout).trim(), "[]", "{rec:?}");
+    let at = run_to_end(
+        {
+            let mut x = c.cmd("attach");
+            x.arg(&id);
+            x
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(at.status.code(), Some(254), "{at:?}");
+    sleep(Duration::from_secs(1));
+    assert_eq!(h.count("h1", &counter), 1, "never run again");
+    assert_eq!(c.state(&id), Some(State::Interrupted));
+}
+
+/// The host reboots after the command finished but before cairn read the result: the stored
+/// result is still returned, for a running client (it was cut off) and for a detached one.
+fn reboot_after_the_finish_still_returns_the_stored_result(fl: Flavour) {
+    let Some(t) = Case::start("reboot_after_finish", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+
+    // A: the client is attached, the link is cut, the command finishes, the host reboots.
+    let id = unique_id("rbf");
+    let counter = format!("/root/count-{id}");
+    let child = spawn(c.run(
+        &["--json", "--id", &id],
+        "h1",
+        &lines_cmd(&counter, 10, "0.1", 4),
+    ));
+    h.wait_file("h1", &marker(&id, ".start"), Duration::from_secs(20));
+    h.fault(&["cut", "h1"]);
+    h.wait_file("h1", &marker(&id, ".done"), Duration::from_secs(30));
+    h.fault(&["reboot", "h1"]); // also brings the link back
+    let out = finish(child, Duration::from_secs(90));
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(4), "{v}");
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(s(&v["stdout"]), numbered("line", 10));
+    assert_eq!(s(&v["stderr"]), numbered("err", 10));
+    assert_eq!(h.count("h1", &counter), 1);
+    assert_eq!(c.state(&id), Some(State::Delivered));
+
+    // B: detached; finished; rebooted; then attach.
+    let id = unique_id("rbd");
+    let counter = format!("/root/count-{id}");
+    let out = run_to_end(
+        c.run(
+            &["--detach", "--id", &id],
+            "h1",
+            &lines_cmd(&counter, 5, "0.1", 6),
+        ),
+        Duration::from_secs(60),
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), id);
+    h.wait_file("h1", &marker(&id, ".done"), Duration::from_secs(30));
+    h.fault(&["reboot", "h1"]);
+    let out = run_to_end(
+        {
+            let mut x = c.cmd("attach");
+            x.args([&id, "--json"]);
+            x
+        },
+        Duration::from_secs(60),
+    );
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(6), "{v}");
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["exit_code"], 6);
+    assert_eq!(s(&v["stdout"]), numbered("line", 5));
+    assert_eq!(s(&v["stderr"]), numbered("err", 5));
+    assert_eq!(h.count("h1", &counter), 1);
+    assert!(
+        matches!(c.state(&id), Some(State::Completed | State::Delivered)),
+        "{:?}",
+        c.state(&id)
+    );
+}
+
+/// sshd restarts while the command runs: the session and the job go on; the result comes back.
+fn sshd_restart_mid_run_leaves_the_job_alone(fl: Flavour) {
+    let Some(t) = Case::start("sshd_restart_mid_run", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let id = unique_id("sshd");
+    let counter = format!("/root/count-{id}");
+    let child = spawn(c.run(
+        &["--json", "--id", &id],
+        "h1",
+        &lines_cmd(&counter, 30, "0.1", 9),
+    ));
+    h.wait_file("h1", &marker(&id, ".start"), Duration::from_secs(20));
+    sleep(Duration::from_millis(1000));
+    h.fault(&["restart-sshd", "h1"]);
+    let out = finish(child, Duration::from_secs(60));
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(9), "{v}");
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(s(&v["stdout"]), numbered("line", 30));
+    assert_eq!(s(&v["stderr"]), numbered("err", 30));
+    assert_eq!(h.count("h1", &counter), 1);
+    assert_eq!(c.state(&id), Some(State::Delivered));
+}
+
+/// The host hangs (every process frozen): cairn gives up at its deadline with `unknown` (exit
+/// 254), never a guess; after the host thaws, `cairn recover` finds the truth.
+fn hung_host_is_unknown_at_the_deadline_then_recover_finds_the_truth(fl: Flavour) {
+    let Some(t) = Case::start("hung_host", fl, 1) else {
+        return;
+    };
+    let h = &t.hosts;
+    let mut c = t.client();
+    c.reconnect_for = "8s".into();
+    c.connect_timeout = "3s".into();
+    c.keepalive = "1s".into();
+    let id = unique_id("hang");
+    let counter = format!("/root/count-{id}");
+    let child = spawn(c.run(
+        &["--json", "--id", &id],
+        "h1",
+        &lines_cmd(&counter, 30, "0.1", 5),
+    ));
+    h.wait_file("h1", &marker(&id, ".start"), Duration::from_secs(20));
+    sleep(Duration::from_millis(1000));
+    h.fault(&["hang", "h1"]);
+    let hung = Instant::now();
+    let out = wait_within(child, Duration::from_secs(60));
+    let gave_up_after = hung.elapsed();
+    h.fault(&["unhang", "h1"]);
+    let out = out.unwrap_or_else(|o| panic!("cairn did not give up within 60 s: {o:?}"));
+    let v = json(&out);
+    say(&format!(
+        "docker test {}: cairn gave up {:.1}s after the hang",
+        t.name,
+        gave_up_after.as_secs_f64()
+    ));
+    assert_eq!(out.status.code(), Some(254), "{v}");
+    assert_eq!(v["state"], "unknown", "{v}");
+    assert!(v["exit_code"].is_null(), "a missing status is never 0: {v}");
+    // Deadline: keepalive notices within ~3 intervals, then 8 s of trying, and one connection
+    // attempt of at most --connect-timeout; slack for a loaded machine.
+    assert!(
+        gave_up_after >= Duration::from_secs(8),
+        "gave up before its deadline: {gave_up_after:?}"
+    );
+    assert!(
+        gave_up_after <= Duration::from_secs(3 + 1 + 8 + 3 + 4),
+        "gave up late: {gave_up_after:?}"
+    );
+    assert!(numbered("line", 30).starts_with(s(&v["stdout"])));
+    assert_eq!(c.state(&id), Some(State::Unknown));
+
+    let rec = run_to_end(
+        {
+            let mut x = c.cmd("recover");
+            x.args(["--wait", "--json"]);
+            x
+        },
+        Duration::from_secs(90),
+    );
+    let rv: serde_json::Value = serde_json::from_slice(&rec.stdout)
+        .unwrap_or_else(|e| panic!("recover output is not JSON ({e}): {rec:?}"));
+    let one = rv
+        .as_array()
+        .and_then(|a| a.iter().find(|x| x["execution_id"] == id.as_str()))
+        .unwrap_or_else(|| panic!("{id} not in recover output: {rv}"));
+    assert_eq!(one["state"], "completed", "{one}");
+    assert_eq!(one["exit_code"], 5, "{one}");
+    assert_eq!(c.state(&id), Some(State::Completed));
+    let o = run_to_end(
+        {
+            let mut x = c.cmd("output");
+            x.arg(&id);
+            x
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(String::from_utf8_lossy(&o.stdout), numbered("line", 30));
+    let e = run_to_end(
+        {
+            let mut x = c.cmd("output");
+            x.args([&id, "--stderr"]);
+            x
+        },
+        Duration::from_secs(60),
+    );
+    assert_eq!(String::from_utf8_lossy(&e.stdout), numbered("err", 30));
+    assert_eq!(h.count("h1", &counter), 1);
+}
+
+/// The home (holding ~/.cairn) is full before the dispatch: `failed` (proven never started),
+/// with the host's own error text in the reason.
+fn disk_full_before_the_start_is_failed_with_the_hosts_error(fl: Flavour) {
+    let Some(t) = Case::start("disk_full_before", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let id = unique_id("full");
+    // The counter lives outside the full filesystem, so a run would be seen.
+    let counter = format!("/var/log/count-{id}");
+    h.fault(&["fill-disk", "h1"]);
+    let out = run_to_end(
+        c.run(
+            &["--json", "--id", &id],
+            "h1",
+            &format!("echo ran >> {counter}; echo should-not-run"),
+        ),
+        Duration::from_secs(60),
+    );
+    h.fault(&["unfill-disk", "h1"]);
+    let v = json(&out);
+    assert_eq!(out.status.code(), Some(255), "{v}");
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(
+        s(&v["reason"]).contains("No space left on device"),
+        "the host's error text belongs in the reason: {v}"
+    );
+    assert_eq!(s(&v["stdout"]), "");
+    assert_eq!(c.state(&id), Some(State::Failed));
+    assert_eq!(h.count("h1", &counter), 0);
+    assert!(!h.exists("h1", &marker(&id, ".start")));
+}
+
+/// The home fills up while the command writes its output: cairn reports what happened (the
+/// command's own status and exactly the bytes the host stored), nothing more.
+fn disk_full_during_the_run_reports_only_what_was_seen(fl: Flavour) {
+    let Some(t) = Case::start("disk_full_during", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let id = unique_id("fulld");
+    let counter = format!("/var/log/count-{id}");
+    // ~300 KB of 100-byte lines over ~30 s; exits 41 at the first failed write.
+    let cmd = format!(
+        "echo ran >> {counter}; i=0; while [ $i -lt 3000 ]; do \
+         printf '%-99s\\n' \"line $i\" || exit 41; i=$((i+1)); sleep 0.01; done; exit 0"
+    );
+    let child = spawn(c.run(&["--json", "--id", &id], "h1", &cmd));
+    h.wait_file("h1", &marker(&id, ".start"), Duration::from_secs(20));
+    sleep(Duration::from_millis(500));
+    h.fault(&["fill-disk", "h1"]);
+    let out = wait_within(child, Duration::from_secs(90));
+    h.fault(&["unfill-disk", "h1"]);
+    let out = out.unwrap_or_else(|o| panic!("cairn did not finish: {o:?}"));
+    let v = json(&out);
+    assert_eq!(h.count("h1", &counter), 1, "ran once");
+    let done = h
+        .read("h1", &marker(&id, ".done"))
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .expect("the finish record fits in its reserved space");
+    let status: u64 = field(&done, "status").unwrap().parse().unwrap();
+    assert_eq!(status, 41, "fill-disk should have hit the command: {done}");
+    let host_out = h.read("h1", &marker(&id, "/out")).unwrap_or_default();
+    let host_err = h.read("h1", &marker(&id, "/err")).unwrap_or_default();
+    // Not a false success, and exactly what the host has.
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["exit_code"], status, "{v}");
+    assert_eq!(out.status.code(), Some(41));
+    assert_eq!(
+        v["stdout_bytes"],
+        host_out.len(),
+        "stdout_bytes vs the host's out file"
+    );
+    let so = s(&v["stdout"]);
+    assert!(
+        so.as_bytes() == host_out.as_slice(),
+        "returned stdout ({} bytes) is not the host's out file ({} bytes); returned starts {:?}",
+        so.len(),
+        host_out.len(),
+        &so[..so.len().min(300)]
+    );
+    assert_eq!(
+        s(&v["stderr"]).as_bytes(),
+        host_err.as_slice(),
+        "returned stderr is not the command's stderr"
+    );
+    assert!(matches!(
+        c.state(&id),
+        Some(State::Completed | State::Delivered)
+    ));
+}
+
+macro_rules! on_both_flavours {
+    ($($name:ident),* $(,)?) => {
+        mod ash {
+            $( #[test] fn $name() { super::$name(super::Flavour::Ash) } )*
+        }
+        mod debian {
+            $( #[test] fn $name() { super::$name(super::Flavour::Debian) } )*
+        }
+    };
+}
+
+on_both_flavours!(
+    link_cut_for_10s_mid_run_reattaches_ran_once_full_output,
+    reboot_mid_run_is_interrupted_never_rerun,
+    reboot_after_the_finish_still_returns_the_stored_result,
+    sshd_restart_mid_run_leaves_the_job_alone,
+    hung_host_is_unknown_at_the_deadline_then_recover_finds_the_truth,
+    disk_full_before_the_start_is_failed_with_the_hosts_error,
+    disk_full_during_the_run_reports_only_what_was_seen,
+);
+
+// ------------------------------------------------------------------------------ the campaign
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Fault {
+    None,
+    Cut,
+    Reboot,
+    SshdRestart,
+    Kill9,
+    Hang,
+}
+
+const FAULTS: [Fault; 6] = [
+    Fault::None,
+    Fault::Cut,
+    Fault::Reboot,
+    Fault::SshdRestart,
+    Fault::Kill9,
+    Fault::Hang,
+];
+
+/// What one trial does; derived from (seed, trial number) alone.
+#[derive(Debug, Clone)]
+struct Plan {
+    lines: usize,
+    delay_ms: u64,
+    code: u64,
+    fault: Fault,
+    fault_at: Duration,
+    fault_len: Duration,
+}
+
+impl Plan {
+    fn new(seed: u64, trial: usize) -> Plan {
+        let mut r = Rng::new(seed ^ splitmix64(trial as u64 + 1));
+        let dur = r.range(200, 4000);
+        let lines = r.range(1, 40) as usize;
+        let code = if r.range(0, 2) == 0 {
+            0
+        } else {
+            r.range(1, 125)
+        };
+        let fault = FAULTS[r.range(0, FAULTS.len() as u64 - 1) as usize];
+        Plan {
+            lines,
+            delay_ms: dur / lines as u64,
+            code,
+            fault,
+            fault_at: r.millis(0, dur + 800),
+            fault_len: r.millis(1000, 15000),
+        }
+    }
+
+    fn command(&self, counter: &str) -> String {
+        let d = format!("{}.{:03}", self.delay_ms / 1000, self.delay_ms % 1000);
+        lines_cmd(counter, self.lines, &d, self.code)
+    }
+}
+
+#[derive(Debug, Default)]
+struct Verdict {
+    ran_twice: bool,
+    lost: bool,
+    wrong: bool,
+    state: String,
+    why: Vec<String>,
+}
+
+/// What the host says about one execution.
+#[derive(Debug, Default)]
+struct HostFacts {
+    count: usize,
+    started: bool,
+    done: Option<String>,
+}
+
+fn host_facts(h: &Hosts, host: &str, id: &str) -> HostFacts {
+    let script = "id=$1; c=0; [ -f /root/count-$id ] && c=$(wc -l < /root/count-$id); \
+                  echo \"count $c\"; [ -e /root/.cairn/x/$id.start ] && echo start; \
+                  if [ -e /root/.cairn/x/$id.done ]; then printf 'done '; \
+                  head -n1 /root/.cairn/x/$id.done; echo; fi; true";
+    let o = h.exec(host, &["sh", "-c", script, "sh", id]);
+    assert!(o.status.success(), "host facts on {host}: {o:?}");
+    let mut f = HostFacts::default();
+    for line in String::from_utf8_lossy(&o.stdout).lines() {
+        if let Some(c) = line.strip_prefix("count ") {
+            f.count = c.trim().parse().unwrap_or(usize::MAX);
+        } else if line == "start" {
+            f.started = true;
+        } else if let Some(d) = line.strip_prefix("done ") {
+            f.done = Some(d.trim().to_owned());
+        }
+    }
+    f
+}
+
+/// The result cairn gave the caller: exit code and output, when it claims one.
+#[derive(Debug, Default)]
+struct Returned {
+    exit_code: Option<u64>,
+    stdout: Option<String>,
+    stderr: Option<String>,
+}
+
+fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> Verdict {
+    let plan = Plan::new(seed, i);
+    let id = format!("t{i}-{:x}", seed & 0xffff_ffff);
+    let counter = format!("/root/count-{id}");
+    let mut c = h.client(BIN.as_ref(), dir.join(format!("{id}.db")));
+    c.reconnect_for = "8s".into();
+    let mut v = Verdict::default();
+    let note = |v: &mut Verdict, s: String| v.why.push(s);
+
+    let t0 = Instant::now();
+    let mut child = Some(spawn(c.run(
+        &["--json", "--id", &id],
+        host,
+        &plan.command(&counter),
+    )));
+    // Sleep until the fault's moment (a finished client does not stop host faults).
+    while t0.elapsed() < plan.fault_at {
+        sleep(Duration::from_millis(10));
+    }
+    let mut killed = false;
+    let fault_err = match plan.fault {
+        Fault::None => Ok(()),
+        Fault::Cut => h.try_fault(&["cut", host]).and_then(|_| {
+            sleep(plan.fault_len);
+            h.try_fault(&["restore", host])
+        }),
+        Fault::Hang => h.try_fault(&["hang", host]).and_then(|_| {
+            sleep(plan.fault_len);
+            h.try_fault(&["unhang", host])
+        }),
+        Fault::Reboot => h.try_fault(&["reboot", host]),
+        Fault::SshdRestart => h.try_fault(&["restart-sshd", host]),
+        Fault::Kill9 => {
+            if let Some(ch) = child.as_mut() {
+                // A client that already exited is not killed (kill would hit its zombie).
+                if matches!(ch.try_wait(), Ok(None)) {
+                    let _ = ch.kill(); // SIGKILL
+                    killed = true;
+                }
+            }
+            Ok(())
+        }
+    };
+    if let Err(e) = fault_err {
+        // Leave the host usable for the next trial whatever happened.
+        let _ = h.try_fault(&["unhang", host]);
+        let _ = h.try_fault(&["restore", host]);
+        panic!("trial {i}: injecting {:?} failed: {e}", plan.fault);
+    }
+
+    let mut ret = Returned::default();
+    let mut need_recover = killed;
+    match wait_within(child.take().expect("child"), Duration::from_secs(90)) {
+        Err(_) => {
+            note(
+                &mut v,
+                "cairn run did not finish within 90 s (killed)".into(),
+            );
+            need_recover = true;
+        }
+        Ok(out) if !killed => {
+            let text = String::from_utf8_lossy(&out.stdout);
+            match serde_json::from_str::<serde_json::Value>(text.lines().last().unwrap_or("")) {
+                Ok(j) => {
+                    if j["state"] == "completed" {
+                        ret.exit_code = j["exit_code"].as_u64();
+                        ret.stdout = j["stdout"].as_str().map(str::to_owned);
+                        ret.stderr = j["stderr"].as_str().map(str::to_owned);
+                        if out.status.code().map(|x| x as u64) != ret.exit_code {
+                            note(
+                                &mut v,
+                                format!(
+                                    "process exit {:?} but JSON exit_code {:?}",
+                                    out.status.code(),
+                                    ret.exit_code
+                                ),
+                            );
+                            v.lost = true;
+                        }
+                    }
+                }
+                Err(_) => note(
+                    &mut v,
+                    format!(
+                        "run printed no JSON (exit {:?}): {}",
+                        out.status.code(),
+                        String::from_utf8_lossy(&out.stderr)
+                            .lines()
+                            .last()
+                            .unwrap_or("")
+                    ),
+                ),
+            }
+        }
+        Ok(_) => {}
+    }
+    let after_run = c.state(&id);
+    if after_run.is_some_and(|s| !s.is_settled()) {
+        need_recover = true;
+    }
+    if need_recover {
+        let mut x = c.cmd("recover");
+        x.args(["--wait", "--json"]);
+        match output_within(x, Duration::from_secs(120)) {
+            Err(e) => note(&mut v, format!("recover --wait overran: {e}")),
+            Ok(o) => {
+                let arr: serde_json::Value =
+                    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+                let one = arr
+                    .as_array()
+                    .and_then(|a| a.iter().find(|e| e["execution_id"] == id.as_str()));
+                if let Some(one) = one {
+                    if one["state"] == "completed" {
+                        ret.exit_code = one["exit_code"].as_u64();
+                        let mut x = c.cmd("output");
+                        x.arg(&id);
+                        ret.stdout = output_within(x, Duration::from_secs(60))
+                            .ok()
+                            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+                        let mut x = c.cmd("output");
+                        x.args([&id, "--stderr"]);
+                        ret.stderr = output_within(x, Duration::from_secs(60))
+                            .ok()
+                            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+                    }
+                } else if c.state(&id).is_some_and(|s| !s.is_settled()) {
+                    note(
+                        &mut v,
+                        format!(
+                            "recover (exit {:?}) did not list {id}: {} stderr: {}",
+                            o.status.code(),
+                            String::from_utf8_lossy(&o.stdout),
+                            String::from_utf8_lossy(&o.stderr).trim()
+                        ),
+                    );
+                }
+            }
+        }
+    }
+    let state = c.state(&id);
+    if matches!(state, Some(State::Completed | State::Delivered)) && ret.exit_code.is_none() {
+        // Settled before the client died or recover looked: ask the journal and the host.
+        let mut x = c.cmd("status");
+        x.args([&id, "--json"]);
+        if let Ok(o) = output_within(x, Duration::from_secs(60)) {
+            let j: serde_json::Value =
+                serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+            ret.exit_code = j["exit_code"].as_u64();
+        }
+        let mut x = c.cmd("output");
+        x.arg(&id);
+        ret.stdout = output_within(x, Duration::from_secs(60))
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+        let mut x = c.cmd("output");
+        x.args([&id, "--stderr"]);
+        ret.stderr = output_within(x, Duration::from_secs(60))
+            .ok()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
+    }
+    // An execution cairn leaves open may still be running: let it finish before judging.
+    let mut facts = host_facts(h, host, &id);
+    if !state.is_some_and(|s| s.is_settled()) && facts.started && facts.done.is_none() {
+        let t = Instant::now();
+        while t.elapsed() < Duration::from_secs(10) && facts.done.is_none() {
+            sleep(Duration::from_millis(250));
+            facts = host_facts(h, host, &id);
+        }
+    }
+    v.state = state
+        .map(|s| s.as_str().to_owned())
+        .unwrap_or("none".into());
+    let done_status = facts
+        .done
+        .as_deref()
+        .and_then(|d| field(d, "status"))
+        .and_then(|s| s.parse::<u64>().ok());
+
+    if facts.count > 1 {
+        v.ran_twice = true;
+        note(&mut v, format!("counter {}", facts.count));
+    }
+    let completed = matches!(state, Some(State::Completed | State::Delivered));
+    match (&facts.done, state) {
+        (Some(d), _) if completed => {
+            if done_status != Some(plan.code) {
+                note(
+                    &mut v,
+                    format!("host finish record {d} (expected status {})", plan.code),
+                );
+            }
+            let want_out = numbered("line", plan.lines);
+            let want_err = numbered("err", plan.lines);
+            if ret.exit_code != done_status {
+                v.lost = true;
+                note(
+                    &mut v,
+                    format!("returned exit {:?}, host {d}", ret.exit_code),
+                );
+            }
+            if ret.stdout.as_deref() != Some(&want_out) {
+                v.lost = true;
+                note(&mut v, format!("returned stdout {:?}", ret.stdout));
+            }
+            if ret.stderr.as_deref() != Some(&want_err) {
+                v.lost = true;
+                note(&mut v, format!("returned stderr {:?}", ret.stderr));
+            }
+        }
+        (Some(d), Some(State::Interrupted | State::Failed | State::Cancelled)) => {
+            v.wrong = true;
+            let st = v.state.clone();
+            note(&mut v, format!("{st} while the host has {d}"));
+        }
+        (Some(d), _) => {
+            v.lost = true;
+            let st = v.state.clone();
+            note(&mut v, format!("{st} while the host has {d}"));
+        }
+        (None, _) if completed => {
+            v.wrong = true;
+            note(&mut v, "completed without a finish record".into());
+        }
+        (None, Some(State::Interrupted)) => {
+            if !facts.started || plan.fault != Fault::Reboot {
+                v.wrong = true;
+                note(
+                    &mut v,
+                    format!("interrupted (started record: {})", facts.started),
+                );
+            }
+        }
+        (None, Some(State::Failed)) => {
+            if facts.count > 0 || facts.started {
+                v.wrong = true;
+                note(
+                    &mut v,
+                    format!(
+                        "failed but ran {} time(s), started={}",
+                        facts.count, facts.started
+                    ),
+                );
+            }
+        }
+        (None, Some(State::Unknown)) => {}
+        (None, None) => {
+            if facts.count > 0 || facts.started {
+                v.wrong = true;
+                note(&mut v, "not in the journal, but it ran".into());
+            }
+        }
+        (None, Some(s)) => {
+            v.wrong = true;
+            note(&mut v, format!("left in state {s:?}"));
+        }
+    }
+    if v.ran_twice || v.lost || v.wrong || !v.why.is_empty() {
+        say(&format!(
+            "fault campaign: trial {i} on {host} ({}) {:?} after {:?}: state {} host {:?}: {}",
+            h.flavour.as_str(),
+            plan,
+            after_run,
+            v.state,
+            facts,
+            v.why.join("; ")
+        ));
+    }
+    v
+}
+
+#[test]
+fn all_faults_randomized_campaign() {
+    if !docker_enabled("docker::all_faults_randomized_campaign") {
+        return;
+    }
+    let t0 = Instant::now();
+    let trials: usize = std::env::var("CAMPAIGN_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(200);
+    let seed: u64 = match std::env::var("CAMPAIGN_SEED") {
+        Ok(v) => match v.strip_prefix("0x") {
+            Some(hex) => u64::from_str_radix(hex, 16).expect("CAMPAIGN_SEED"),
+            None => v.parse().expect("CAMPAIGN_SEED"),
+        },
+        Err(_) => splitmix64(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_nanos() as u64)
+                .unwrap_or(1),
+        ),
+    };
+    say(&format!(
+        "fault campaign: seed={seed} trials={trials} (repeat with CAMPAIGN_SEED={seed})"
+    ));
+    let sets = [
+        Hosts::up("camp-ash", Flavour::Ash, 3),
+        Hosts::up("camp-deb", Flavour::Debian, 3),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    let slots: Vec<(&Hosts, String)> = sets
+        .iter()
+        .flat_map(|h| (1..=h.n).map(move |k| (h, format!("h{k}"))))
+        .collect();
+    let next = AtomicUsize::new(0);
+    let results: Mutex<Vec<(Fault, Verdict)>> = Mutex::new(Vec::new());
+    std::thread::scope(|sc| {
+        for (h, host) in &slots {
+            let (next, results, dir) = (&next, &results, dir.path());
+            sc.spawn(move || loop {
+                let i = next.fetch_add(1, Ordering::SeqCst);
+                if i >= trials {
+                    break;
+                }
+                let v = trial(seed, i, h, host, dir);
+                let mut r = results.lock().unwrap_or_else(|p| p.into_inner());
+                r.push((Plan::new(seed, i).fault, v));
+                if r.len() % 25 == 0 {
+                    say(&format!(
+                        "fault campaign: {}/{trials} trials, {:.0}s",
+                        r.len(),
+                        t0.elapsed().as_secs_f64()
+                    ));
+                }
+            });
+        }
+    });
+    let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
+    let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
+    for (f, v) in &results {
+        *by.entry((format!("{f:?}"), v.state.clone())).or_default() += 1;
+    }
+    let table: Vec<String> = by
+        .iter()
+        .map(|((f, st), n)| format!("{f}/{st}={n}"))
+        .collect();
+    say(&format!(
+        "fault campaign: {:.0}s; fault/final state: {}",
+        t0.elapsed().as_secs_f64(),
+        table.join(" ")
+    ));
+    let n = |p: fn(&Verdict) -> bool| results.iter().filter(|(_, v)| p(v)).count();
+    let (twice, lost, wrong) = (n(|v| v.ran_twice), n(|v| v.lost), n(|v| v.wrong));
+    let unknown = n(|v| v.state == "unknown");
+    let interrupted = n(|v| v.state == "interrupted");
+    let line = format!(
+        "campaign: trials={} ran_twice={twice} lost_results={lost} wrong_state={wrong} \
+         unknown={unknown} interrupted={interrupted}",
+        results.len()
+    );
+    say(&line);
+    assert_eq!(results.len(), trials);
+    assert!(
+        twice == 0 && lost == 0 && wrong == 0,
+        "the fault campaign found violations (seed {seed}): see the trial lines and the \
+         campaign line above"
+    );
+}
