@@ -143,6 +143,13 @@ stream() {
 	if [ "$3" = 1 ] && [ "$L" = alive ] && [ -p "$F/wake" ]; then
 		# open wake first, then re-check: a finish after this point wakes us
 		exec 4<>"$F/wake"
+		if [ ! -e "$F.done" ]; then
+			# Most commands finish within moments: give the finish 50 ms to wake us before
+			# setting up the live pipeline (a dozen processes). A sleep without fractions
+			# fails at once: then no wait.
+			(sleep 0.05 2>/dev/null; echo >&4) &
+			read -r _ <&4
+		fi
 		[ -e "$F.done" ] || live
 		exec 4>&-
 	fi
