@@ -79,11 +79,36 @@ pub enum Command {
         #[command(flatten)]
         common: Common,
     },
+    /// Remove old output on every host in the journal, keeping small tombstones so that the
+    /// start guard outlives the output. Never touches a running execution.
+    Gc {
+        /// Remove the output of executions that finished longer ago than this.
+        #[arg(long, default_value = "7d", value_parser = parse_duration)]
+        output_retention: Duration,
+        /// Remove the records (tombstones) themselves after this; a retry of the same ID
+        /// arriving later would run again, so keep this longer than any retry window.
+        #[arg(long, default_value = "30d", value_parser = parse_duration)]
+        tombstone_retention: Duration,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        common: Common,
+    },
     /// Check the journal's hash chain and anchor, or show one execution's timeline.
     Audit {
         #[command(subcommand)]
         command: AuditCommand,
     },
+    /// Executions waiting for a human (unknown, interrupted), with their original record.
+    Review(crate::cli_gateway::ReviewArgs),
+    /// Record a human decision about an execution under review, as evidence.
+    Resolve(crate::cli_gateway::ResolveArgs),
+    /// Which client processes and gateway runs existed, when, and what they created.
+    Sessions(crate::cli_gateway::SessionsArgs),
+    /// JSON-RPC 2.0 server for gateways, on stdin/stdout (docs/GATEWAYS.md).
+    Serve(crate::cli_gateway::ServeArgs),
+    /// MCP server on stdin/stdout: tools to run a command, get its status, read its output.
+    Mcp(crate::cli_gateway::McpArgs),
     /// Stop an execution's remote process group and record `cancelled`.
     Cancel {
         id: String,
@@ -141,15 +166,21 @@ pub struct Common {
     /// Record the host key of a host not yet in known_hosts (never a changed one).
     #[arg(long)]
     pub accept_new: bool,
-    /// Deadline for one connection attempt (TCP, handshake and authentication).
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
-    pub connect_timeout: Duration,
+    /// Deadline for one connection attempt (TCP, handshake and authentication); default
+    /// ssh_config's ConnectTimeout, else 15s.
+    #[arg(long, value_parser = parse_duration)]
+    pub connect_timeout: Option<Duration>,
     /// After losing the host, how long to keep trying to reach it before reporting `unknown`.
     #[arg(long, default_value = "5m", value_parser = parse_duration)]
     pub reconnect_for: Duration,
-    /// Seconds between keepalives; three unanswered ones drop the connection.
-    #[arg(long, default_value = "5s", value_parser = parse_duration)]
-    pub keepalive: Duration,
+    /// Time between keepalives; three unanswered ones drop the connection. Default
+    /// ssh_config's ServerAliveInterval, else 5s.
+    #[arg(long, value_parser = parse_duration)]
+    pub keepalive: Option<Duration>,
+    /// The intent fingerprint key (created 0600 on first use; default: intent.key next to
+    /// the journal).
+    #[arg(long, env = "CAIRN_INTENT_KEY")]
+    pub intent_key: Option<PathBuf>,
 }
 
 #[derive(Args, Debug)]
@@ -176,6 +207,8 @@ pub struct RunArgs {
     /// Print one JSON object describing the outcome instead of streaming output.
     #[arg(long)]
     pub json: bool,
+    #[command(flatten)]
+    pub intent: Box<crate::cli_gateway::IntentArgs>,
 }
 
 /// Parse `90`, `90s`, `5m`, `2h`, `1d`, `250ms`.
@@ -198,20 +231,23 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 impl Common {
-    fn connect_options(&self) -> ConnectOptions {
+    pub(crate) fn connect_options(&self) -> ConnectOptions {
+        let d = ConnectOptions::default();
         ConnectOptions {
             ssh_config: self.ssh_config.clone(),
             port: self.port,
             identity: self.identity.clone(),
             known_hosts: self.known_hosts.clone(),
             accept_new: self.accept_new,
-            connect_timeout: self.connect_timeout,
-            keepalive_interval: self.keepalive,
-            ..ConnectOptions::default()
+            connect_timeout: self.connect_timeout.unwrap_or(d.connect_timeout),
+            connect_timeout_explicit: self.connect_timeout.is_some(),
+            keepalive_interval: self.keepalive.unwrap_or(d.keepalive_interval),
+            keepalive_explicit: self.keepalive.is_some(),
+            ..d
         }
     }
 
-    fn executor(&self) -> Result<Executor, ExecError> {
+    pub(crate) fn executor(&self) -> Result<Executor, ExecError> {
         let path = self.journal.clone().unwrap_or_else(Journal::default_path);
         let journal = Journal::open(&path)?;
         let patience = Patience {
@@ -291,6 +327,11 @@ fn explain(o: &Outcome) {
             o.reason.as_deref().unwrap_or("")
         ),
         State::Cancelled => eprintln!("cairn: {} was cancelled", o.execution_id),
+        State::Rejected => eprintln!(
+            "cairn: {} was not authorized: {}",
+            o.execution_id,
+            o.reason.as_deref().unwrap_or("")
+        ),
         _ => {}
     }
 }
@@ -464,6 +505,72 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             Ok(worst)
         }
         Command::Audit { command } => audit(command),
+        Command::Review(a) => crate::cli_gateway::review(a),
+        Command::Resolve(a) => crate::cli_gateway::resolve(a).await,
+        Command::Sessions(a) => crate::cli_gateway::sessions(a),
+        Command::Serve(a) => crate::serve::main(a).await,
+        Command::Mcp(a) => crate::mcp::main(a).await,
+        Command::Gc {
+            output_retention,
+            tombstone_retention,
+            json,
+            common,
+        } => {
+            if tombstone_retention < output_retention {
+                return Err(ExecError::Input(
+                    "--tombstone-retention must be at least --output-retention".into(),
+                ));
+            }
+            let mut ex = common.executor()?;
+            // One pass per (host, account, port, marker home) the journal has dispatched to.
+            let mut seen = std::collections::BTreeSet::new();
+            let mut results = Vec::new();
+            let mut code = 0;
+            for (rec, _) in ex.journal.list()? {
+                let key = (
+                    rec.host.clone(),
+                    rec.port,
+                    rec.user.clone(),
+                    rec.remote_dir.clone(),
+                );
+                if !seen.insert(key) {
+                    continue;
+                }
+                let place = format!("{}@{}:{} {}", rec.user, rec.host, rec.port, rec.remote_dir);
+                match ex
+                    .gc_host(&rec, output_retention, tombstone_retention)
+                    .await
+                {
+                    Ok(r) => results.push(serde_json::json!({"host": place, "result": r})),
+                    Err(e) => {
+                        code = 1;
+                        results.push(serde_json::json!({"host": place, "error": e.to_string()}))
+                    }
+                }
+            }
+            let pruned = ex.journal.prune_cursors()?;
+            if json {
+                print_json(&serde_json::json!({"hosts": results, "local_cursors_pruned": pruned}));
+            } else {
+                for r in &results {
+                    match (r.get("result"), r.get("error")) {
+                        (Some(v), _) => println!(
+                            "{}: {}",
+                            r["host"].as_str().unwrap_or(""),
+                            v.as_str().unwrap_or("")
+                        ),
+                        (_, Some(e)) => println!(
+                            "{}: not collected: {}",
+                            r["host"].as_str().unwrap_or(""),
+                            e.as_str().unwrap_or("")
+                        ),
+                        _ => {}
+                    }
+                }
+                println!("local: {pruned} output cursor(s) of delivered executions pruned; journal events are evidence and are never removed");
+            }
+            Ok(code)
+        }
         Command::Cancel {
             id,
             grace,
@@ -506,7 +613,15 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
             "the command contains a NUL byte, which no shell can receive".into(),
         ));
     }
+    let intent = args.intent.intent(&args.common)?;
     let mut ex = args.common.executor()?;
+    let session = crate::cli_gateway::prepare(
+        &mut ex,
+        &args.common,
+        &args.intent.approve,
+        "cli",
+        &intent.actor,
+    )?;
     let req = RunRequest {
         destination: args.destination.clone(),
         command,
@@ -522,7 +637,19 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         err: Vec::new(),
         truncated: false,
     };
-    let o = ex.run(req, &mut term).await?;
+    let o = ex.execute(req, intent, &mut term).await;
+    let _ = ex.journal.session_event(
+        &session,
+        "ended",
+        serde_json::json!({"execution_id": o.as_ref().ok().map(|o| o.execution_id.clone())}),
+    );
+    let o = o?;
+    if o.attached && !args.json {
+        eprintln!(
+            "cairn: same intent as execution {} ({}): attached to it; the command was not run again",
+            o.execution_id, o.state
+        );
+    }
     if args.detach && matches!(o.state, State::Running | State::Dispatched) {
         if args.json {
             print_json(&outcome_json(&o, None));

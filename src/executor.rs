@@ -11,8 +11,13 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
+use crate::approve::{Allow, ApprovalRequest, Approver};
 use crate::id::ExecutionId;
-use crate::journal::{now_rfc3339, rfc3339_from_unix, ExecutionRecord, Journal, JournalError};
+use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
+use crate::journal::{
+    now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionRecord, IntentColumns,
+    Journal, JournalError,
+};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
 use crate::recovery::{decide, Action, Liveness, Prior, Probe};
 use crate::ssh::{ConnectOptions, Connection, ExecEvent, SshError, Target};
@@ -115,6 +120,15 @@ pub struct Outcome {
     pub recovered: bool,
     /// The evidence behind the state, in words.
     pub reason: Option<String>,
+    /// This request matched an earlier execution's intent and attached to it: the result is
+    /// that execution's, nothing new was started.
+    pub attached: bool,
+    /// The outcome is `unknown` or `interrupted` and waits for a human (`cairn review`).
+    pub needs_review: bool,
+    /// The intent fingerprint (absent for an execution whose host was never identified).
+    pub fingerprint: Option<String>,
+    /// The operation class.
+    pub class: Option<String>,
 }
 
 impl Outcome {
@@ -149,6 +163,9 @@ struct Reply {
     live: Option<Liveness>,
     done: Option<FinishRecord>,
     cancel: Option<String>,
+    /// gc removed the output; only the records remain.
+    output_gone: bool,
+    gc: Option<String>,
     errors: Vec<String>,
     bad: Vec<String>,
     ended: bool,
@@ -177,10 +194,127 @@ pub struct Executor {
     pub connect: ConnectOptions,
     pub patience: Patience,
     conns: Vec<(String, Connection)>,
+    /// The intent fingerprint key file (default: `intent.key` next to the journal).
+    pub intent_key_path: Option<std::path::PathBuf>,
+    intent_key: Option<IntentKey>,
+    /// Decides whether a new execution may start (default: allow, by the local caller).
+    pub approver: Box<dyn Approver>,
+    /// The session new executions are recorded under.
+    pub session_id: Option<String>,
+    /// Secret values for executions this process dispatches, by execution ID; memory only.
+    secrets: std::collections::HashMap<String, Vec<u8>>,
 }
 
 fn digest(cmd: &[u8]) -> String {
     hex::encode(Sha256::digest(cmd))
+}
+
+impl Run {
+    fn new(rec: ExecutionRecord) -> Run {
+        Run {
+            rec,
+            prior: Prior::NotDispatched,
+            expected_epoch: None,
+            out_off: 0,
+            err_off: 0,
+            reconnects: 0,
+            host_key: None,
+            start: None,
+            done: None,
+            last_cursor_save: Instant::now(),
+            announce: false,
+        }
+    }
+}
+
+/// Which earlier execution (newest first) a request with the same intent attaches to:
+/// one that is accepted, authorized, dispatched, running, or has a result not yet delivered;
+/// or one whose outcome is `unknown`/`interrupted` (the review record), unless its class lets
+/// a retry run again (read-only, within limits). Failed, rejected and delivered ones do not
+/// hold a match: a request after them is a new execution.
+pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
+    let unsettled = cands
+        .iter()
+        .filter(|c| matches!(c.status.state, State::Unknown | State::Interrupted))
+        .count();
+    cands.iter().position(|c| match c.status.state {
+        State::Accepted
+        | State::Authorized
+        | State::Dispatched
+        | State::Running
+        | State::Completed
+        | State::Cancelled => true,
+        State::Unknown | State::Interrupted => {
+            let class: OpClass = c.class.parse().unwrap_or_default();
+            class.after_unknown(unsettled) != AfterUnknown::RunAgain
+        }
+        State::Failed | State::Rejected | State::Delivered => false,
+    })
+}
+
+/// Whether the process that wrote a journal row (`pid@hostname`) may still be alive. A
+/// process on another machine cannot be checked: assumed alive.
+fn client_alive(client: &str) -> bool {
+    let Some((pid, host)) = client.split_once('@') else {
+        return true;
+    };
+    let me = crate::journal::client_identity();
+    if me.split_once('@').map(|m| m.1) != Some(host) {
+        return true;
+    }
+    let Ok(pid) = pid.parse::<i32>() else {
+        return true;
+    };
+    #[cfg(unix)]
+    {
+        let r = unsafe { libc::kill(pid, 0) };
+        if r == 0 {
+            // A zombie answers kill -0: look at its state.
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+            let state = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
+            return !state.starts_with('Z');
+        }
+        std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = pid;
+        true
+    }
+}
+
+/// Secret variables (`--secret-env NAME`): values from cairn's own environment, encoded for
+/// the host as `export NAME='value'` lines that travel after the command on the dispatch's
+/// stdin. They are never journaled, written to the marker, or put in argv; see
+/// `docs/GATEWAYS.md` for the host side.
+fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
+    if intent.secret_env.is_empty() {
+        return Ok(None);
+    }
+    let mut blob = Vec::new();
+    for name in &intent.secret_env {
+        let v = std::env::var_os(name).ok_or_else(|| {
+            ExecError::Input(format!(
+                "secret variable {name} is not set in cairn's environment"
+            ))
+        })?;
+        #[cfg(unix)]
+        let bytes = {
+            use std::os::unix::ffi::OsStrExt;
+            v.as_bytes().to_vec()
+        };
+        #[cfg(not(unix))]
+        let bytes = v.to_string_lossy().into_owned().into_bytes();
+        if bytes.contains(&0) {
+            return Err(ExecError::Input(format!(
+                "secret {name} contains a NUL byte"
+            )));
+        }
+        blob.extend_from_slice(format!("export {name}=").as_bytes());
+        blob.extend_from_slice(&crate::intent::quote_word(&bytes));
+        blob.push(b'\n');
+    }
+    Ok(Some(blob))
 }
 
 impl Executor {
@@ -190,18 +324,48 @@ impl Executor {
             connect,
             patience,
             conns: Vec::new(),
+            intent_key_path: None,
+            intent_key: None,
+            approver: Box::new(Allow {
+                by: "local-cli".into(),
+            }),
+            session_id: None,
+            secrets: std::collections::HashMap::new(),
         }
     }
 
     /// `cairn run`: accept, dispatch, stream, survive connection loss, conclude, deliver.
+    /// The intent is the local user's, class `remote-command`, default scope.
     pub async fn run(
         &mut self,
         req: RunRequest,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
+        let intent = Intent {
+            actor: crate::intent::local_actor("local"),
+            ..Intent::default()
+        };
+        self.execute(req, intent, sink).await
+    }
+
+    /// Accept (or match), authorize, dispatch, stream, survive connection loss, conclude.
+    ///
+    /// A request whose intent fingerprint, actor and scope match an earlier execution that
+    /// is still in its retention window and not yet delivered attaches to that execution
+    /// (live output, the stored result, or its review record) instead of starting another;
+    /// see [`crate::intent`] and DESIGN.md, intent matching.
+    pub async fn execute(
+        &mut self,
+        req: RunRequest,
+        intent: Intent,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
         marker::validate_remote_dir(&req.remote_dir).map_err(ExecError::Input)?;
+        intent.validate().map_err(ExecError::Input)?;
+        let secret_blob = secret_blob(&intent)?;
         let target = crate::ssh::resolve(&req.destination, &self.connect)?;
-        let cmd_digest = digest(&req.command);
+        let command = intent.wrap_command(&req.command);
+        let cmd_digest = digest(&command);
 
         if let Some(id) = &req.id {
             if let Some(rec) = self.journal.execution(id)? {
@@ -224,7 +388,7 @@ impl Executor {
                             target.user,
                             target.hostname,
                             target.port,
-                            String::from_utf8_lossy(&req.command)
+                            String::from_utf8_lossy(&command)
                         ),
                     });
                 }
@@ -234,9 +398,16 @@ impl Executor {
                     "request-reused",
                     None,
                     json!({"by": crate::journal::client_identity(),
+                           "correlation_id": intent.correlation_id,
+                           "session_id": self.session_id,
                            "decision": "same ID, same operation: attach to the existing execution"}),
                 )?;
-                return self.attach_from(id, sink, (0, 0), true).await;
+                if let Some(blob) = &secret_blob {
+                    self.secrets.insert(id.to_string(), blob.clone());
+                }
+                let mut o = self.attach_from(id, sink, (0, 0), !req.detach).await?;
+                o.attached = true;
+                return Ok(o);
             }
         }
 
@@ -248,46 +419,129 @@ impl Executor {
             host: target.hostname.clone(),
             port: target.port,
             user: target.user.clone(),
-            command: req.command.clone(),
+            command: command.clone(),
             command_digest: cmd_digest,
             remote_dir: req.remote_dir.clone(),
             timeout_secs: req.timeout_secs,
             client: crate::journal::client_identity().to_owned(),
         };
-        self.journal
-            .accept(&rec, crate::journal::accepted_evidence(&rec))?;
+        let mut run = Run::new(rec.clone());
 
-        let mut run = Run {
-            rec,
-            prior: Prior::NotDispatched,
-            expected_epoch: None,
-            out_off: 0,
-            err_off: 0,
-            reconnects: 0,
-            host_key: None,
-            start: None,
-            done: None,
-            last_cursor_save: Instant::now(),
-            announce: false,
-        };
-
-        // First contact: connect, authorize, learn the host's epoch. A failure here is a
-        // proven "never started": nothing was sent.
+        // First contact: connect and learn the host's key (the host identity in the intent).
+        // A failure here is a proven "never started": nothing was sent. The execution is
+        // recorded without a fingerprint (the host was never identified), so it matches nothing.
         let conn_idx = match self.connection(&target).await {
             Ok(i) => i,
             Err(e) => {
-                self.conclude(&mut run, State::Failed, &format!("never dispatched: {e}"))?;
-                return Err(e.into());
+                self.journal
+                    .accept(&rec, crate::journal::accepted_evidence(&rec))?;
+                self.correlate(&id, &intent, true)?;
+                // An outcome, not an error: `--json` callers get the object, and the reason
+                // carries the error (host key, auth, unreachable) for people.
+                return self.conclude(&mut run, State::Failed, &format!("never dispatched: {e}"));
             }
         };
         let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
         run.host_key = Some(fp.clone());
-        self.journal.append(
-            &id,
-            "authorized",
-            Some(State::Authorized),
-            json!({"by": "local-cli", "host_key": fp}),
-        )?;
+
+        // Intent: the keyed fingerprint of the canonical operation record.
+        let key = self.intent_key()?;
+        let op = intent.record(&fp, &target.user, &req.command);
+        let fingerprint = op.fingerprint(&key);
+        let cols = IntentColumns {
+            fingerprint: fingerprint.clone(),
+            actor: op.actor_canonical(),
+            scope: op.scope_canonical(),
+            class: intent.class.as_str().to_owned(),
+            retention_secs: intent.retention_secs(),
+            accepted_ms: crate::journal::now_ms(),
+            session_id: self.session_id.clone(),
+            intent: op.display_json(),
+        };
+        let mut evidence = crate::journal::accepted_evidence(&rec);
+        evidence["fingerprint"] = fingerprint.clone().into();
+        evidence["actor"] = cols.actor.clone().into();
+        evidence["scope"] = cols.scope.clone().into();
+        evidence["class"] = cols.class.clone().into();
+        evidence["retention_secs"] = cols.retention_secs.into();
+        evidence["session_id"] = json!(cols.session_id);
+        evidence["intent"] = cols.intent.clone();
+        let match_evidence = json!({
+            "by": crate::journal::client_identity(),
+            "session_id": self.session_id,
+            "correlation_id": intent.correlation_id,
+            "fingerprint": fingerprint,
+            "decision": "same intent (fingerprint, actor, scope) as this execution: attach, do not run again",
+        });
+        let mut accepted = false;
+        for _ in 0..5 {
+            let mut cols = cols.clone();
+            cols.accepted_ms = crate::journal::now_ms();
+            match self.journal.accept_or_match(
+                &rec,
+                &cols,
+                evidence.clone(),
+                match_evidence.clone(),
+                choose_match,
+            )? {
+                AcceptOrMatch::Accepted(_) => {
+                    accepted = true;
+                    break;
+                }
+                AcceptOrMatch::Matched(c) => {
+                    tracing::info!(
+                        "cairn: same intent as {} ({}): attaching to it instead of running again",
+                        c.id,
+                        c.status.state
+                    );
+                    if let Some(blob) = &secret_blob {
+                        self.secrets.insert(c.id.to_string(), blob.clone());
+                    }
+                    if let Some(o) = self.attach_matched(&c, req.detach, sink).await? {
+                        return Ok(o);
+                    }
+                    // The earlier one was proven never dispatched: accept this one.
+                }
+            }
+        }
+        if !accepted {
+            return Err(ExecError::Input(
+                "intent matching did not settle after 5 attempts".into(),
+            ));
+        }
+        if let Some(blob) = secret_blob {
+            self.secrets.insert(id.to_string(), blob);
+        }
+        self.correlate(&id, &intent, true)?;
+
+        // Authorization: asked once, for a new execution only; the decision is evidence.
+        let target_text = format!("{}@{}:{}", target.user, target.hostname, target.port);
+        let decision = self.approver.decide(&ApprovalRequest {
+            execution_id: id.as_str(),
+            actor: &cols.actor,
+            destination: &req.destination,
+            target: &target_text,
+            account: &target.user,
+            host_key: &fp,
+            class: intent.class,
+            scope: &cols.scope,
+            command: &req.command,
+        });
+        let decided = json!({"by": decision.by, "rule": decision.rule, "reason": decision.reason,
+                             "at": now_rfc3339(), "host_key": fp, "actor": cols.actor});
+        if !decision.allow {
+            self.journal
+                .append(&id, "rejected", Some(State::Rejected), decided)?;
+            run.prior = Prior::Settled;
+            let mut o = self.outcome_from_journal(&run)?;
+            o.reason = Some(format!(
+                "not authorized ({}): {}; nothing was sent",
+                decision.by, decision.reason
+            ));
+            return Ok(o);
+        }
+        self.journal
+            .append(&id, "authorized", Some(State::Authorized), decided)?;
         let epoch = match self.journal.host_epoch(&fp, &run.rec.remote_dir)? {
             Some(e) => e,
             None => match self.hello(conn_idx, &run.rec.remote_dir).await {
@@ -309,6 +563,290 @@ impl Executor {
         run.expected_epoch = Some(epoch);
         self.drive(&target, &mut run, true, req.detach, true, sink)
             .await
+    }
+
+    /// The secret `export` lines to send after the command for a dispatch of `id`: those of
+    /// the request this process holds, else read again by name from this process's
+    /// environment (a `recover` in another process). Refuses rather than run without them.
+    fn secrets_for(&mut self, id: &ExecutionId) -> Result<Vec<u8>, ExecError> {
+        if let Some(b) = self.secrets.get(id.as_str()) {
+            return Ok(b.clone());
+        }
+        let names: std::collections::BTreeSet<String> = self
+            .journal
+            .intent_of(id)?
+            .and_then(|i| {
+                serde_json::from_value(i.intent.get("secret_env").cloned().unwrap_or_default()).ok()
+            })
+            .unwrap_or_default();
+        if names.is_empty() {
+            return Ok(Vec::new());
+        }
+        let intent = Intent {
+            secret_env: names,
+            ..Intent::default()
+        };
+        let blob = secret_blob(&intent)
+            .map_err(|e| ExecError::Input(format!("cannot dispatch {id}: {e}; nothing was sent")))?
+            .unwrap_or_default();
+        self.secrets.insert(id.to_string(), blob.clone());
+        Ok(blob)
+    }
+
+    /// The fingerprint key, loaded (or created) once.
+    fn intent_key(&mut self) -> Result<IntentKey, ExecError> {
+        if let Some(k) = &self.intent_key {
+            return Ok(k.clone());
+        }
+        let path = self
+            .intent_key_path
+            .clone()
+            .unwrap_or_else(|| IntentKey::default_path(self.journal.path()));
+        let k = IntentKey::load_or_create(&path).map_err(ExecError::Input)?;
+        self.intent_key = Some(k.clone());
+        Ok(k)
+    }
+
+    /// Record the caller's correlation ID (a JSON-RPC id) against an execution.
+    fn correlate(&mut self, id: &ExecutionId, intent: &Intent, new: bool) -> Result<(), ExecError> {
+        if let Some(c) = &intent.correlation_id {
+            self.journal.append(
+                id,
+                "correlation",
+                None,
+                json!({"correlation_id": c, "session_id": self.session_id, "new_execution": new}),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// A request matched `c`: attach to it according to its state and class. `None` when it
+    /// turned out never to have been dispatched (its owner died first): accept anew.
+    async fn attach_matched(
+        &mut self,
+        c: &Candidate,
+        detach: bool,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Option<Outcome>, ExecError> {
+        // An execution another process is still starting: give it time to reach the host,
+        // so that we watch its dispatch rather than race it with our own (the start guard
+        // would make that harmless, but not quiet).
+        let deadline = Instant::now() + self.connect.connect_timeout + Duration::from_secs(30);
+        let mut state = c.status.state;
+        while matches!(
+            state,
+            State::Accepted | State::Authorized | State::Dispatched
+        ) && Instant::now() < deadline
+        {
+            let rec = self.journal.execution(&c.id)?;
+            let owner_alive = rec.as_ref().is_some_and(|r| client_alive(&r.client));
+            if !owner_alive {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            state = self
+                .journal
+                .status(&c.id)?
+                .map(|s| s.state)
+                .unwrap_or(state);
+        }
+        let status = self.journal.status(&c.id)?;
+        let state = status.as_ref().map(|s| s.state).unwrap_or(state);
+        if matches!(state, State::Accepted | State::Authorized) {
+            // Never dispatched, and its owner is gone (or silent past the deadline): the
+            // `dispatched` event is durable before a byte leaves, so nothing was sent.
+            let o = self.recover_one(&c.id, false).await?;
+            if o.state == State::Failed {
+                return Ok(None);
+            }
+            return Ok(Some(self.mark_attached(o)));
+        }
+        if state == State::Failed {
+            return Ok(None);
+        }
+        let class: OpClass = c.class.parse().unwrap_or_default();
+        let o = match state {
+            State::Interrupted => self.review_outcome(&c.id)?,
+            State::Unknown => match class.after_unknown(0) {
+                AfterUnknown::Review | AfterUnknown::RunAgain => self.review_outcome(&c.id)?,
+                AfterUnknown::ProbeMarker => {
+                    let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
+                    if o.state == State::Unknown {
+                        self.review_outcome(&c.id)?
+                    } else {
+                        o
+                    }
+                }
+                AfterUnknown::RetrySameId => {
+                    let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
+                    if o.state == State::Unknown {
+                        // Idempotent: running it again is harmless; do it under the same
+                        // execution ID (the start guard still holds where the marker exists).
+                        self.journal.append(
+                            &c.id,
+                            "retry-same-id",
+                            None,
+                            json!({"class": class, "reason": "idempotent operation with an unknown outcome: dispatching again under the same execution ID"}),
+                        )?;
+                        self.redispatch(&c.id, detach, sink).await?
+                    } else {
+                        o
+                    }
+                }
+            },
+            _ => self.attach_from(&c.id, sink, (0, 0), !detach).await?,
+        };
+        Ok(Some(self.mark_attached(o)))
+    }
+
+    fn mark_attached(&self, mut o: Outcome) -> Outcome {
+        o.attached = true;
+        o
+    }
+
+    /// Dispatch an execution again under its own ID (the start guard decides on the host).
+    pub async fn redispatch(
+        &mut self,
+        id: &ExecutionId,
+        detach: bool,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        let mut run = self.load(id)?;
+        let target = self.target_for(&run.rec)?;
+        if run.prior == Prior::Settled {
+            return self.outcome_from_journal(&run);
+        }
+        // Whatever the marker home's epoch is now, this dispatch is meant to run there.
+        run.expected_epoch = None;
+        run.prior = Prior::Dispatched;
+        self.drive(&target, &mut run, true, detach, true, sink)
+            .await
+    }
+
+    /// `cairn resolve`: record a human decision about an execution under review, as evidence.
+    /// `completed`/`failed` settle it; `retry` dispatches again under the same ID only if a
+    /// fresh probe proves it never started (no started record, same host epoch, and the
+    /// journal never saw one), and refuses otherwise.
+    pub async fn resolve(
+        &mut self,
+        id: &ExecutionId,
+        how: crate::review::Resolution,
+        reason: &str,
+        by: &str,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        use crate::review::Resolution;
+        let r = crate::review::record(&self.journal, id)?;
+        if !matches!(r.state, State::Unknown | State::Interrupted) {
+            return Err(ExecError::Input(format!(
+                "{id} is {}, not under review (only unknown or interrupted executions are resolved)",
+                r.state
+            )));
+        }
+        if reason.trim().is_empty() {
+            return Err(ExecError::Input(
+                "--reason is required: say what you checked".into(),
+            ));
+        }
+        let evidence = |decision: &str, extra: serde_json::Value| {
+            json!({"decision": decision, "by": by, "reason": reason,
+                   "client": crate::journal::client_identity(), "state_before": r.state,
+                   "detail": extra})
+        };
+        match how {
+            Resolution::Completed | Resolution::Failed => {
+                let state = if how == Resolution::Completed {
+                    State::Completed
+                } else {
+                    State::Failed
+                };
+                self.journal.append(
+                    id,
+                    "resolved",
+                    Some(state),
+                    evidence(state.as_str(), json!(null)),
+                )?;
+                let run = self.load(id)?;
+                let mut o = self.outcome_from_journal(&run)?;
+                o.reason = Some(format!("resolved by {by}: {reason}"));
+                Ok(o)
+            }
+            Resolution::Retry => {
+                if r.state == State::Interrupted {
+                    return Err(ExecError::Input(format!(
+                        "refusing to retry {id}: it started on the host (interrupted); resolve it as completed or failed"
+                    )));
+                }
+                let (_, probe) = self.probe(id).await?;
+                let run = self.load(id)?;
+                let seen_start = run.start.is_some()
+                    || self.journal.events(id)?.iter().any(|e| e.kind == "running");
+                match probe {
+                    Ok(Probe::Absent { same_epoch: true }) if !seen_start => {
+                        self.journal.append(
+                            id,
+                            "resolved",
+                            None,
+                            evidence("retry", json!({"probe": "absent, same epoch: the start guard was never crossed"})),
+                        )?;
+                        self.redispatch_checked(id, sink).await
+                    }
+                    other => {
+                        let found = match other {
+                            Ok(p) => format!("{p:?}"),
+                            Err(e) => e,
+                        };
+                        Err(ExecError::Input(format!(
+                            "refusing to retry {id}: the marker does not prove it never started (the host says: {found}{})",
+                            if seen_start { "; and the journal saw it start" } else { "" }
+                        )))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Re-dispatch after `resolve --as retry`, keeping the recorded epoch (the probe just
+    /// proved it unchanged).
+    async fn redispatch_checked(
+        &mut self,
+        id: &ExecutionId,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        let mut run = self.load(id)?;
+        let target = self.target_for(&run.rec)?;
+        run.prior = Prior::Dispatched;
+        self.drive(&target, &mut run, true, false, true, sink).await
+    }
+
+    /// The journal's record of an execution that needs review, without touching the host.
+    pub fn review_outcome(&mut self, id: &ExecutionId) -> Result<Outcome, ExecError> {
+        let run = self.load(id)?;
+        let mut o = self.outcome_from_journal(&run)?;
+        let r = crate::review::record(&self.journal, id)?;
+        o.needs_review = true;
+        o.reason = Some(format!(
+            "needs review: {}; first dispatched {}; {}",
+            r.known_outcome,
+            r.first_dispatched_at.as_deref().unwrap_or("never"),
+            r.why_not_resent
+        ));
+        Ok(o)
+    }
+
+    /// The journal's view of an execution, without contacting the host.
+    pub fn journal_outcome(&mut self, id: &ExecutionId) -> Result<Outcome, ExecError> {
+        let run = self.load(id)?;
+        self.outcome_from_journal(&run)
+    }
+
+    /// Attach from byte 0 of both streams (a gateway's caller holds no offsets), wait.
+    pub async fn attach_replay(
+        &mut self,
+        id: &ExecutionId,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        self.attach_from(id, sink, (0, 0), true).await
     }
 
     /// `cairn attach`: stream from the stored offsets, wait, and conclude.
@@ -390,11 +928,28 @@ impl Executor {
         stderr: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Option<FinishRecord>, ExecError> {
+        self.output_from(id, stderr, 0, sink).await
+    }
+
+    /// One stream of an execution's output from byte `offset` to what the host holds now
+    /// (the finish record, when it has finished, says the total).
+    pub async fn output_from(
+        &mut self,
+        id: &ExecutionId,
+        stderr: bool,
+        offset: u64,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Option<FinishRecord>, ExecError> {
+        let offset = offset.min(NO_BYTES - 1);
         let mut run = self.load(id)?;
         let target = self.target_for(&run.rec)?;
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
-        let (o, e) = if stderr { (NO_BYTES, 0) } else { (0, NO_BYTES) };
+        let (o, e) = if stderr {
+            (NO_BYTES, offset)
+        } else {
+            (offset, NO_BYTES)
+        };
         run.out_off = o;
         run.err_off = e;
         let idc = run.rec.id.clone();
@@ -411,6 +966,13 @@ impl Executor {
         if reply.absent {
             return Err(ExecError::Input(format!(
                 "the host has no record of {id}: it never started there"
+            )));
+        }
+        if reply.output_gone {
+            return Err(ExecError::Input(format!(
+                "the output of {id} was removed by `cairn gc` (output retention); its finish \
+                 record is kept: {}",
+                reply.done.as_ref().map(finish_text).unwrap_or_default()
             )));
         }
         if let Some(e) = reply.errors.first() {
@@ -478,6 +1040,47 @@ impl Executor {
                     .await
             }
         }
+    }
+
+    /// `cairn gc` on one host: remove the output of finished executions older than
+    /// `output_age` and their records (the tombstone that keeps the start guard) older than
+    /// `tombstone_age`. Running executions are never touched.
+    pub async fn gc_host(
+        &mut self,
+        rec: &ExecutionRecord,
+        output_age: Duration,
+        tombstone_age: Duration,
+    ) -> Result<String, ExecError> {
+        let target = self.target_for(rec)?;
+        let ci = self.connection(&target).await?;
+        let nonce = marker::new_nonce();
+        let mut run = Run {
+            rec: rec.clone(),
+            prior: Prior::Settled,
+            expected_epoch: None,
+            out_off: NO_BYTES,
+            err_off: NO_BYTES,
+            reconnects: 0,
+            host_key: None,
+            start: None,
+            done: None,
+            last_cursor_save: Instant::now(),
+            announce: false,
+        };
+        let op = Op::Gc {
+            output_age_secs: output_age.as_secs(),
+            tombstone_age_secs: tombstone_age.as_secs(),
+        };
+        let reply = self
+            .exec_op(ci, &op, &nonce, None, &mut run, &mut Discard)
+            .await?;
+        if let Some(b) = reply.broken {
+            return Err(SshError::Disconnected(b).into());
+        }
+        if let Some(e) = reply.errors.first() {
+            return Err(ExecError::Input(format!("the host reported: {e}")));
+        }
+        Ok(reply.gc.unwrap_or_default())
     }
 
     // ----- internals -------------------------------------------------------------------
@@ -706,6 +1309,8 @@ impl Executor {
             Line::Sizes { .. } => {}
             Line::Done(f) => reply.done = Some(f),
             Line::Cancel(c) => reply.cancel = Some(c),
+            Line::OutputGone => reply.output_gone = true,
+            Line::Gc(g) => reply.gc = Some(g),
             Line::End => reply.ended = true,
         }
         Ok(())
@@ -812,7 +1417,26 @@ impl Executor {
         let mut recovered = !dispatch_first;
         loop {
             // 1. A connection (reconnecting with backoff within the patience window).
-            let ci = match self.connection(target).await {
+            // A reconnect attempt never runs past the patience window.
+            let attempt = match lost_since {
+                Some(since) => {
+                    let left = self.patience.reconnect_for.saturating_sub(since.elapsed());
+                    match tokio::time::timeout(
+                        left.max(Duration::from_millis(100)),
+                        self.connection(target),
+                    )
+                    .await
+                    {
+                        Ok(r) => r,
+                        Err(_) => Err(SshError::Timeout {
+                            what: "reconnecting within --reconnect-for",
+                            after: left,
+                        }),
+                    }
+                }
+                None => self.connection(target).await,
+            };
+            let ci = match attempt {
                 Ok(ci) => {
                     if let Some(since) = lost_since.take() {
                         run.reconnects += 1;
@@ -833,7 +1457,7 @@ impl Executor {
                 Err(e) => {
                     if !e.is_transient() {
                         let reason = format!("cannot reach the host to learn the outcome: {e}");
-                        return self.give_up(run, &reason, e.into());
+                        return self.give_up(run, &reason);
                     }
                     let since = *lost_since.get_or_insert_with(Instant::now);
                     if since.elapsed() >= self.patience.reconnect_for {
@@ -869,6 +1493,7 @@ impl Executor {
             // 2. One exec: the dispatch, or the probe that is also the reattach stream.
             let nonce = marker::new_nonce();
             let reply = if next_dispatch {
+                let secrets = self.secrets_for(&run.rec.id)?;
                 let epoch = run.expected_epoch.clone();
                 self.journal.append(
                     &run.rec.id,
@@ -882,14 +1507,26 @@ impl Executor {
                 }
                 let idc = run.rec.id.clone();
                 let digest_c = run.rec.command_digest.clone();
-                let op = Op::Dispatch {
-                    id: &idc,
-                    len: run.rec.command.len(),
-                    digest: &digest_c,
-                    timeout_secs: run.rec.timeout_secs,
-                    attach: !detach,
+                let op = if secrets.is_empty() {
+                    Op::Dispatch {
+                        id: &idc,
+                        len: run.rec.command.len(),
+                        digest: &digest_c,
+                        timeout_secs: run.rec.timeout_secs,
+                        attach: !detach,
+                    }
+                } else {
+                    Op::DispatchWithSecrets {
+                        id: &idc,
+                        len: run.rec.command.len(),
+                        digest: &digest_c,
+                        timeout_secs: run.rec.timeout_secs,
+                        attach: !detach,
+                        secrets_len: secrets.len(),
+                    }
                 };
-                let command = run.rec.command.clone();
+                let mut command = run.rec.command.clone();
+                command.extend_from_slice(&secrets);
                 self.exec_op(ci, &op, &nonce, Some(&command), run, sink)
                     .await?
             } else {
@@ -1005,7 +1642,10 @@ impl Executor {
                         );
                         run.announce = false;
                     }
-                    if live && short_reads < 3 && (run.out_off < done.out || run.err_off < done.err)
+                    if live
+                        && !reply.output_gone
+                        && short_reads < 3
+                        && (run.out_off < done.out || run.err_off < done.err)
                     {
                         // The finish record says there is more than we were sent: fetch it.
                         short_reads += 1;
@@ -1026,18 +1666,12 @@ impl Executor {
         }
     }
 
-    fn give_up(
-        &mut self,
-        run: &mut Run,
-        reason: &str,
-        err: ExecError,
-    ) -> Result<Outcome, ExecError> {
+    fn give_up(&mut self, run: &mut Run, reason: &str) -> Result<Outcome, ExecError> {
         if run.prior == Prior::NotDispatched {
-            self.conclude(run, State::Failed, reason)?;
+            self.conclude(run, State::Failed, reason)
         } else {
-            self.conclude(run, State::Unknown, reason)?;
+            self.conclude(run, State::Unknown, reason)
         }
-        Err(err)
     }
 
     fn complete(
@@ -1051,6 +1685,18 @@ impl Executor {
         } else {
             State::Completed
         };
+        // Another process attached to the same execution may have recorded it already.
+        let already = self
+            .journal
+            .status(&run.rec.id)?
+            .is_some_and(|s| s.state.has_result());
+        if already {
+            run.done = Some(done);
+            run.prior = Prior::Settled;
+            let mut o = self.outcome_from_journal(run)?;
+            o.recovered = recovered;
+            return Ok(o);
+        }
         self.journal.append(
             &run.rec.id,
             state.as_str(),
@@ -1099,12 +1745,18 @@ impl Executor {
     fn outcome_from_journal(&self, run: &Run) -> Result<Outcome, ExecError> {
         let status = self.journal.status(&run.rec.id)?;
         let events = self.journal.events(&run.rec.id)?;
-        let reason = events.iter().rev().find_map(|e| {
-            e.evidence
-                .get("reason")
-                .and_then(|r| r.as_str())
-                .map(str::to_owned)
-        });
+        // The reason of the current state only: a reason recorded for an earlier state (an
+        // `unknown` that a later recover resolved) no longer describes the outcome.
+        let reason = events
+            .iter()
+            .rev()
+            .find(|e| e.state.is_some())
+            .and_then(|e| {
+                e.evidence
+                    .get("reason")
+                    .and_then(|r| r.as_str())
+                    .map(str::to_owned)
+            });
         let mut state = status.map(|s| s.state).unwrap_or(State::Accepted);
         let delivered = state == State::Delivered;
         if delivered {
@@ -1117,6 +1769,7 @@ impl Executor {
                 .unwrap_or(State::Completed);
         }
         let done = run.done.as_ref();
+        let intent = self.journal.intent_of(&run.rec.id)?;
         Ok(Outcome {
             execution_id: run.rec.id.to_string(),
             destination: run.rec.destination.clone(),
@@ -1144,6 +1797,10 @@ impl Executor {
             timed_out: done.map(|d| d.timed_out).unwrap_or(false),
             recovered: false,
             reason,
+            attached: false,
+            needs_review: matches!(state, State::Unknown | State::Interrupted),
+            fingerprint: intent.as_ref().map(|i| i.fingerprint.clone()),
+            class: intent.map(|i| i.class),
         })
     }
 }

@@ -211,7 +211,7 @@ impl Journal {
             .map_err(|e| self.err(e))?;
         match version {
             0 => self.create_schema(),
-            SCHEMA_VERSION => Ok(()),
+            SCHEMA_VERSION => self.add_intent_schema(),
             found => Err(JournalError::Version {
                 path: self.path.clone(),
                 found,
@@ -271,7 +271,86 @@ impl Journal {
                  PRAGMA user_version = 1;
                  COMMIT;",
             )
-            .map_err(|e| self.err(e))
+            .map_err(|e| self.err(e))?;
+        self.add_intent_schema()
+    }
+
+    /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
+    /// (not yet released); added to a journal made before them, in one transaction.
+    fn add_intent_schema(&self) -> Result<()> {
+        let ready = |c: &Connection| -> rusqlite::Result<(bool, bool)> {
+            let cols: i64 = c.query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('executions') WHERE name = 'fingerprint'",
+                [],
+                |r| r.get(0),
+            )?;
+            let sess: i64 = c.query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'session_events'",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok((cols > 0, sess > 0))
+        };
+        if ready(&self.conn).map_err(|e| self.err(e))? == (true, true) {
+            return Ok(());
+        }
+        self.conn
+            .execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| self.err(e))?;
+        let r = (|| -> rusqlite::Result<()> {
+            let (has, _) = ready(&self.conn)?;
+            let columns = if has {
+                ""
+            } else {
+                // NULL for executions accepted without an intent (library `accept`, old
+                // rows): they never match a fingerprint.
+                "ALTER TABLE executions ADD COLUMN fingerprint TEXT;
+                 ALTER TABLE executions ADD COLUMN actor TEXT;
+                 ALTER TABLE executions ADD COLUMN scope TEXT;
+                 ALTER TABLE executions ADD COLUMN class TEXT;
+                 ALTER TABLE executions ADD COLUMN retention_secs INTEGER;
+                 ALTER TABLE executions ADD COLUMN accepted_ms INTEGER;
+                 ALTER TABLE executions ADD COLUMN session_id TEXT;
+                 ALTER TABLE executions ADD COLUMN intent TEXT;"
+            };
+            self.conn.execute_batch(&format!(
+                "{columns}
+                 CREATE INDEX IF NOT EXISTS executions_by_intent
+                    ON executions(fingerprint, actor, scope, accepted_ms);
+                 -- Which client process / gateway run / actor existed, and when. A row is fixed
+                 -- at start; the end is an event.
+                 CREATE TABLE IF NOT EXISTS sessions (
+                    id TEXT PRIMARY KEY,
+                    kind TEXT NOT NULL,
+                    actor TEXT NOT NULL,
+                    pid INTEGER NOT NULL,
+                    client TEXT NOT NULL,
+                    started_at TEXT NOT NULL,
+                    detail TEXT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS session_events (
+                    seq INTEGER PRIMARY KEY,
+                    session_id TEXT NOT NULL REFERENCES sessions(id),
+                    at TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    evidence TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS session_events_by_session ON session_events(session_id, seq);
+                 CREATE TRIGGER IF NOT EXISTS sessions_fixed_u BEFORE UPDATE ON sessions
+                    BEGIN SELECT RAISE(ABORT, 'a session record is fixed once started'); END;
+                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_u BEFORE UPDATE ON session_events
+                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;
+                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_d BEFORE DELETE ON session_events
+                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;"
+            ))
+        })();
+        match r {
+            Ok(()) => self.conn.execute_batch("COMMIT").map_err(|e| self.err(e)),
+            Err(e) => {
+                let _ = self.conn.execute_batch("ROLLBACK");
+                Err(self.err(e))
+            }
+        }
     }
 
     /// Record a new execution and its `accepted` event in one transaction.
@@ -515,6 +594,17 @@ impl Journal {
         Ok(())
     }
 
+    /// Forget the output cursors of delivered executions (progress, not evidence).
+    pub fn prune_cursors(&self) -> Result<usize> {
+        self.conn
+            .execute(
+                "DELETE FROM cursors WHERE execution_id IN
+                   (SELECT execution_id FROM events WHERE state = 'delivered')",
+                [],
+            )
+            .map_err(|e| self.err(e))
+    }
+
     pub fn host_epoch(&self, host_key: &str, remote_dir: &str) -> Result<Option<String>> {
         self.conn
             .query_row(
@@ -536,6 +626,348 @@ impl Journal {
             .map_err(|e| self.err(e))?;
         Ok(())
     }
+}
+
+/// What an execution was accepted for, beyond its [`ExecutionRecord`]: the intent fingerprint
+/// and what scopes it (DESIGN.md, intent matching). Fixed once accepted, like the record.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct IntentColumns {
+    /// HMAC-SHA256 of the canonical operation record, hex ([`crate::intent`]).
+    pub fingerprint: String,
+    pub actor: String,
+    pub scope: String,
+    /// Operation class (`remote-command`, …).
+    pub class: String,
+    /// How long a matching request attaches to this execution, from `accepted_ms`.
+    pub retention_secs: u64,
+    /// Acceptance time, milliseconds since the Unix epoch.
+    pub accepted_ms: i64,
+    /// The session (client process, gateway run) that created it.
+    pub session_id: Option<String>,
+    /// The canonical operation record for people (no secret values: only names).
+    pub intent: serde_json::Value,
+}
+
+/// An earlier execution with the same fingerprint, actor and scope, still inside its window.
+#[derive(Clone, Debug)]
+pub struct Candidate {
+    pub id: ExecutionId,
+    pub class: String,
+    pub accepted_ms: i64,
+    pub retention_secs: u64,
+    /// Current state and, for `unknown`, the state before it.
+    pub status: Status,
+}
+
+/// The answer of [`Journal::accept_or_match`].
+#[derive(Clone, Debug)]
+pub enum AcceptOrMatch {
+    /// No earlier execution matched: the new one was accepted (its `accepted` event).
+    Accepted(Event),
+    /// This earlier execution matched; the new record was not inserted. The `intent-matched`
+    /// event was appended to it in the same transaction.
+    Matched(Candidate),
+}
+
+/// Milliseconds since the Unix epoch.
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Journal {
+    /// Intent matching's check-and-insert, in one `BEGIN IMMEDIATE` transaction: find the
+    /// earlier executions with the same fingerprint, actor and scope whose retention window
+    /// has not passed (newest first), let `choose` pick one to attach to, and either append
+    /// `intent-matched` (with `match_evidence`) to it or insert `rec` with its `accepted`
+    /// event. Two identical requests racing (threads or processes) produce one execution: the
+    /// second waits for the first's transaction and then sees its row.
+    pub fn accept_or_match(
+        &mut self,
+        rec: &ExecutionRecord,
+        cols: &IntentColumns,
+        evidence: serde_json::Value,
+        match_evidence: serde_json::Value,
+        choose: impl FnOnce(&[Candidate]) -> Option<usize>,
+    ) -> Result<AcceptOrMatch> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let rows: Vec<(String, String, i64, i64)> = {
+            let mut st = tx
+                .prepare_cached(
+                    "SELECT id, class, accepted_ms, retention_secs FROM executions
+                     WHERE fingerprint = ?1 AND actor = ?2 AND scope = ?3
+                       AND accepted_ms + retention_secs * 1000 > ?4
+                     ORDER BY accepted_ms DESC, id DESC",
+                )
+                .map_err(sq)?;
+            let it = st
+                .query_map(
+                    params![cols.fingerprint, cols.actor, cols.scope, cols.accepted_ms],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .map_err(sq)?;
+            it.collect::<rusqlite::Result<_>>().map_err(sq)?
+        };
+        let mut cands = Vec::new();
+        for (id, class, accepted_ms, retention) in rows {
+            let states: Vec<Option<String>> = {
+                let mut st = tx
+                    .prepare_cached(
+                        "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL
+                         ORDER BY seq",
+                    )
+                    .map_err(sq)?;
+                let it = st.query_map([&id], |r| r.get(0)).map_err(sq)?;
+                it.collect::<rusqlite::Result<_>>().map_err(sq)?
+            };
+            let states: Vec<State> = states
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            let Some(status) = status_from_states(&states) else {
+                continue;
+            };
+            let Ok(eid) = ExecutionId::parse(&id) else {
+                continue;
+            };
+            cands.push(Candidate {
+                id: eid,
+                class,
+                accepted_ms,
+                retention_secs: retention.max(0) as u64,
+                status,
+            });
+        }
+        if let Some(i) = choose(&cands).filter(|i| *i < cands.len()) {
+            let c = cands.swap_remove(i);
+            let ev = append_in(&tx, c.id.as_str(), "intent-matched", None, &match_evidence)
+                .map_err(sq)?;
+            tx.commit().map_err(sq)?;
+            self.anchor_to(&ev);
+            return Ok(AcceptOrMatch::Matched(c));
+        }
+        tx.execute(
+            "INSERT INTO executions (id, created_at, destination, host, port, user, command,
+                command_digest, remote_dir, timeout_secs, client, fingerprint, actor, scope,
+                class, retention_secs, accepted_ms, session_id, intent)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+                ?17, ?18, ?19)",
+            params![
+                rec.id.as_str(),
+                rec.created_at,
+                rec.destination,
+                rec.host,
+                rec.port,
+                rec.user,
+                rec.command,
+                rec.command_digest,
+                rec.remote_dir,
+                rec.timeout_secs as i64,
+                rec.client,
+                cols.fingerprint,
+                cols.actor,
+                cols.scope,
+                cols.class,
+                cols.retention_secs as i64,
+                cols.accepted_ms,
+                cols.session_id,
+                cols.intent.to_string(),
+            ],
+        )
+        .map_err(sq)?;
+        let ev = append_in(
+            &tx,
+            rec.id.as_str(),
+            "accepted",
+            Some(State::Accepted),
+            &evidence,
+        )
+        .map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        self.anchor_to(&ev);
+        Ok(AcceptOrMatch::Accepted(ev))
+    }
+
+    /// The intent an execution was accepted with (`None` for one accepted without).
+    pub fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
+        let row = self
+            .conn
+            .query_row(
+                "SELECT fingerprint, actor, scope, class, retention_secs, accepted_ms, session_id,
+                        intent FROM executions WHERE id = ?1 AND fingerprint IS NOT NULL",
+                [id.as_str()],
+                |r| {
+                    Ok(IntentColumns {
+                        fingerprint: r.get(0)?,
+                        actor: r.get(1)?,
+                        scope: r.get(2)?,
+                        class: r.get(3)?,
+                        retention_secs: r.get::<_, i64>(4)?.max(0) as u64,
+                        accepted_ms: r.get(5)?,
+                        session_id: r.get(6)?,
+                        intent: r
+                            .get::<_, Option<String>>(7)?
+                            .and_then(|t| serde_json::from_str(&t).ok())
+                            .unwrap_or_default(),
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        Ok(row)
+    }
+
+    /// Executions created by a session.
+    pub fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
+        let mut st = self
+            .conn
+            .prepare("SELECT id FROM executions WHERE session_id = ?1 ORDER BY accepted_ms, id")
+            .map_err(|e| self.err(e))?;
+        let it = st
+            .query_map([session], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
+    }
+
+    /// Record the start of a session (a CLI process, a `serve` or `mcp` run).
+    pub fn start_session(&mut self, s: &SessionRecord) -> Result<()> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        tx.execute(
+            "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                s.id,
+                s.kind,
+                s.actor,
+                s.pid,
+                s.client,
+                s.started_at,
+                s.detail.to_string()
+            ],
+        )
+        .map_err(sq)?;
+        tx.execute(
+            "INSERT INTO session_events (session_id, at, kind, evidence) VALUES (?1, ?2, 'started', ?3)",
+            params![s.id, s.started_at, s.detail.to_string()],
+        )
+        .map_err(sq)?;
+        tx.commit().map_err(sq)
+    }
+
+    /// Append a session event (`ended`, `request` …).
+    pub fn session_event(
+        &mut self,
+        session: &str,
+        kind: &str,
+        evidence: serde_json::Value,
+    ) -> Result<()> {
+        self.conn
+            .execute(
+                "INSERT INTO session_events (session_id, at, kind, evidence) VALUES (?1, ?2, ?3, ?4)",
+                params![session, now_rfc3339(), kind, evidence.to_string()],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// Every session, newest first, with its end (the `ended` event) and execution count.
+    pub fn sessions(&self) -> Result<Vec<SessionView>> {
+        let mut st = self
+            .conn
+            .prepare(
+                "SELECT s.id, s.kind, s.actor, s.pid, s.client, s.started_at, s.detail,
+                    (SELECT at FROM session_events e WHERE e.session_id = s.id AND e.kind = 'ended'
+                        ORDER BY seq DESC LIMIT 1),
+                    (SELECT COUNT(*) FROM executions x WHERE x.session_id = s.id)
+                 FROM sessions s ORDER BY s.started_at DESC, s.id DESC",
+            )
+            .map_err(|e| self.err(e))?;
+        let it = st
+            .query_map([], |r| {
+                Ok(SessionView {
+                    record: SessionRecord {
+                        id: r.get(0)?,
+                        kind: r.get(1)?,
+                        actor: r.get(2)?,
+                        pid: r.get(3)?,
+                        client: r.get(4)?,
+                        started_at: r.get(5)?,
+                        detail: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
+                    },
+                    ended_at: r.get(7)?,
+                    executions: r.get::<_, i64>(8)?.max(0) as u64,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
+    }
+}
+
+/// Which client process, gateway run or actor existed (DESIGN.md: the sessions journal).
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct SessionRecord {
+    /// `se_` + UUIDv7.
+    pub id: String,
+    /// `cli`, `serve`, `mcp`.
+    pub kind: String,
+    pub actor: String,
+    pub pid: i64,
+    /// `pid@hostname`.
+    pub client: String,
+    pub started_at: String,
+    /// Free-form facts (the gateway's name, the command line …).
+    pub detail: serde_json::Value,
+}
+
+/// A session with what its events say.
+#[derive(Clone, Debug, Serialize)]
+pub struct SessionView {
+    #[serde(flatten)]
+    pub record: SessionRecord,
+    /// `None` while running, or when the process died without saying so.
+    pub ended_at: Option<String>,
+    pub executions: u64,
+}
+
+/// Status from a sequence of transition states (see [`status_from_events`]).
+pub fn status_from_states(states: &[State]) -> Option<Status> {
+    let mut state = None;
+    let mut before_unknown = None;
+    for &s in states {
+        if s == State::Unknown {
+            if let Some(prev) = state.filter(|p| *p != State::Unknown) {
+                before_unknown = Some(prev);
+            }
+        }
+        state = Some(s);
+    }
+    state.map(|state| Status {
+        state,
+        before_unknown: if state == State::Unknown {
+            before_unknown
+        } else {
+            None
+        },
+    })
 }
 
 /// The evidence of an `accepted` event: every field of the execution record, so that the hash

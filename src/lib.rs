@@ -10,26 +10,37 @@
 //! # Map
 //! - [`id`]: execution IDs, generation and validation.
 //! - [`state`]: the lifecycle states of DESIGN.md.
+//! - [`intent`]: the canonical operation record, its keyed fingerprint, operation classes.
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, cursors.
 //! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
 //!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
+//! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
 //! - [`audit`]: the journal's anchor and offline verification (`cairn audit verify`).
 //! - [`recovery`]: the recovery table as a pure function (journal × probe → action).
+//! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
 //! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
+//! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose.
 //! - [`cli`]: the `cairn` command line.
 //!
 //! Data flows one way: front end ([`cli`]) → [`executor`] → ([`journal`], [`ssh`] + [`marker`]),
 //! with [`recovery::decide`] in the middle.
 
+pub mod approve;
 pub mod audit;
 pub mod audit_show;
 pub mod cli;
+pub mod cli_gateway;
 pub mod executor;
+pub mod gateway;
 pub mod id;
+pub mod intent;
 pub mod journal;
 pub mod marker;
+pub mod mcp;
 pub mod recovery;
+pub mod review;
+pub mod serve;
 pub mod ssh;
 pub mod state;
 

@@ -82,6 +82,18 @@ pub enum Op<'a> {
         timeout_secs: u64,
         attach: bool,
     },
+    /// A dispatch whose stdin carries, after the command, `secrets_len` bytes of secret
+    /// `export NAME='value'` lines, for the supervisor to pass to the command in memory. The
+    /// extra argument needs a host script with secret support; one without refuses the call
+    /// (`bad arguments`), so the command never runs without its secrets.
+    DispatchWithSecrets {
+        id: &'a ExecutionId,
+        len: usize,
+        digest: &'a str,
+        timeout_secs: u64,
+        attach: bool,
+        secrets_len: usize,
+    },
     Watch {
         id: &'a ExecutionId,
         out_off: u64,
@@ -91,6 +103,12 @@ pub enum Op<'a> {
     Cancel {
         id: &'a ExecutionId,
         grace_secs: u64,
+    },
+    /// Remove output past `output_age_secs` and records (the tombstone) past
+    /// `tombstone_age_secs`, for finished executions only.
+    Gc {
+        output_age_secs: u64,
+        tombstone_age_secs: u64,
     },
 }
 
@@ -115,6 +133,24 @@ pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
                 b(*attach),
             ],
         ),
+        Op::DispatchWithSecrets {
+            id,
+            len,
+            digest,
+            timeout_secs,
+            attach,
+            secrets_len,
+        } => (
+            "dispatch",
+            vec![
+                id.to_string(),
+                len.to_string(),
+                digest.to_string(),
+                timeout_secs.to_string(),
+                b(*attach),
+                secrets_len.to_string(),
+            ],
+        ),
         Op::Watch {
             id,
             out_off,
@@ -130,6 +166,13 @@ pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
             ],
         ),
         Op::Cancel { id, grace_secs } => ("cancel", vec![id.to_string(), grace_secs.to_string()]),
+        Op::Gc {
+            output_age_secs,
+            tombstone_age_secs,
+        } => (
+            "gc",
+            vec![output_age_secs.to_string(), tombstone_age_secs.to_string()],
+        ),
     };
     let mut s = String::with_capacity(script().len() + 256);
     s.push_str("exec /bin/sh -c 'eval \"$1\"' cairn ");
@@ -289,9 +332,16 @@ pub enum Line {
     Absent,
     Start(StartRecord),
     Live(Liveness),
-    Sizes { out: u64, err: u64 },
+    Sizes {
+        out: u64,
+        err: u64,
+    },
     Done(FinishRecord),
     Cancel(String),
+    /// The execution's output was removed by gc; only its records remain.
+    OutputGone,
+    /// What a gc pass did (`removed_output=N removed_tombstones=M unfinished=K`).
+    Gc(String),
     End,
 }
 
@@ -329,6 +379,8 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
         }
         "done" => Line::Done(FinishRecord::parse(rest).map_err(|e| format!("finish record: {e}"))?),
         "cancel" => Line::Cancel(rest.trim().to_owned()),
+        "gone" => Line::OutputGone,
+        "gc" => Line::Gc(rest.trim().to_owned()),
         "end" => Line::End,
         other => return Err(format!("unknown protocol line {other:?}")),
     })

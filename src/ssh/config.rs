@@ -527,6 +527,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
     };
 
     let connect_timeout = match &c.connect_timeout {
+        _ if opts.connect_timeout_explicit => opts.connect_timeout,
         Some(v) => match parse_secs(v, "ConnectTimeout")? {
             0 => opts.connect_timeout,
             s => Duration::from_secs(s),
@@ -535,6 +536,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
     };
     // ServerAliveInterval 0 would disable dead-link detection, which cairn relies on: keep ours.
     let keepalive_interval = match &c.alive_interval {
+        _ if opts.keepalive_explicit => opts.keepalive_interval,
         Some(v) => match parse_secs(v, "ServerAliveInterval")? {
             0 => opts.keepalive_interval,
             s => Duration::from_secs(s),

@@ -44,6 +44,11 @@ pub struct ConnectOptions {
     pub keepalive_interval: Duration,
     /// Give up after this many unanswered keepalives.
     pub keepalive_max: usize,
+    /// `connect_timeout` was given on the command line: it wins over ssh_config's
+    /// ConnectTimeout (as OpenSSH's `-o` does). Otherwise it is only the default.
+    pub connect_timeout_explicit: bool,
+    /// Likewise for `keepalive_interval` over ServerAliveInterval.
+    pub keepalive_explicit: bool,
 }
 
 impl Default for ConnectOptions {
@@ -57,6 +62,8 @@ impl Default for ConnectOptions {
             connect_timeout: Duration::from_secs(15),
             keepalive_interval: Duration::from_secs(5),
             keepalive_max: 3,
+            connect_timeout_explicit: false,
+            keepalive_explicit: false,
         }
     }
 }

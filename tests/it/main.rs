@@ -1,6 +1,7 @@
 mod audit;
 mod docker;
 mod fuzz;
+mod gateway;
 mod run;
 mod script;
 mod ssh;

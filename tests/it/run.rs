@@ -900,3 +900,116 @@ fn a_marker_home_open_to_other_users_is_refused_with_the_fix() {
     assert!(err.contains("chmod 700"), "{err}");
     assert_eq!(h.runs(), 0);
 }
+
+#[test]
+fn gc_removes_old_output_keeps_the_guard_and_never_touches_a_running_execution() {
+    let h = Host::new();
+    let done_cmd = format!("{}echo kept-result; exit 3", h.count());
+    let a = h.run_cmd(&["--id", "gc-done"], &done_cmd).output().unwrap();
+    assert_eq!(a.status.code(), Some(3));
+    let b = h
+        .run_cmd(
+            &["--detach", "--id", "gc-running"],
+            &format!("{}sleep 30", h.count()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(b.status.code(), Some(0));
+    std::thread::sleep(Duration::from_millis(1100));
+
+    // Output past its retention goes; the tombstone stays.
+    let g = h
+        .cairn("gc")
+        .args([
+            "--output-retention",
+            "1s",
+            "--tombstone-retention",
+            "1h",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(g.status.code(), Some(0), "{g:?}");
+    let v: serde_json::Value = serde_json::from_slice(&g.stdout).unwrap();
+    let r = v["hosts"][0]["result"].as_str().unwrap();
+    assert!(
+        r.contains("removed_output=1") && r.contains("unfinished=1"),
+        "{r}"
+    );
+    assert!(!h.x().join("gc-done").exists());
+    assert!(h.x().join("gc-done.start").exists() && h.x().join("gc-done.done").exists());
+    assert!(
+        h.x().join("gc-running").join("out").exists(),
+        "a running execution was touched"
+    );
+
+    // The guard still holds: the same ID returns the stored status, never a second run.
+    let again = h.run_cmd(&["--id", "gc-done"], &done_cmd).output().unwrap();
+    assert_eq!(again.status.code(), Some(3), "{again:?}");
+    let o = h.cairn("output").arg("gc-done").output().unwrap();
+    assert_ne!(o.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&o.stderr).contains("removed by `cairn gc`"),
+        "{o:?}"
+    );
+
+    // Past the tombstone retention the records go too; the running one is still untouched.
+    let g = h
+        .cairn("gc")
+        .args(["--output-retention", "0s", "--tombstone-retention", "1s"])
+        .output()
+        .unwrap();
+    assert_eq!(g.status.code(), Some(0), "{g:?}");
+    assert!(!h.x().join("gc-done.start").exists());
+    assert!(h.x().join("gc-running.start").exists());
+    assert!(h.x().join("gc-running").join("out").exists());
+    assert_eq!(h.runs(), 2);
+    let _ = h.cairn("cancel").arg("gc-running").output();
+}
+
+#[test]
+fn json_reports_a_failed_first_connection_as_an_outcome() {
+    let h = Host::new();
+    h.proxy.set_refuse(true);
+    let out = h
+        .run_cmd(
+            &["--json", "--id", "no-conn"],
+            &format!("{}true", h.count()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(255));
+    let v = json(&out);
+    assert_eq!(v["state"], "failed", "{v}");
+    assert!(
+        v["reason"].as_str().unwrap().contains("never dispatched"),
+        "{v}"
+    );
+    assert_eq!(h.journal_state("no-conn"), State::Failed);
+    assert_eq!(h.runs(), 0);
+}
+
+#[test]
+fn command_line_timeouts_win_over_ssh_config() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config");
+    fs::write(
+        &cfg,
+        "Host *\n  ConnectTimeout 9\n  ServerAliveInterval 7\n",
+    )
+    .unwrap();
+    let mut opts = cairn::ssh::ConnectOptions {
+        ssh_config: Some(cfg),
+        ..Default::default()
+    };
+    let t = cairn::ssh::resolve("h", &opts).unwrap();
+    assert_eq!(t.connect_timeout, Duration::from_secs(9));
+    assert_eq!(t.keepalive_interval, Duration::from_secs(7));
+    opts.connect_timeout = Duration::from_secs(2);
+    opts.connect_timeout_explicit = true;
+    opts.keepalive_interval = Duration::from_secs(1);
+    opts.keepalive_explicit = true;
+    let t = cairn::ssh::resolve("h", &opts).unwrap();
+    assert_eq!(t.connect_timeout, Duration::from_secs(2));
+    assert_eq!(t.keepalive_interval, Duration::from_secs(1));
+}

@@ -1,0 +1,136 @@
+//! Library micro-benchmarks (criterion): `cargo bench --bench micro`.
+//!
+//! - journal: one durable event append (`Journal::append`: one transaction, one WAL fsync),
+//!   and one whole happy-path execution (accept + 5 appends).
+//! - `StderrDemux`: throughput splitting the channel's stderr stream into command stderr and
+//!   protocol lines, for plain stderr, stderr dense with `@` (boundary candidates), and a stream
+//!   of protocol lines. (Output fingerprinting is not implemented in cairn yet: nothing to
+//!   measure there.)
+
+use std::time::Duration;
+
+use cairn::journal::{ExecutionRecord, Journal};
+use cairn::marker::{self, Op, StderrDemux};
+use cairn::{ExecutionId, State};
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+
+fn record(id: &ExecutionId) -> ExecutionRecord {
+    ExecutionRecord {
+        id: id.clone(),
+        created_at: cairn::journal::now_rfc3339(),
+        destination: "db-1".into(),
+        host: "127.0.0.1".into(),
+        port: 22,
+        user: "ops".into(),
+        command: b"true".to_vec(),
+        command_digest: "b5bb9d8014a0f9b1d61e21e796d78dccdf1352f23cd32812f4850b878ae4944c".into(),
+        remote_dir: ".cairn".into(),
+        timeout_secs: 0,
+        client: "1@bench".into(),
+    }
+}
+
+fn journal(c: &mut Criterion) {
+    // On the target directory's disk (not a tmpfs), so fsync costs what it costs.
+    let dir = tempfile::Builder::new()
+        .prefix("cairn-micro-")
+        .tempdir_in(env!("CARGO_TARGET_TMPDIR"))
+        .unwrap();
+    let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+    let id = ExecutionId::generate();
+    j.accept(&record(&id), serde_json::json!({})).unwrap();
+    let mut g = c.benchmark_group("journal");
+    g.sample_size(20).measurement_time(Duration::from_secs(3));
+    g.bench_function("append one event (1 transaction, fsync)", |b| {
+        b.iter(|| {
+            j.append(
+                &id,
+                "running",
+                Some(State::Running),
+                serde_json::json!({"start_record": "v=1 id=x len=4 digest=d epoch=e boot=b"}),
+            )
+            .unwrap()
+        })
+    });
+    g.bench_function("happy-path execution (accept + 5 appends)", |b| {
+        b.iter(|| {
+            let id = ExecutionId::generate();
+            j.accept(&record(&id), serde_json::json!({})).unwrap();
+            for (k, s) in [
+                ("authorized", State::Authorized),
+                ("dispatched", State::Dispatched),
+                ("running", State::Running),
+                ("completed", State::Completed),
+                ("delivered", State::Delivered),
+            ] {
+                j.append(&id, k, Some(s), serde_json::json!({})).unwrap();
+            }
+        })
+    });
+    g.finish();
+}
+
+fn demux(c: &mut Criterion) {
+    let nonce = marker::new_nonce();
+    const MB: usize = 1 << 20;
+    let plain: Vec<u8> = b"warning: something happened in module x, line 42\n"
+        .iter()
+        .copied()
+        .cycle()
+        .take(MB)
+        .collect();
+    let ats: Vec<u8> = b"user@host @@ x@y @@c @@cairn- "
+        .iter()
+        .copied()
+        .cycle()
+        .take(MB)
+        .collect();
+    let mut lines = Vec::new();
+    while lines.len() < MB {
+        lines.extend_from_slice(
+            format!("@@cairn-{nonce}@@ sizes out=123456 err=42\nsome stderr\n").as_bytes(),
+        );
+    }
+    let mut g = c.benchmark_group("stderr_demux");
+    g.sample_size(20).measurement_time(Duration::from_secs(2));
+    for (name, data) in [
+        ("plain stderr", &plain),
+        ("stderr dense with '@'", &ats),
+        ("protocol lines + stderr", &lines),
+    ] {
+        g.throughput(Throughput::Bytes(data.len() as u64));
+        // 32 KiB chunks: the size of an SSH channel data packet.
+        g.bench_function(format!("{name}, 32 KiB chunks"), |b| {
+            b.iter_batched(
+                || (StderrDemux::new(&nonce), Vec::new()),
+                |(mut d, mut out)| {
+                    for ch in data.chunks(32 * 1024) {
+                        d.feed(ch, &mut out);
+                        out.clear();
+                    }
+                },
+                BatchSize::SmallInput,
+            )
+        });
+    }
+    g.finish();
+    let id = ExecutionId::generate();
+    c.bench_function("marker::invocation (dispatch exec string)", |b| {
+        b.iter(|| {
+            marker::invocation(
+                &Op::Dispatch {
+                    id: &id,
+                    len: 4,
+                    digest: "b5bb9d8014a0f9b1d61e21e796d78dccdf1352f23cd32812f4850b878ae4944c",
+                    timeout_secs: 0,
+                    attach: true,
+                },
+                ".cairn",
+                &nonce,
+            )
+        })
+    });
+}
+
+criterion_group!(benches, journal, demux);
+criterion_main!(benches);

@@ -1,0 +1,357 @@
+//! The command-line parts of intent, authorization, review, sessions and the gateway
+//! servers: `cairn run`'s intent flags, `cairn review`, `cairn resolve`, `cairn sessions`,
+//! `cairn serve --stdio`, `cairn mcp`.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cli::{parse_duration, Common};
+use crate::executor::{ExecError, Executor};
+use crate::gateway::GatewayConfig;
+use crate::id::ExecutionId;
+use crate::intent::{Intent, OpClass};
+use crate::journal::{Journal, SessionRecord};
+use crate::state::State;
+
+/// What the operation is, beyond host and command: the intent and who may start it.
+#[derive(Args, Debug, Clone)]
+pub struct IntentArgs {
+    /// Operation class: read-only, idempotent, conditional, irreversible, remote-command.
+    /// Decides the retention window and what a retry may do after an unknown outcome.
+    #[arg(long, default_value = "remote-command")]
+    pub class: OpClass,
+    /// How long a repeat of this operation (same intent) attaches to this execution instead of
+    /// running again (default: per class; 24h for remote-command).
+    #[arg(long, value_parser = parse_duration)]
+    pub retention: Option<Duration>,
+    /// Intent scope: a task, change ticket or conversation the operation belongs to.
+    #[arg(long, env = "CAIRN_SCOPE")]
+    pub scope: Option<String>,
+    /// Who asks (default: local:$USER).
+    #[arg(long, env = "CAIRN_ACTOR")]
+    pub actor: Option<String>,
+    /// Working directory on the host (default: the account's home).
+    #[arg(long)]
+    pub cwd: Option<String>,
+    /// A behaviour-changing environment variable for the command, NAME=VALUE (repeatable).
+    #[arg(long = "env", value_name = "NAME=VALUE")]
+    pub env: Vec<String>,
+    /// Pass the variable NAME from cairn's environment as a secret: never journaled, never on
+    /// the host's disk; only its name is part of the intent (repeatable).
+    #[arg(long = "secret-env", value_name = "NAME")]
+    pub secret_env: Vec<String>,
+    /// A reference to the credential used (recorded in the intent; never the credential).
+    /// Default: the -i files, else `default`.
+    #[arg(long)]
+    pub credential_ref: Option<String>,
+    #[command(flatten)]
+    pub approve: ApproveArgs,
+}
+
+/// Who decides whether a new execution may start.
+#[derive(Args, Debug, Clone)]
+pub struct ApproveArgs {
+    /// allow (the request is the approval), deny, or prompt (ask on the terminal).
+    #[arg(long, default_value = "allow")]
+    pub approve: String,
+    /// A JSON policy file of allow/deny rules (overrides --approve).
+    #[arg(long, env = "CAIRN_POLICY")]
+    pub policy: Option<PathBuf>,
+}
+
+impl IntentArgs {
+    pub fn intent(&self, common: &Common) -> Result<Intent, ExecError> {
+        let mut env = BTreeMap::new();
+        for kv in &self.env {
+            let (k, v) = kv
+                .split_once('=')
+                .ok_or_else(|| ExecError::Input(format!("--env {kv:?}: expected NAME=VALUE")))?;
+            env.insert(k.to_owned(), v.to_owned());
+        }
+        let credential_ref = self.credential_ref.clone().or_else(|| {
+            (!common.identity.is_empty()).then(|| {
+                let files: Vec<String> = common
+                    .identity
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect();
+                format!("identity:{}", files.join(","))
+            })
+        });
+        let intent = Intent {
+            actor: self
+                .actor
+                .clone()
+                .unwrap_or_else(|| crate::intent::local_actor("local")),
+            command: None,
+            cwd: self.cwd.clone(),
+            env,
+            secret_env: self.secret_env.iter().cloned().collect(),
+            credential_ref,
+            class: self.class,
+            scope: self.scope.clone(),
+            retention: self.retention,
+            correlation_id: None,
+            session_id: None,
+        };
+        intent.validate().map_err(ExecError::Input)?;
+        Ok(intent)
+    }
+}
+
+/// Start a session row for this process.
+pub fn start_session(
+    j: &mut Journal,
+    kind: &str,
+    actor: &str,
+    detail: serde_json::Value,
+) -> Result<String, ExecError> {
+    let id = format!("se_{}", uuid::Uuid::now_v7().simple());
+    j.start_session(&SessionRecord {
+        id: id.clone(),
+        kind: kind.to_owned(),
+        actor: actor.to_owned(),
+        pid: std::process::id() as i64,
+        client: crate::journal::client_identity().to_owned(),
+        started_at: crate::journal::now_rfc3339(),
+        detail,
+    })?;
+    Ok(id)
+}
+
+/// Prepare an executor for a command that creates executions: approver, key, session.
+pub fn prepare(
+    ex: &mut Executor,
+    common: &Common,
+    approve: &ApproveArgs,
+    kind: &str,
+    actor: &str,
+) -> Result<String, ExecError> {
+    ex.intent_key_path = common.intent_key.clone();
+    ex.approver =
+        crate::approve::from_flags(&approve.approve, approve.policy.as_deref(), "local-cli")
+            .map_err(ExecError::Input)?;
+    let argv: Vec<String> = std::env::args().take(2).collect();
+    let s = start_session(
+        &mut ex.journal,
+        kind,
+        actor,
+        serde_json::json!({"argv": argv}),
+    )?;
+    ex.session_id = Some(s.clone());
+    Ok(s)
+}
+
+/// `cairn review`.
+#[derive(Args, Debug)]
+pub struct ReviewArgs {
+    #[arg(long, env = "CAIRN_JOURNAL")]
+    pub journal: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn review(a: ReviewArgs) -> Result<i32, ExecError> {
+    let path = a.journal.unwrap_or_else(Journal::default_path);
+    let j = Journal::open(&path)?;
+    let items = crate::review::pending(&j)?;
+    if a.json {
+        println!("{}", serde_json::to_string(&items).unwrap_or_default());
+        return Ok(0);
+    }
+    if items.is_empty() {
+        println!("nothing needs review");
+        return Ok(0);
+    }
+    for r in &items {
+        println!("{}  {}", r.execution_id, r.state);
+        println!(
+            "  target          {} ({})",
+            r.target,
+            r.host_key.as_deref().unwrap_or("host key not seen")
+        );
+        println!("  command         {}", r.command.replace('\n', "\\n"));
+        println!(
+            "  intent          class {}, actor {}, scope {}",
+            r.class,
+            r.actor.as_deref().unwrap_or("-"),
+            r.scope.as_deref().unwrap_or("-")
+        );
+        println!("  accepted        {}", r.accepted_at);
+        println!(
+            "  first dispatch  {} ({} dispatch{})",
+            r.first_dispatched_at.as_deref().unwrap_or("never"),
+            r.dispatches,
+            if r.dispatches == 1 { "" } else { "es" }
+        );
+        println!("  known outcome   {}", r.known_outcome);
+        if let Some(e) = &r.evidence {
+            println!("  evidence        {e}");
+        }
+        println!("  not resent      {}", r.why_not_resent);
+        println!(
+            "  decide with     cairn resolve {} --as completed|failed|retry --reason TEXT",
+            r.execution_id
+        );
+        println!();
+    }
+    Ok(0)
+}
+
+/// `cairn resolve`.
+#[derive(Args, Debug)]
+pub struct ResolveArgs {
+    pub id: String,
+    /// completed (it ran; you checked), failed (it did not run or had no effect), or retry
+    /// (dispatch again under the same ID, only if the marker proves it never started).
+    #[arg(long = "as")]
+    pub resolution: crate::review::Resolution,
+    /// What you checked: recorded as evidence.
+    #[arg(long)]
+    pub reason: String,
+    /// Who decides (default: local:$USER).
+    #[arg(long, env = "CAIRN_ACTOR")]
+    pub actor: Option<String>,
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+pub async fn resolve(a: ResolveArgs) -> Result<i32, ExecError> {
+    let id = ExecutionId::parse(&a.id).map_err(|e| ExecError::Input(e.to_string()))?;
+    let mut ex = a.common.executor()?;
+    ex.intent_key_path = a.common.intent_key.clone();
+    let by = a
+        .actor
+        .clone()
+        .unwrap_or_else(|| crate::intent::local_actor("local"));
+    let mut cap = crate::gateway::Capture {
+        cap: 1 << 20,
+        ..Default::default()
+    };
+    let o = ex
+        .resolve(&id, a.resolution, &a.reason, &by, &mut cap)
+        .await?;
+    if a.json {
+        println!("{}", crate::gateway::outcome_value(&o, Some(&cap)));
+    } else {
+        use std::io::Write;
+        let _ = std::io::stdout().write_all(&cap.out);
+        let _ = std::io::stderr().write_all(&cap.err);
+        println!("{}", crate::gateway::summary(&o));
+    }
+    Ok(match o.state {
+        State::Completed | State::Failed | State::Delivered => 0,
+        _ => o.exit_code_for_cli(),
+    })
+}
+
+/// `cairn sessions`.
+#[derive(Args, Debug)]
+pub struct SessionsArgs {
+    #[arg(long, env = "CAIRN_JOURNAL")]
+    pub journal: Option<PathBuf>,
+    #[arg(long)]
+    pub json: bool,
+}
+
+pub fn sessions(a: SessionsArgs) -> Result<i32, ExecError> {
+    let path = a.journal.unwrap_or_else(Journal::default_path);
+    let j = Journal::open(&path)?;
+    let rows = j.sessions()?;
+    if a.json {
+        let arr: Vec<_> = rows
+            .iter()
+            .map(|s| {
+                let mut v = serde_json::to_value(s).unwrap_or_default();
+                v["execution_ids"] = j
+                    .executions_of_session(&s.record.id)
+                    .unwrap_or_default()
+                    .into();
+                v
+            })
+            .collect();
+        println!("{}", serde_json::Value::Array(arr));
+        return Ok(0);
+    }
+    println!(
+        "{:<35} {:<6} {:<20} {:>7} {:<24} {:<24} EXECUTIONS",
+        "SESSION", "KIND", "ACTOR", "PID", "STARTED", "ENDED"
+    );
+    for s in rows {
+        println!(
+            "{:<35} {:<6} {:<20} {:>7} {:<24} {:<24} {}",
+            s.record.id,
+            s.record.kind,
+            s.record.actor,
+            s.record.pid,
+            s.record.started_at,
+            s.ended_at.as_deref().unwrap_or("-"),
+            s.executions
+        );
+    }
+    Ok(0)
+}
+
+/// Options of the gateway servers (`serve`, `mcp`).
+#[derive(Args, Debug, Clone)]
+pub struct ServerArgs {
+    /// The actor every request of this server acts as (default: serve:$USER / mcp:$USER).
+    #[arg(long, env = "CAIRN_ACTOR")]
+    pub actor: Option<String>,
+    /// Marker directory on the host (relative to the account's home).
+    #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = ".cairn")]
+    pub remote_dir: String,
+    #[command(flatten)]
+    pub approve: ApproveArgs,
+    #[command(flatten)]
+    pub common: Common,
+}
+
+impl ServerArgs {
+    pub fn config(&self, kind: &str) -> GatewayConfig {
+        GatewayConfig {
+            journal: self
+                .common
+                .journal
+                .clone()
+                .unwrap_or_else(Journal::default_path),
+            connect: self.common.connect_options(),
+            patience: crate::executor::Patience {
+                reconnect_for: self.common.reconnect_for,
+                ..Default::default()
+            },
+            intent_key: self.common.intent_key.clone(),
+            actor: self
+                .actor
+                .clone()
+                .unwrap_or_else(|| crate::intent::local_actor(kind)),
+            approve: self.approve.approve.clone(),
+            policy: self.approve.policy.clone(),
+            remote_dir: self.remote_dir.clone(),
+            session_id: None,
+            transport: if kind == "mcp" { "mcp" } else { "jsonrpc" }.into(),
+        }
+    }
+}
+
+/// `cairn serve`.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// Speak JSON-RPC 2.0 on stdin/stdout, one message per line (the only transport).
+    #[arg(long, required = true)]
+    pub stdio: bool,
+    #[command(flatten)]
+    pub server: ServerArgs,
+}
+
+/// `cairn mcp`.
+#[derive(Args, Debug)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub server: ServerArgs,
+}

@@ -1,0 +1,516 @@
+//! The gateway-facing operations shared by `cairn serve --stdio` (JSON-RPC 2.0) and
+//! `cairn mcp` (Model Context Protocol): execute, status, output, attach, recover, review,
+//! resolve. Each call opens its own journal handle and executor and runs on its own thread
+//! with a current-thread runtime, so slow executions never block other calls; the journal's
+//! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest.
+//!
+//! Parameters and results are JSON; `docs/GATEWAYS.md` documents them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use base64::Engine;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
+use crate::id::ExecutionId;
+use crate::intent::{OpClass, OperationSpec};
+use crate::journal::{Journal, SessionRecord};
+use crate::ssh::ConnectOptions;
+use crate::state::State;
+
+/// Most output bytes returned inline by `execute` / `attach` (each stream); `output` pages.
+pub const INLINE_OUTPUT_CAP: usize = 1 << 20;
+
+/// Everything a gateway call needs to build an executor.
+#[derive(Clone, Debug)]
+pub struct GatewayConfig {
+    pub journal: PathBuf,
+    pub connect: ConnectOptions,
+    pub patience: Patience,
+    pub intent_key: Option<PathBuf>,
+    /// The actor every request of this server acts as.
+    pub actor: String,
+    /// `allow`, `deny`, `prompt` (prompt makes no sense without a terminal: it denies).
+    pub approve: String,
+    pub policy: Option<PathBuf>,
+    pub remote_dir: String,
+    pub session_id: Option<String>,
+    /// Recorded as who the result was delivered to (`jsonrpc`, `mcp`).
+    pub transport: String,
+}
+
+/// An error with a JSON-RPC code.
+#[derive(Debug, Clone)]
+pub struct GatewayError {
+    pub code: i64,
+    pub message: String,
+    pub data: Option<Value>,
+}
+
+impl GatewayError {
+    pub fn params(m: impl Into<String>) -> Self {
+        GatewayError {
+            code: -32602,
+            message: m.into(),
+            data: None,
+        }
+    }
+    fn exec(e: ExecError) -> Self {
+        let code = match e {
+            ExecError::Input(_) | ExecError::IdConflict { .. } => -32602,
+            ExecError::NoSuchExecution(..) => -32004,
+            _ => -32000,
+        };
+        GatewayError {
+            code,
+            message: e.to_string(),
+            data: None,
+        }
+    }
+}
+
+impl From<ExecError> for GatewayError {
+    fn from(e: ExecError) -> Self {
+        GatewayError::exec(e)
+    }
+}
+
+type GResult<T> = Result<T, GatewayError>;
+
+impl GatewayConfig {
+    pub fn executor(&self) -> GResult<Executor> {
+        let journal = Journal::open(&self.journal).map_err(ExecError::from)?;
+        let mut ex = Executor::new(journal, self.connect.clone(), self.patience.clone());
+        ex.intent_key_path = self.intent_key.clone();
+        ex.session_id = self.session_id.clone();
+        ex.approver =
+            crate::approve::from_flags(&self.approve, self.policy.as_deref(), &self.actor)
+                .map_err(GatewayError::params)?;
+        Ok(ex)
+    }
+
+    /// Start this server's session in the journal.
+    pub fn start_session(&mut self, kind: &str) -> GResult<String> {
+        let id = format!("se_{}", uuid::Uuid::now_v7().simple());
+        let mut j = Journal::open(&self.journal).map_err(ExecError::from)?;
+        j.start_session(&SessionRecord {
+            id: id.clone(),
+            kind: kind.to_owned(),
+            actor: self.actor.clone(),
+            pid: std::process::id() as i64,
+            client: crate::journal::client_identity().to_owned(),
+            started_at: crate::journal::now_rfc3339(),
+            detail: json!({"argv": std::env::args().collect::<Vec<_>>(), "transport": self.transport}),
+        })
+        .map_err(ExecError::from)?;
+        self.session_id = Some(id.clone());
+        Ok(id)
+    }
+
+    pub fn end_session(&self, evidence: Value) {
+        if let Some(s) = &self.session_id {
+            if let Ok(mut j) = Journal::open(&self.journal) {
+                let _ = j.session_event(s, "ended", evidence);
+            }
+        }
+    }
+}
+
+/// Run an executor future on a fresh current-thread runtime (the executor's futures are not
+/// `Send`; this keeps them on one thread).
+pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a current-thread runtime")
+        .block_on(f)
+}
+
+/// `execute` parameters.
+#[derive(Clone, Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecuteParams {
+    /// `[user@]host` or an ssh_config alias.
+    pub destination: String,
+    /// String form: run by the remote login shell, as `ssh host COMMAND`.
+    #[serde(default)]
+    pub command: Option<String>,
+    /// Argv form: words quoted for the shell one by one.
+    #[serde(default)]
+    pub argv: Option<Vec<String>>,
+    /// Operation class: read-only, idempotent, conditional, irreversible, remote-command.
+    #[serde(default)]
+    pub class: Option<String>,
+    /// How long a matching retry attaches to this execution (`90s`, `5m`, `2h`, or seconds).
+    #[serde(default)]
+    pub retention: Option<Value>,
+    /// Intent scope (a task, ticket or conversation); default `default`.
+    #[serde(default)]
+    pub scope: Option<String>,
+    /// Working directory on the host (default: the account's home).
+    #[serde(default)]
+    pub cwd: Option<String>,
+    /// Behaviour-changing environment variables (part of the intent).
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Names of secret variables taken from the server's own environment.
+    #[serde(default)]
+    pub secret_env: Vec<String>,
+    /// A reference to the credential (never the credential).
+    #[serde(default)]
+    pub credential_ref: Option<String>,
+    /// Caller-chosen execution ID.
+    #[serde(default)]
+    pub execution_id: Option<String>,
+    /// Host-enforced timeout in seconds.
+    #[serde(default)]
+    pub timeout_secs: Option<u64>,
+    /// Return once the command is durably started (poll `status`, page `output`).
+    #[serde(default)]
+    pub detach: bool,
+    /// Marker directory on the host.
+    #[serde(default)]
+    pub remote_dir: Option<String>,
+}
+
+/// Collects output up to a cap per stream.
+#[derive(Default)]
+pub struct Capture {
+    pub out: Vec<u8>,
+    pub err: Vec<u8>,
+    pub cap: usize,
+    pub truncated: bool,
+}
+
+impl OutputSink for Capture {
+    fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
+        keep(&mut self.out, d, self.cap, &mut self.truncated);
+        Ok(())
+    }
+    fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
+        keep(&mut self.err, d, self.cap, &mut self.truncated);
+        Ok(())
+    }
+}
+
+fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
+    let room = cap.saturating_sub(buf.len());
+    if d.len() > room {
+        *truncated = true;
+    }
+    buf.extend_from_slice(&d[..d.len().min(room)]);
+}
+
+/// The outcome as gateways see it: every [`Outcome`] field, a plain sentence, and output.
+pub fn outcome_value(o: &Outcome, cap: Option<&Capture>) -> Value {
+    let mut v = serde_json::to_value(o).unwrap_or_default();
+    v["summary"] = summary(o).into();
+    if let Some(c) = cap {
+        v["stdout"] = String::from_utf8_lossy(&c.out).into();
+        v["stderr"] = String::from_utf8_lossy(&c.err).into();
+        v["output_truncated"] = c.truncated.into();
+    }
+    v
+}
+
+/// One plain sentence: what is known, whether it was recovered or attached, and whether a
+/// human is needed. Never says "success" for an unknown outcome.
+pub fn summary(o: &Outcome) -> String {
+    let how = match (o.attached, o.recovered) {
+        (true, _) => format!(
+            " This request matched the intent of the earlier execution {} and attached to it: the command was not run again.",
+            o.execution_id
+        ),
+        (false, true) => " The result was recovered from the host's records after a lost connection, not watched live.".into(),
+        _ => String::new(),
+    };
+    let what = match o.state {
+        State::Completed | State::Delivered => match (o.exit_code, &o.signal) {
+            (Some(c), Some(s)) => format!("Completed: killed by signal {s} (exit status {c})."),
+            (Some(c), None) => format!("Completed with exit status {c}."),
+            _ => "Completed, but no exit status was recorded: treat the outcome as unknown.".into(),
+        },
+        State::Running | State::Dispatched => {
+            "Running on the host; poll status or read output from an offset.".into()
+        }
+        State::Unknown => format!(
+            "OUTCOME UNKNOWN: cairn cannot prove whether the command ran. It was not run again. {}",
+            o.reason.as_deref().unwrap_or("")
+        ),
+        State::Interrupted => format!(
+            "INTERRUPTED: the command started and cannot finish (host rebooted or supervisor died); it was not run again. {}",
+            o.reason.as_deref().unwrap_or("")
+        ),
+        State::Failed => format!(
+            "Failed before it started (proven never run): {}",
+            o.reason.as_deref().unwrap_or("")
+        ),
+        State::Rejected => format!(
+            "Not authorized; nothing was sent. {}",
+            o.reason.as_deref().unwrap_or("")
+        ),
+        State::Cancelled => "Cancelled.".into(),
+        State::Accepted | State::Authorized => "Accepted, not yet dispatched.".into(),
+    };
+    let review = if o.needs_review {
+        " It needs human review (cairn review / cairn resolve)."
+    } else {
+        ""
+    };
+    format!("{} {what}{how}{review}", o.execution_id)
+        .trim()
+        .to_owned()
+}
+
+fn parse_retention(v: &Value) -> GResult<Duration> {
+    match v {
+        Value::Number(n) => n.as_u64().map(Duration::from_secs).ok_or_else(|| {
+            GatewayError::params("retention must be a non-negative number of seconds")
+        }),
+        Value::String(s) => crate::cli::parse_duration(s).map_err(GatewayError::params),
+        _ => Err(GatewayError::params(
+            "retention must be seconds or a duration like 5m",
+        )),
+    }
+}
+
+/// `execute`: run (or attach to) an operation; waits for the outcome unless `detach`.
+pub fn execute(
+    cfg: &GatewayConfig,
+    p: ExecuteParams,
+    correlation_id: Option<String>,
+) -> GResult<(Value, Option<ExecutionId>)> {
+    let class = p
+        .class
+        .as_deref()
+        .map(str::parse::<OpClass>)
+        .transpose()
+        .map_err(GatewayError::params)?;
+    let spec = OperationSpec {
+        command: p.command,
+        argv: p.argv,
+        cwd: p.cwd,
+        env: p.env,
+        secret_env: p.secret_env,
+        credential_ref: p.credential_ref,
+        class,
+        scope: p.scope,
+    };
+    let (command, mut intent) = spec.into_intent(&cfg.actor).map_err(GatewayError::params)?;
+    intent.retention = p.retention.as_ref().map(parse_retention).transpose()?;
+    intent.correlation_id = correlation_id;
+    intent.session_id = cfg.session_id.clone();
+    let id = p
+        .execution_id
+        .as_deref()
+        .map(ExecutionId::parse)
+        .transpose()
+        .map_err(|e| GatewayError::params(e.to_string()))?;
+    let req = RunRequest {
+        destination: p.destination,
+        command,
+        id,
+        timeout_secs: p.timeout_secs.unwrap_or(0),
+        detach: p.detach,
+        remote_dir: p.remote_dir.unwrap_or_else(|| cfg.remote_dir.clone()),
+    };
+    let mut ex = cfg.executor()?;
+    let mut cap = Capture {
+        cap: INLINE_OUTPUT_CAP,
+        ..Capture::default()
+    };
+    let o = block_on(ex.execute(req, intent, &mut cap))?;
+    let id = ExecutionId::parse(&o.execution_id).ok();
+    let deliverable = o.state.has_result().then_some(id).flatten();
+    Ok((outcome_value(&o, Some(&cap)), deliverable))
+}
+
+/// Record that the caller now holds the result.
+pub fn delivered(cfg: &GatewayConfig, id: &ExecutionId) {
+    if let Ok(mut ex) = cfg.executor() {
+        let to = format!(
+            "{}{}",
+            cfg.transport,
+            cfg.session_id
+                .as_deref()
+                .map(|s| format!(" session {s}"))
+                .unwrap_or_default()
+        );
+        if let Err(e) = ex.mark_delivered(id, &to) {
+            tracing::warn!("cairn: recording delivery of {id}: {e}");
+        }
+    }
+}
+
+fn parse_id(v: &Value) -> GResult<ExecutionId> {
+    let s = v
+        .get("execution_id")
+        .and_then(Value::as_str)
+        .ok_or_else(|| GatewayError::params("execution_id (a string) is required"))?;
+    ExecutionId::parse(s).map_err(|e| GatewayError::params(e.to_string()))
+}
+
+/// `status`: the journal's record (and, with `probe: true`, a fresh probe of the host).
+pub fn status(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
+    let id = parse_id(params)?;
+    let probe = params
+        .get("probe")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let mut ex = cfg.executor()?;
+    let review = crate::review::record(&ex.journal, &id)?;
+    let mut v = if probe {
+        let (o, p) = block_on(ex.probe(&id))?;
+        let mut v = outcome_value(&o, None);
+        v["host_says"] = match p {
+            Ok(p) => format!("{p:?}"),
+            Err(e) => format!("not probed: {e}"),
+        }
+        .into();
+        v
+    } else {
+        let o = ex.journal_outcome(&id)?;
+        outcome_value(&o, None)
+    };
+    v["accepted_at"] = review.accepted_at.clone().into();
+    v["first_dispatched_at"] = json!(review.first_dispatched_at);
+    v["events"] = ex
+        .journal
+        .events(&id)
+        .map_err(ExecError::from)?
+        .iter()
+        .map(|e| json!({"seq": e.seq, "at": e.at, "kind": e.kind, "state": e.state}))
+        .collect::<Vec<_>>()
+        .into();
+    if v["needs_review"] == true {
+        v["review"] = serde_json::to_value(&review).unwrap_or_default();
+    }
+    Ok(v)
+}
+
+/// `output`: bytes of one stream from `offset`, at most `limit` (default 1 MiB).
+pub fn output(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
+    let id = parse_id(params)?;
+    let stderr = match params
+        .get("stream")
+        .and_then(Value::as_str)
+        .unwrap_or("stdout")
+    {
+        "stdout" => false,
+        "stderr" => true,
+        other => {
+            return Err(GatewayError::params(format!(
+                "stream {other:?}: stdout or stderr"
+            )))
+        }
+    };
+    let offset = params.get("offset").and_then(Value::as_u64).unwrap_or(0);
+    let limit = params
+        .get("limit")
+        .and_then(Value::as_u64)
+        .unwrap_or(INLINE_OUTPUT_CAP as u64)
+        .min(16 << 20) as usize;
+    let mut ex = cfg.executor()?;
+    let mut cap = Capture {
+        cap: limit,
+        ..Capture::default()
+    };
+    let done = block_on(ex.output_from(&id, stderr, offset, &mut cap))?;
+    let data = if stderr { cap.err } else { cap.out };
+    let next = offset + data.len() as u64;
+    let total = done.as_ref().map(|d| if stderr { d.err } else { d.out });
+    Ok(json!({
+        "execution_id": id,
+        "stream": if stderr { "stderr" } else { "stdout" },
+        "offset": offset,
+        "next_offset": next,
+        "data": String::from_utf8_lossy(&data),
+        "data_base64": base64::engine::general_purpose::STANDARD.encode(&data),
+        "finished": done.is_some(),
+        "total_bytes": total,
+        "eof": total.is_some_and(|t| next >= t),
+    }))
+}
+
+/// `attach`: stream (collect) from the start, wait for the outcome.
+pub fn attach(
+    cfg: &GatewayConfig,
+    params: &Value,
+    correlation_id: Option<String>,
+) -> GResult<(Value, Option<ExecutionId>)> {
+    let id = parse_id(params)?;
+    let mut ex = cfg.executor()?;
+    if let Some(c) = correlation_id {
+        ex.journal
+            .append(
+                &id,
+                "correlation",
+                None,
+                json!({"correlation_id": c, "session_id": cfg.session_id, "method": "attach"}),
+            )
+            .map_err(ExecError::from)?;
+    }
+    let mut cap = Capture {
+        cap: INLINE_OUTPUT_CAP,
+        ..Capture::default()
+    };
+    let o = block_on(ex.attach_replay(&id, &mut cap))?;
+    let deliverable = o.state.has_result().then_some(id);
+    Ok((outcome_value(&o, Some(&cap)), deliverable))
+}
+
+/// `recover`: the recovery table applied to every unsettled execution.
+pub fn recover(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
+    let wait = params.get("wait").and_then(Value::as_bool).unwrap_or(false);
+    let mut ex = cfg.executor()?;
+    let todo: Vec<_> = ex
+        .journal
+        .list()
+        .map_err(ExecError::from)?
+        .into_iter()
+        .filter(|(_, st)| !st.state.is_settled())
+        .map(|(r, st)| (r.id, st.state))
+        .collect();
+    let mut out = Vec::new();
+    for (id, before) in todo {
+        match block_on(ex.recover_one(&id, wait)) {
+            Ok(o) => {
+                let mut v = outcome_value(&o, None);
+                v["state_before"] = before.as_str().into();
+                out.push(v);
+            }
+            Err(e) => out
+                .push(json!({"execution_id": id, "state_before": before, "error": e.to_string()})),
+        }
+    }
+    Ok(Value::Array(out))
+}
+
+/// `review`: executions waiting for a human, with their original record.
+pub fn review(cfg: &GatewayConfig) -> GResult<Value> {
+    let ex = cfg.executor()?;
+    let r = crate::review::pending(&ex.journal)?;
+    Ok(serde_json::to_value(r).unwrap_or_default())
+}
+
+/// `resolve`: a human decision as evidence.
+pub fn resolve(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
+    let id = parse_id(params)?;
+    let how: crate::review::Resolution = params
+        .get("as")
+        .and_then(Value::as_str)
+        .ok_or_else(|| GatewayError::params("as: completed, failed or retry"))?
+        .parse()
+        .map_err(GatewayError::params)?;
+    let reason = params.get("reason").and_then(Value::as_str).unwrap_or("");
+    let mut ex = cfg.executor()?;
+    let mut cap = Capture {
+        cap: INLINE_OUTPUT_CAP,
+        ..Capture::default()
+    };
+    let o = block_on(ex.resolve(&id, how, reason, &cfg.actor, &mut cap))?;
+    Ok(outcome_value(&o, Some(&cap)))
+}

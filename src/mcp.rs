@@ -1,0 +1,243 @@
+//! `cairn mcp`: a Model Context Protocol server over stdio, on the official Rust SDK (`rmcp`).
+//!
+//! Tools (each declares its input with a JSON schema):
+//! - `run_command`: run a command on a host (or attach to the execution already doing the
+//!   same thing); waits for the outcome unless `detach`.
+//! - `execution_status`: the journal's record of an execution (optionally a fresh probe).
+//! - `read_output`: an execution's stdout or stderr from a byte offset.
+//!
+//! Tool calls carry execution identity through intent matching: an agent that retries a
+//! `tools/call` (after a timeout, a crash, a reconnect) with the same arguments has the same
+//! intent fingerprint, so the retry attaches to the first execution instead of running the
+//! command again. The MCP request id is recorded as the correlation ID. Results say in plain
+//! words when the outcome is unknown, and when a result was recovered or attached rather than
+//! freshly run; the full record is the structured content.
+//!
+//! Delivery: MCP gives the server no acknowledgement, so a result is recorded `delivered`
+//! when the tool hands it to the transport. A client that vanished before reading it and
+//! retries later starts a new execution once the first is delivered; a client that died
+//! while the command ran (the usual case) attaches.
+
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
+use rmcp::service::RequestContext;
+use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::cli_gateway::McpArgs;
+use crate::executor::ExecError;
+use crate::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
+
+/// `execution_status` input.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct StatusParams {
+    /// The execution ID (`ex_…`) returned by run_command.
+    pub execution_id: String,
+    /// Also ask the host now (one short SSH exchange).
+    #[serde(default)]
+    pub probe: bool,
+}
+
+/// `read_output` input.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OutputParams {
+    /// The execution ID (`ex_…`).
+    pub execution_id: String,
+    /// `stdout` (default) or `stderr`.
+    #[serde(default)]
+    pub stream: Option<String>,
+    /// First byte to return (the previous call's next_offset).
+    #[serde(default)]
+    pub offset: Option<u64>,
+    /// Most bytes to return (default 1 MiB).
+    #[serde(default)]
+    pub limit: Option<u64>,
+}
+
+#[derive(Clone)]
+pub struct CairnMcp {
+    cfg: GatewayConfig,
+    tool_router: ToolRouter<Self>,
+}
+
+fn correlation(id: &rmcp::model::RequestId) -> String {
+    match serde_json::to_value(id) {
+        Ok(Value::String(s)) => s,
+        Ok(v) => v.to_string(),
+        Err(_) => String::new(),
+    }
+}
+
+fn tool_error(e: GatewayError) -> CallToolResult {
+    CallToolResult::structured_error(json!({"error": e.message, "code": e.code}))
+}
+
+/// A result: the plain sentence first, then the record as JSON; structured content too.
+fn result(v: Value) -> CallToolResult {
+    let summary = v
+        .get("summary")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_owned();
+    let mut r = CallToolResult::structured(v.clone());
+    let mut content = Vec::new();
+    if !summary.is_empty() {
+        content.push(ContentBlock::text(summary));
+    }
+    content.push(ContentBlock::text(v.to_string()));
+    r.content = content;
+    r
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, GatewayError> + Send + 'static,
+) -> Result<T, GatewayError> {
+    tokio::task::spawn_blocking(f).await.unwrap_or_else(|e| {
+        Err(GatewayError {
+            code: -32603,
+            message: format!("internal error: {e}"),
+            data: None,
+        })
+    })
+}
+
+#[tool_router]
+impl CairnMcp {
+    pub fn new(cfg: GatewayConfig) -> Self {
+        CairnMcp {
+            cfg,
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Run a command on a host over SSH, at most once per intent.
+    #[tool(
+        name = "run_command",
+        description = "Run a shell command on a remote host over SSH, at most once. Retrying the \
+                       same call (same destination, command, class, scope, cwd, env) attaches to \
+                       the earlier execution instead of running it again; the result says so. \
+                       Waits for the exit status unless detach is true. If the outcome is \
+                       unknown the result says OUTCOME UNKNOWN: do not assume it ran or not."
+    )]
+    async fn run_command(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        Parameters(p): Parameters<ExecuteParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let cfg = self.cfg.clone();
+        let corr = correlation(&ctx.id);
+        let r = blocking(move || gateway::execute(&cfg, p, Some(corr))).await;
+        Ok(match r {
+            Ok((v, deliver)) => {
+                // Not delivered if the client cancelled the call (or is gone: the process
+                // exits when the transport closes, before this point).
+                if let (Some(id), false) = (deliver, ctx.ct.is_cancelled()) {
+                    let cfg = self.cfg.clone();
+                    let _ = blocking(move || {
+                        gateway::delivered(&cfg, &id);
+                        Ok(())
+                    })
+                    .await;
+                }
+                result(v)
+            }
+            Err(e) => tool_error(e),
+        })
+    }
+
+    /// The journal's record of an execution.
+    #[tool(
+        name = "execution_status",
+        description = "Status of an execution by ID: state (running, completed, failed, unknown, \
+                       interrupted, ...), exit code, times, and whether it needs human review. \
+                       probe=true also asks the host now."
+    )]
+    async fn execution_status(
+        &self,
+        Parameters(p): Parameters<StatusParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let cfg = self.cfg.clone();
+        let params = json!({"execution_id": p.execution_id, "probe": p.probe});
+        Ok(
+            match blocking(move || gateway::status(&cfg, &params)).await {
+                Ok(v) => result(v),
+                Err(e) => tool_error(e),
+            },
+        )
+    }
+
+    /// Output from a byte offset.
+    #[tool(
+        name = "read_output",
+        description = "Read an execution's stdout or stderr from a byte offset (as stored on the \
+                       host). Returns data, next_offset, and eof once the command has finished \
+                       and everything was read."
+    )]
+    async fn read_output(
+        &self,
+        Parameters(p): Parameters<OutputParams>,
+    ) -> Result<CallToolResult, ErrorData> {
+        let cfg = self.cfg.clone();
+        let params = json!({"execution_id": p.execution_id, "stream": p.stream.unwrap_or_else(|| "stdout".into()),
+                            "offset": p.offset.unwrap_or(0), "limit": p.limit});
+        let params = if params["limit"].is_null() {
+            let mut p = params;
+            p.as_object_mut().map(|m| m.remove("limit"));
+            p
+        } else {
+            params
+        };
+        Ok(
+            match blocking(move || gateway::output(&cfg, &params)).await {
+                Ok(mut v) => {
+                    v["summary"] = format!(
+                        "{} bytes of {} from offset {}; next_offset {}{}",
+                        v["next_offset"].as_u64().unwrap_or(0) - v["offset"].as_u64().unwrap_or(0),
+                        v["stream"].as_str().unwrap_or("stdout"),
+                        v["offset"],
+                        v["next_offset"],
+                        if v["eof"] == true {
+                            " (end of output)"
+                        } else {
+                            ""
+                        }
+                    )
+                    .into();
+                    result(v)
+                }
+                Err(e) => tool_error(e),
+            },
+        )
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for CairnMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+            "cairn runs commands on remote hosts over SSH so that a retry never becomes a second \
+             run. Call run_command again with the same arguments after a timeout or crash: it \
+             attaches to the first execution. Treat OUTCOME UNKNOWN as unknown.",
+        )
+    }
+}
+
+pub async fn main(a: McpArgs) -> Result<i32, ExecError> {
+    let mut cfg = a.server.config("mcp");
+    cfg.start_session("mcp")
+        .map_err(|e| ExecError::Input(e.message))?;
+    let server = CairnMcp::new(cfg.clone());
+    let running = server
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| ExecError::Input(format!("mcp: {e}")))?;
+    let r = running.waiting().await;
+    cfg.end_session(json!({"reason": format!("{r:?}")}));
+    // The client is gone: stop now. Calls still running stay in the journal as they are
+    // (dispatched/running, never delivered), so a reconnected client's retry attaches.
+    std::process::exit(0)
+}

@@ -1,0 +1,178 @@
+//! `cairn serve --stdio`: JSON-RPC 2.0 on stdin/stdout, one JSON message per line.
+//!
+//! Methods (params and results in `docs/GATEWAYS.md`): `execute`, `status`, `output`,
+//! `attach`, `recover`, `review`, `resolve`. Requests are handled concurrently, each on its
+//! own thread; responses are written whole, one per line, in completion order, and carry the
+//! request's `id`. The `id` is the caller's correlation ID: `execute` and `attach` record it
+//! as a journal event on the execution, and it never enters the intent fingerprint, so a
+//! retried request with a new `id` and the same intent attaches to the same execution.
+//!
+//! A result is recorded `delivered` only after its response line was written and flushed;
+//! if the caller vanished first, the result stays retrievable and a retry gets it.
+
+use std::io::{BufRead, Write};
+use std::sync::mpsc;
+
+use serde_json::{json, Value};
+
+use crate::cli_gateway::ServeArgs;
+use crate::executor::ExecError;
+use crate::gateway::{self, GatewayConfig, GatewayError};
+use crate::id::ExecutionId;
+
+/// The methods, for `rpc.discover`-style listing in errors.
+pub const METHODS: [&str; 7] = [
+    "execute", "status", "output", "attach", "recover", "review", "resolve",
+];
+
+pub async fn main(a: ServeArgs) -> Result<i32, ExecError> {
+    let _ = a.stdio;
+    let mut cfg = a.server.config("serve");
+    cfg.start_session("serve")
+        .map_err(|e| ExecError::Input(e.message))?;
+    let code = tokio::task::spawn_blocking(move || {
+        let stdin = std::io::stdin();
+        let n = serve(&cfg, stdin.lock(), std::io::stdout());
+        cfg.end_session(json!({"requests": n, "reason": "stdin closed"}));
+        0
+    })
+    .await
+    .unwrap_or(255);
+    Ok(code)
+}
+
+fn error(id: &Value, e: &GatewayError) -> Value {
+    let mut err = json!({"code": e.code, "message": e.message});
+    if let Some(d) = &e.data {
+        err["data"] = d.clone();
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": err})
+}
+
+/// The correlation ID as text: a string ID as it is, any other as its JSON text.
+fn correlation(id: &Value) -> Option<String> {
+    match id {
+        Value::Null => None,
+        Value::String(s) => Some(s.clone()),
+        other => Some(other.to_string()),
+    }
+}
+
+/// Handle one request; the value to answer and the execution whose result it delivers.
+pub fn handle(
+    cfg: &GatewayConfig,
+    method: &str,
+    params: Value,
+    id: &Value,
+) -> (Value, Option<ExecutionId>) {
+    let corr = correlation(id);
+    let r: Result<(Value, Option<ExecutionId>), GatewayError> = match method {
+        "execute" => serde_json::from_value::<gateway::ExecuteParams>(params)
+            .map_err(|e| GatewayError::params(format!("execute: {e}")))
+            .and_then(|p| gateway::execute(cfg, p, corr)),
+        "status" => gateway::status(cfg, &params).map(|v| (v, None)),
+        "output" => gateway::output(cfg, &params).map(|v| (v, None)),
+        "attach" => gateway::attach(cfg, &params, corr),
+        "recover" => gateway::recover(cfg, &params).map(|v| (v, None)),
+        "review" => gateway::review(cfg).map(|v| (v, None)),
+        "resolve" => gateway::resolve(cfg, &params).map(|v| (v, None)),
+        other => Err(GatewayError {
+            code: -32601,
+            message: format!(
+                "method {other:?} not found; methods: {}",
+                METHODS.join(", ")
+            ),
+            data: None,
+        }),
+    };
+    match r {
+        Ok((v, deliver)) => (json!({"jsonrpc": "2.0", "id": id, "result": v}), deliver),
+        Err(e) => (error(id, &e), None),
+    }
+}
+
+/// Serve requests from `input` until it ends; returns how many were read.
+pub fn serve(
+    cfg: &GatewayConfig,
+    input: impl BufRead,
+    output: impl Write + Send + 'static,
+) -> usize {
+    let (tx, rx) = mpsc::channel::<(Value, Option<ExecutionId>)>();
+    let wcfg = cfg.clone();
+    let writer = std::thread::spawn(move || {
+        let mut out = output;
+        for (msg, deliver) in rx {
+            let line = serde_json::to_string(&msg).unwrap_or_default();
+            let ok = out
+                .write_all(line.as_bytes())
+                .and_then(|_| out.write_all(b"\n"))
+                .and_then(|_| out.flush())
+                .is_ok();
+            if let (true, Some(id)) = (ok, deliver) {
+                gateway::delivered(&wcfg, &id);
+            }
+        }
+    });
+    let mut workers = Vec::new();
+    let mut n = 0;
+    for line in input.lines() {
+        let Ok(line) = line else { break };
+        if line.trim().is_empty() {
+            continue;
+        }
+        n += 1;
+        let msg: Value = match serde_json::from_str(&line) {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = tx.send((
+                    error(
+                        &Value::Null,
+                        &GatewayError {
+                            code: -32700,
+                            message: format!("parse error: {e}"),
+                            data: None,
+                        },
+                    ),
+                    None,
+                ));
+                continue;
+            }
+        };
+        let id = msg.get("id").cloned();
+        let method = msg.get("method").and_then(Value::as_str).map(str::to_owned);
+        let valid = msg.get("jsonrpc").and_then(Value::as_str) == Some("2.0") && method.is_some();
+        if !valid {
+            let _ = tx.send((
+                error(
+                    &id.unwrap_or(Value::Null),
+                    &GatewayError {
+                        code: -32600,
+                        message: "invalid request: expected {\"jsonrpc\":\"2.0\",\"id\":…,\"method\":…,\"params\":…} (batches are not supported)".into(),
+                        data: None,
+                    },
+                ),
+                None,
+            ));
+            continue;
+        }
+        let params = msg.get("params").cloned().unwrap_or(json!({}));
+        let cfg = cfg.clone();
+        let tx = tx.clone();
+        workers.push(std::thread::spawn(move || {
+            let method = method.unwrap_or_default();
+            let shown = id.clone().unwrap_or(Value::Null);
+            let (resp, deliver) = handle(&cfg, &method, params, &shown);
+            // A notification (no id) gets no response, and nothing is delivered.
+            if id.is_some() {
+                let _ = tx.send((resp, deliver));
+            }
+        }));
+        workers.retain(|w| !w.is_finished());
+    }
+    for w in workers {
+        let _ = w.join();
+    }
+    drop(tx);
+    let _ = writer.join();
+    n
+}

@@ -1,0 +1,1179 @@
+//! Intent matching, operation classes, authorization, review, sessions and the gateway
+//! servers (`cairn serve --stdio`, `cairn mcp`), end to end against a real sshd. Every test
+//! counts how many times the command really ran on the host.
+
+use std::fs;
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use cairn::journal::Journal;
+use cairn::{ExecutionId, State};
+use serde_json::{json, Value};
+
+use crate::support::{Proxy, TestSshd};
+
+const BIN: &str = env!("CARGO_BIN_EXE_cairn");
+
+struct Host {
+    sshd: TestSshd,
+    proxy: Proxy,
+    known_hosts: PathBuf,
+    journal: PathBuf,
+    remote_dir: PathBuf,
+    counter: PathBuf,
+}
+
+impl Host {
+    fn new() -> Host {
+        let sshd = TestSshd::start();
+        let proxy = Proxy::start(sshd.port());
+        let known_hosts = sshd.known_hosts_for_port(proxy.port());
+        let journal = sshd.dir().join("state").join("journal.db");
+        let remote_dir = sshd.dir().join("cairn-home");
+        let counter = sshd.dir().join("ran.count");
+        Host {
+            sshd,
+            proxy,
+            known_hosts,
+            journal,
+            remote_dir,
+            counter,
+        }
+    }
+
+    /// The connection options reaching this host through the proxy.
+    fn conn_args(&self, c: &mut Command, reconnect_for: &str) {
+        c.env_remove("SSH_AUTH_SOCK")
+            .env_remove("CAIRN_JOURNAL")
+            .env_remove("CAIRN_INTENT_KEY")
+            .env_remove("CAIRN_ACTOR")
+            .env_remove("CAIRN_SCOPE")
+            .env_remove("CAIRN_POLICY")
+            .env("CAIRN_LOG", "cairn=info")
+            .arg("--journal")
+            .arg(&self.journal)
+            .args(["-F", "/dev/null", "-p", &self.proxy.port().to_string()])
+            .arg("-i")
+            .arg(self.sshd.client_key())
+            .arg("--known-hosts")
+            .arg(&self.known_hosts)
+            .args([
+                "--connect-timeout",
+                "5s",
+                "--keepalive",
+                "1s",
+                "--reconnect-for",
+                reconnect_for,
+            ]);
+    }
+
+    fn cairn(&self, sub: &str) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg(sub);
+        self.conn_args(&mut c, "60s");
+        c
+    }
+
+    fn run_cmd(&self, extra: &[&str], command: &str) -> Command {
+        let mut c = self.cairn("run");
+        c.arg("--remote-dir").arg(&self.remote_dir);
+        c.args(extra);
+        c.arg("127.0.0.1").arg("--").arg(command);
+        c
+    }
+
+    /// A plain journal command (no connection options).
+    fn local(&self, sub: &str) -> Command {
+        let mut c = Command::new(BIN);
+        c.arg(sub).arg("--journal").arg(&self.journal);
+        c.env_remove("CAIRN_JOURNAL");
+        c
+    }
+
+    fn count(&self) -> String {
+        format!("echo ran >> '{}'; ", self.counter.display())
+    }
+
+    fn runs(&self) -> usize {
+        fs::read_to_string(&self.counter)
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+
+    fn journal(&self) -> Journal {
+        Journal::open(&self.journal).expect("open journal")
+    }
+
+    fn executions(&self) -> usize {
+        self.journal().list().expect("list").len()
+    }
+
+    fn kinds(&self, id: &str) -> Vec<String> {
+        self.journal()
+            .events(&ExecutionId::parse(id).unwrap())
+            .expect("events")
+            .into_iter()
+            .map(|e| e.kind)
+            .collect()
+    }
+
+    fn state(&self, id: &str) -> State {
+        self.journal()
+            .status(&ExecutionId::parse(id).unwrap())
+            .unwrap()
+            .unwrap()
+            .state
+    }
+
+    fn x(&self) -> PathBuf {
+        self.remote_dir.join("x")
+    }
+
+    fn wait_started(&self) -> String {
+        wait_for("a started record", Duration::from_secs(20), || {
+            let rd = fs::read_dir(self.x()).ok()?;
+            rd.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .find_map(|n| n.strip_suffix(".start").map(str::to_owned))
+        })
+    }
+
+    fn wait_done(&self, id: &str) {
+        let p = self.x().join(format!("{id}.done"));
+        wait_for("the finish record", Duration::from_secs(30), || {
+            p.exists().then_some(())
+        });
+    }
+}
+
+fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let t0 = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(
+            t0.elapsed() < limit,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn spawn(mut c: Command) -> Child {
+    c.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cairn")
+}
+
+fn wait_child(mut child: Child, limit: Duration) -> Output {
+    let t0 = Instant::now();
+    loop {
+        if child.try_wait().expect("try_wait").is_some() {
+            return child.wait_with_output().expect("output");
+        }
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            let out = child.wait_with_output().expect("output");
+            panic!(
+                "cairn did not finish within {limit:?}\nstdout: {}\nstderr: {}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn output(c: Command, limit: Duration) -> Output {
+    wait_child(spawn(c), limit)
+}
+
+fn json_of(out: &Output) -> Value {
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text.lines().last().unwrap_or_default();
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!(
+            "not JSON ({e}): {text}\nstderr: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
+}
+
+const T: Duration = Duration::from_secs(60);
+
+// ----- intent matching ---------------------------------------------------------------------
+
+#[test]
+fn a_repeat_while_running_attaches_and_the_command_runs_once() {
+    let h = Host::new();
+    let cmd = format!("{}echo start; sleep 1.5; echo end; exit 3", h.count());
+    let first = spawn(h.run_cmd(&["--json"], &cmd));
+    let id = h.wait_started();
+    let second = output(h.run_cmd(&["--json"], &cmd), T);
+    let first = wait_child(first, T);
+    let (a, b) = (json_of(&first), json_of(&second));
+    assert_eq!(first.status.code(), Some(3), "{a}");
+    assert_eq!(second.status.code(), Some(3), "{b}");
+    assert_eq!(a["execution_id"], id.as_str());
+    assert_eq!(b["execution_id"], id.as_str(), "the repeat attaches: {b}");
+    assert_eq!(b["attached"], true);
+    assert_eq!(a["attached"], false);
+    assert_eq!(b["stdout"], "start\nend\n");
+    assert_eq!(h.runs(), 1, "the command must run once");
+    assert_eq!(h.executions(), 1);
+    assert!(h.kinds(&id).contains(&"intent-matched".to_string()));
+    assert_eq!(a["fingerprint"], b["fingerprint"]);
+    assert_eq!(a["fingerprint"].as_str().unwrap().len(), 64);
+}
+
+#[test]
+fn identical_requests_at_the_same_instant_make_one_execution() {
+    let h = Host::new();
+    let cmd = format!("{}sleep 0.5; echo once", h.count());
+    let children: Vec<_> = (0..6)
+        .map(|_| spawn(h.run_cmd(&["--json"], &cmd)))
+        .collect();
+    let outs: Vec<_> = children.into_iter().map(|c| wait_child(c, T)).collect();
+    let mut ids = std::collections::BTreeSet::new();
+    for o in &outs {
+        let v = json_of(o);
+        assert_eq!(o.status.code(), Some(0), "{v}");
+        assert_eq!(v["stdout"], "once\n", "{v}");
+        ids.insert(v["execution_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 1, "one execution for all: {ids:?}");
+    assert_eq!(h.runs(), 1, "the command ran once");
+    assert_eq!(h.executions(), 1);
+    let id = ids.into_iter().next().unwrap();
+    let kinds = h.kinds(&id);
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "intent-matched").count(),
+        5,
+        "{kinds:?}"
+    );
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "authorized").count(),
+        1,
+        "{kinds:?}"
+    );
+}
+
+#[test]
+fn threads_in_one_process_racing_the_journal_make_one_execution() {
+    // The check-and-insert itself, without ssh: many handles, one fingerprint.
+    let h = Host::new();
+    let path = h.journal.clone();
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let threads: Vec<_> = (0..8)
+        .map(|i| {
+            let path = path.clone();
+            let barrier = barrier.clone();
+            std::thread::spawn(move || {
+                let mut j = Journal::open(&path).unwrap();
+                let id = ExecutionId::generate();
+                let rec = cairn::journal::ExecutionRecord {
+                    id: id.clone(),
+                    created_at: cairn::journal::now_rfc3339(),
+                    destination: "h".into(),
+                    host: "h".into(),
+                    port: 22,
+                    user: "u".into(),
+                    command: b"true".to_vec(),
+                    command_digest: "00".into(),
+                    remote_dir: ".cairn".into(),
+                    timeout_secs: 0,
+                    client: format!("t{i}"),
+                };
+                let cols = cairn::journal::IntentColumns {
+                    fingerprint: "f".repeat(64),
+                    actor: "a".into(),
+                    scope: "default".into(),
+                    class: "remote-command".into(),
+                    retention_secs: 60,
+                    accepted_ms: cairn::journal::now_ms(),
+                    session_id: None,
+                    intent: json!({}),
+                };
+                barrier.wait();
+                match j
+                    .accept_or_match(
+                        &rec,
+                        &cols,
+                        json!({}),
+                        json!({}),
+                        cairn::executor::choose_match,
+                    )
+                    .unwrap()
+                {
+                    cairn::journal::AcceptOrMatch::Accepted(_) => Some(id),
+                    cairn::journal::AcceptOrMatch::Matched(_) => None,
+                }
+            })
+        })
+        .collect();
+    let accepted: Vec<_> = threads
+        .into_iter()
+        .filter_map(|t| t.join().unwrap())
+        .collect();
+    assert_eq!(accepted.len(), 1, "exactly one accepted");
+    assert_eq!(h.executions(), 1);
+}
+
+#[test]
+fn after_delivery_or_with_another_scope_or_class_it_is_a_new_execution() {
+    let h = Host::new();
+    let cmd = format!("{}echo hi", h.count());
+    let a = json_of(&output(h.run_cmd(&["--json"], &cmd), T));
+    let b = json_of(&output(h.run_cmd(&["--json"], &cmd), T));
+    assert_ne!(a["execution_id"], b["execution_id"], "delivered: a new run");
+    assert_eq!(h.runs(), 2);
+    // While a detached one runs, another scope or class is another operation.
+    let slow = format!("{}sleep 2", h.count());
+    let d = output(h.run_cmd(&["--detach", "--json"], &slow), T);
+    let d = json_of(&d);
+    let again = json_of(&output(h.run_cmd(&["--detach", "--json"], &slow), T));
+    assert_eq!(
+        again["execution_id"], d["execution_id"],
+        "same intent attaches"
+    );
+    let scoped = json_of(&output(
+        h.run_cmd(&["--detach", "--json", "--scope", "ticket-42"], &slow),
+        T,
+    ));
+    assert_ne!(scoped["execution_id"], d["execution_id"]);
+    assert_ne!(scoped["fingerprint"], d["fingerprint"]);
+    let classed = json_of(&output(
+        h.run_cmd(&["--detach", "--json", "--class", "idempotent"], &slow),
+        T,
+    ));
+    assert_ne!(classed["execution_id"], d["execution_id"]);
+    let actor = json_of(&output(
+        h.run_cmd(&["--detach", "--json", "--actor", "someone-else"], &slow),
+        T,
+    ));
+    assert_ne!(actor["execution_id"], d["execution_id"]);
+    wait_for("four detached runs", T, || (h.runs() == 6).then_some(()));
+}
+
+#[test]
+fn past_the_retention_window_it_is_a_new_execution() {
+    let h = Host::new();
+    let slow = format!("{}sleep 3", h.count());
+    let a = json_of(&output(
+        h.run_cmd(&["--detach", "--json", "--retention", "1s"], &slow),
+        T,
+    ));
+    std::thread::sleep(Duration::from_millis(1300));
+    let b = json_of(&output(
+        h.run_cmd(&["--detach", "--json", "--retention", "1s"], &slow),
+        T,
+    ));
+    assert_ne!(a["execution_id"], b["execution_id"]);
+    wait_for("two runs", T, || (h.runs() == 2).then_some(()));
+}
+
+#[test]
+fn cwd_and_env_reach_the_host_and_are_part_of_the_intent() {
+    let h = Host::new();
+    let dir = h.sshd.dir().join("work dir");
+    fs::create_dir_all(&dir).unwrap();
+    let cmd = format!("{}pwd; echo \"$MODE\"", h.count());
+    let out = output(
+        h.run_cmd(
+            &[
+                "--json",
+                "--cwd",
+                dir.to_str().unwrap(),
+                "--env",
+                "MODE=it's fast",
+            ],
+            &cmd,
+        ),
+        T,
+    );
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["stdout"], format!("{}\nit's fast\n", dir.display()));
+    let j = h.journal();
+    let id = ExecutionId::parse(v["execution_id"].as_str().unwrap()).unwrap();
+    let intent = j.intent_of(&id).unwrap().unwrap();
+    assert_eq!(intent.intent["cwd"], dir.to_str().unwrap());
+    assert_eq!(intent.intent["env"]["MODE"], "it's fast");
+    assert_eq!(intent.intent["command"], cmd.as_str());
+    assert!(intent.intent["host_key"]
+        .as_str()
+        .unwrap()
+        .starts_with("SHA256:"));
+}
+
+#[test]
+fn the_intent_key_is_created_0600_and_never_logged() {
+    use std::os::unix::fs::PermissionsExt;
+    let h = Host::new();
+    let out = output(h.run_cmd(&[], &format!("{}true", h.count())), T);
+    assert_eq!(out.status.code(), Some(0));
+    let key = h.journal.parent().unwrap().join("intent.key");
+    let mode = fs::metadata(&key).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+    let k = fs::read_to_string(&key).unwrap();
+    let k = k.trim();
+    assert!(!String::from_utf8_lossy(&out.stderr).contains(k));
+    assert!(!fs::read(&h.journal)
+        .unwrap()
+        .windows(k.len())
+        .any(|w| w == k.as_bytes()));
+    // --intent-key moves it; another key gives other fingerprints.
+    let other = h.sshd.dir().join("other.key");
+    let v = json_of(&output(
+        h.run_cmd(&["--json", "--intent-key", other.to_str().unwrap()], "true"),
+        T,
+    ));
+    let w = json_of(&output(h.run_cmd(&["--json"], "true"), T));
+    assert!(other.exists());
+    assert_ne!(v["fingerprint"], w["fingerprint"]);
+}
+
+#[test]
+fn a_secret_never_reaches_the_journal_the_marker_or_argv() {
+    let h = Host::new();
+    let secret = "s3cr3t-value-that-must-not-leak";
+    let digest_file = h.sshd.dir().join("secret.sha");
+    let mut c = h.run_cmd(
+        &["--json", "--secret-env", "CAIRN_TEST_TOKEN"],
+        &format!(
+            "{}printf '%s' \"$CAIRN_TEST_TOKEN\" | sha256sum > '{}'",
+            h.count(),
+            digest_file.display()
+        ),
+    );
+    c.env("CAIRN_TEST_TOKEN", secret);
+    let out = output(c, T);
+    let v = json_of(&out);
+    // Wherever cairn wrote: journal, anchor, marker home, its own output.
+    let mut hay: Vec<Vec<u8>> = vec![out.stdout.clone(), out.stderr.clone()];
+    for dir in [
+        h.journal.parent().unwrap().to_path_buf(),
+        h.remote_dir.clone(),
+    ] {
+        for e in walk(&dir) {
+            hay.push(fs::read(e).unwrap_or_default());
+        }
+    }
+    for bytes in &hay {
+        assert!(
+            !bytes.windows(secret.len()).any(|w| w == secret.as_bytes()),
+            "the secret leaked"
+        );
+    }
+    let id = ExecutionId::parse(v["execution_id"].as_str().unwrap()).unwrap();
+    let intent = h.journal().intent_of(&id).unwrap().unwrap();
+    assert_eq!(intent.intent["secret_env"], json!(["CAIRN_TEST_TOKEN"]));
+    match v["state"].as_str() {
+        // A host script with secret delivery: the command saw the value.
+        Some("completed") => {
+            use sha2::Digest;
+            let want = hex::encode(sha2::Sha256::digest(secret.as_bytes()));
+            assert!(fs::read_to_string(&digest_file).unwrap().starts_with(&want));
+            assert_eq!(h.runs(), 1);
+        }
+        // A host script without it refuses the dispatch: the command never ran without it.
+        _ => {
+            assert_eq!(v["state"], "failed", "{v}");
+            assert_eq!(h.runs(), 0);
+        }
+    }
+    // A missing secret is refused before anything is sent.
+    let out = output(h.run_cmd(&["--secret-env", "CAIRN_TEST_ABSENT"], "true"), T);
+    assert_eq!(out.status.code(), Some(255));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("CAIRN_TEST_ABSENT"));
+}
+
+fn walk(dir: &std::path::Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(rd) = fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                out.extend(walk(&p));
+            } else {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+// ----- unknown outcomes, classes, review ---------------------------------------------------
+
+/// Run `cmd` with `extra`, lose the host mid-run for longer than --reconnect-for, so that the
+/// outcome is recorded `unknown`; then let the host be reachable again.
+fn make_unknown(h: &Host, extra: &[&str], cmd: &str) -> String {
+    let mut c = Command::new(BIN);
+    c.arg("run");
+    h.conn_args(&mut c, "1s");
+    c.arg("--remote-dir")
+        .arg(&h.remote_dir)
+        .args(["--json"])
+        .args(extra);
+    c.arg("127.0.0.1").arg("--").arg(cmd);
+    let child = spawn(c);
+    let id = h.wait_started();
+    h.proxy.set_refuse(true);
+    h.proxy.cut();
+    let out = wait_child(child, T);
+    h.proxy.set_refuse(false);
+    let v = json_of(&out);
+    assert_eq!(v["state"], "unknown", "{v}");
+    assert_eq!(out.status.code(), Some(254));
+    assert_eq!(v["needs_review"], true);
+    id
+}
+
+#[test]
+fn irreversible_after_unknown_stops_for_review_and_resolve_records_the_decision() {
+    let h = Host::new();
+    let cmd = format!("{}sleep 1; echo paid", h.count());
+    let id = make_unknown(&h, &["--class", "irreversible"], &cmd);
+    h.wait_done(&id);
+    let connections = h.proxy.connections();
+    // The retry attaches to the review record: nothing resent, no new approval, no contact.
+    let out = output(
+        h.run_cmd(
+            &["--json", "--class", "irreversible", "--approve", "deny"],
+            &cmd,
+        ),
+        T,
+    );
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(254), "{v}");
+    assert_eq!(v["execution_id"], id.as_str());
+    assert_eq!(v["attached"], true);
+    assert_eq!(v["state"], "unknown");
+    let reason = v["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("needs review") && reason.contains("irreversible"),
+        "{reason}"
+    );
+    assert!(reason.contains("first dispatched 20"), "{reason}");
+    assert_eq!(h.runs(), 1);
+    assert_eq!(h.executions(), 1);
+    assert_eq!(
+        h.proxy.connections(),
+        connections + 1,
+        "one connect to learn the host key"
+    );
+    let kinds = h.kinds(&id);
+    assert!(
+        !kinds.contains(&"rejected".to_string()),
+        "no second approval: {kinds:?}"
+    );
+    // cairn review shows the original record.
+    let r = output(
+        {
+            let mut c = h.local("review");
+            c.arg("--json");
+            c
+        },
+        T,
+    );
+    let list: Value = serde_json::from_slice(&r.stdout).unwrap();
+    let item = &list.as_array().unwrap()[0];
+    assert_eq!(item["execution_id"], id.as_str());
+    assert_eq!(item["class"], "irreversible");
+    assert!(item["target"].as_str().unwrap().contains("127.0.0.1"));
+    assert!(item["first_dispatched_at"].is_string());
+    assert!(item["why_not_resent"]
+        .as_str()
+        .unwrap()
+        .contains("irreversible"));
+    assert_eq!(item["command"], cmd.as_str());
+    // A human decides; the decision is evidence.
+    let mut c = h.cairn("resolve");
+    c.args([
+        &id,
+        "--as",
+        "completed",
+        "--reason",
+        "checked the ledger: paid once",
+    ]);
+    let out = output(c, T);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(h.state(&id), State::Completed);
+    let ev = h
+        .journal()
+        .events(&ExecutionId::parse(&id).unwrap())
+        .unwrap();
+    let res = ev.iter().find(|e| e.kind == "resolved").unwrap();
+    assert_eq!(res.evidence["reason"], "checked the ledger: paid once");
+    assert!(res.evidence["by"].as_str().unwrap().starts_with("local:"));
+    let r = output(h.local("review"), T);
+    assert!(String::from_utf8_lossy(&r.stdout).contains("nothing needs review"));
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn remote_command_after_unknown_probes_the_marker_and_returns_the_stored_result() {
+    let h = Host::new();
+    let cmd = format!("{}sleep 1; echo stored; exit 6", h.count());
+    let id = make_unknown(&h, &[], &cmd);
+    h.wait_done(&id);
+    let out = output(h.run_cmd(&["--json"], &cmd), T);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(6), "{v}");
+    assert_eq!(v["execution_id"], id.as_str());
+    assert_eq!(v["attached"], true);
+    assert_eq!(v["recovered"], true);
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["stdout"], "stored\n");
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn read_only_after_unknown_runs_again() {
+    let h = Host::new();
+    let cmd = format!("{}sleep 1; echo status", h.count());
+    let id = make_unknown(&h, &["--class", "read-only"], &cmd);
+    h.wait_done(&id);
+    let v = json_of(&output(
+        h.run_cmd(&["--json", "--class", "read-only"], &cmd),
+        T,
+    ));
+    assert_ne!(
+        v["execution_id"],
+        id.as_str(),
+        "read-only retries as a new execution"
+    );
+    assert_eq!(v["state"], "completed");
+    assert_eq!(h.runs(), 2);
+}
+
+#[test]
+fn resolve_retry_refuses_what_started_and_redispatches_what_never_did() {
+    let h = Host::new();
+    // Started, then unknown: retry is refused.
+    let cmd = format!("{}sleep 1; echo x", h.count());
+    let id = make_unknown(&h, &[], &cmd);
+    let mut c = h.cairn("resolve");
+    c.args([&id, "--as", "retry", "--reason", "try again"]);
+    let out = output(c, T);
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("refusing to retry"));
+    h.wait_done(&id);
+    assert_eq!(h.runs(), 1);
+
+    // Dispatched, cut before the host had the whole command, the client killed, and the
+    // host unreachable for `recover`: unknown, marker absent. Retry dispatches it under the
+    // same ID.
+    let h = Host::new();
+    let filler = "x".repeat(100_000);
+    let mut c = h.cairn("run");
+    c.arg("--remote-dir")
+        .arg(&h.remote_dir)
+        .args(["--json", "127.0.0.1", "--"]);
+    c.arg(format!("{}:", h.count()));
+    for _ in 0..10 {
+        c.arg(&filler);
+    }
+    c.arg("; echo retried");
+    h.proxy.cut_after_upstream_bytes(Some(400_000));
+    let mut child = spawn(c);
+    wait_for("the first cut", T, || {
+        (h.proxy.connections() >= 2).then_some(())
+    });
+    child.kill().unwrap();
+    let _ = child.wait();
+    h.proxy.set_refuse(true);
+    h.proxy.cut();
+    let mut rc = Command::new(BIN);
+    rc.arg("recover");
+    h.conn_args(&mut rc, "1s");
+    rc.arg("--json");
+    let out = output(rc, T);
+    h.proxy.set_refuse(false);
+    h.proxy.cut_after_upstream_bytes(None);
+    let v = json_of(&out);
+    let v = &v[0];
+    assert_eq!(v["state"], "unknown", "{v}");
+    let id = v["execution_id"].as_str().unwrap().to_owned();
+    assert_eq!(h.runs(), 0);
+    let mut c = h.cairn("resolve");
+    c.args([
+        &id,
+        "--as",
+        "retry",
+        "--reason",
+        "the host never got it",
+        "--json",
+    ]);
+    let out = output(c, T);
+    let r = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{r}");
+    assert_eq!(r["execution_id"], id.as_str());
+    assert_eq!(r["state"], "completed");
+    assert_eq!(r["stdout"], "retried\n");
+    assert_eq!(h.runs(), 1);
+    assert!(h.kinds(&id).contains(&"resolved".to_string()));
+}
+
+// ----- authorization -----------------------------------------------------------------------
+
+#[test]
+fn a_policy_rejects_with_evidence_and_an_attach_is_never_asked_again() {
+    let h = Host::new();
+    let policy = h.sshd.dir().join("policy.json");
+    fs::write(
+        &policy,
+        r#"{"default":"deny","rules":[
+            {"name":"nothing irreversible","decision":"deny","class":["irreversible"]},
+            {"name":"status only","decision":"allow","command_prefix":"echo ran"}]}"#,
+    )
+    .unwrap();
+    let p = policy.to_str().unwrap();
+    let out = output(h.run_cmd(&["--json", "--policy", p], "rm -rf /nothing"), T);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(255), "{v}");
+    assert_eq!(v["state"], "rejected");
+    assert!(
+        v["reason"].as_str().unwrap().contains("no rule matched"),
+        "{v}"
+    );
+    let id = v["execution_id"].as_str().unwrap();
+    let ev = h
+        .journal()
+        .events(&ExecutionId::parse(id).unwrap())
+        .unwrap();
+    let rej = ev.iter().find(|e| e.kind == "rejected").unwrap();
+    assert!(rej.evidence["by"].as_str().unwrap().starts_with("policy:"));
+    assert!(rej.evidence["at"].is_string());
+    assert!(!ev.iter().any(|e| e.kind == "dispatched"));
+
+    let cmd = format!("{}sleep 1.5; echo ok", h.count());
+    let out = output(
+        h.run_cmd(&["--json", "--policy", p, "--class", "irreversible"], &cmd),
+        T,
+    );
+    assert_eq!(json_of(&out)["state"], "rejected");
+    let first = spawn(h.run_cmd(&["--json", "--policy", p], &cmd));
+    let started = h.wait_started();
+    let ev = h
+        .journal()
+        .events(&ExecutionId::parse(&started).unwrap())
+        .unwrap();
+    let auth = ev.iter().find(|e| e.kind == "authorized").unwrap();
+    assert_eq!(auth.evidence["rule"], "status only");
+    // The same intent under a deny-all approver attaches: no second approval.
+    let second = output(h.run_cmd(&["--json", "--approve", "deny"], &cmd), T);
+    let b = json_of(&second);
+    assert_eq!(second.status.code(), Some(0), "{b}");
+    assert_eq!(b["execution_id"], started.as_str());
+    assert_eq!(b["attached"], true);
+    wait_child(first, T);
+    assert_eq!(h.runs(), 1);
+    let kinds = h.kinds(&started);
+    assert_eq!(kinds.iter().filter(|k| *k == "authorized").count(), 1);
+    assert!(!kinds.contains(&"rejected".to_string()));
+}
+
+// ----- sessions ----------------------------------------------------------------------------
+
+#[test]
+fn sessions_record_who_created_what() {
+    let h = Host::new();
+    let v = json_of(&output(
+        h.run_cmd(&["--json", "--actor", "ci:job-7"], "echo s"),
+        T,
+    ));
+    let out = output(
+        {
+            let mut c = h.local("sessions");
+            c.arg("--json");
+            c
+        },
+        T,
+    );
+    let list: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let s = &list.as_array().unwrap()[0];
+    assert_eq!(s["kind"], "cli");
+    assert_eq!(s["actor"], "ci:job-7");
+    assert!(s["pid"].as_i64().unwrap() > 0);
+    assert!(s["started_at"].is_string());
+    assert!(s["ended_at"].is_string());
+    assert_eq!(s["executions"], 1);
+    assert_eq!(s["execution_ids"], json!([v["execution_id"]]));
+    let text = output(h.local("sessions"), T);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("ci:job-7"));
+}
+
+// ----- cairn serve --stdio -----------------------------------------------------------------
+
+struct Rpc {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Rpc {
+    fn start(h: &Host, reconnect_for: &str) -> Rpc {
+        let mut c = Command::new(BIN);
+        c.arg("serve");
+        h.conn_args(&mut c, reconnect_for);
+        c.arg("--stdio").arg("--remote-dir").arg(&h.remote_dir);
+        let mut child = c
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn cairn serve");
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Rpc {
+            stdin: child.stdin.take(),
+            child,
+            lines: rx,
+        }
+    }
+
+    fn send(&mut self, msg: &str) {
+        let s = self.stdin.as_mut().unwrap();
+        s.write_all(msg.as_bytes()).unwrap();
+        s.write_all(b"\n").unwrap();
+        s.flush().unwrap();
+    }
+
+    fn request(&mut self, id: Value, method: &str, params: Value) {
+        self.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}).to_string(),
+        );
+    }
+
+    /// The response with this id (others are kept for later, in order).
+    fn response(&mut self, id: &Value, limit: Duration) -> Value {
+        let t0 = Instant::now();
+        loop {
+            let left = limit
+                .checked_sub(t0.elapsed())
+                .expect("timed out waiting for a response");
+            let line = self.lines.recv_timeout(left).expect("a response line");
+            let v: Value = serde_json::from_str(&line).expect("response is JSON");
+            assert_eq!(v["jsonrpc"], "2.0");
+            if &v["id"] == id {
+                return v;
+            }
+        }
+    }
+
+    fn call(&mut self, id: Value, method: &str, params: Value) -> Value {
+        self.request(id.clone(), method, params);
+        self.response(&id, T)
+    }
+}
+
+impl Drop for Rpc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn serve_stdio_executes_echoes_ids_and_pages_output() {
+    let h = Host::new();
+    let mut rpc = Rpc::start(&h, "60s");
+    let cmd = format!(
+        "{}printf 'line1\\nline2\\n'; echo err >&2; exit 2",
+        h.count()
+    );
+    let r = rpc.call(
+        json!(7),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": cmd}),
+    );
+    let res = &r["result"];
+    assert_eq!(res["state"], "completed", "{r}");
+    assert_eq!(res["exit_code"], 2);
+    assert_eq!(res["stdout"], "line1\nline2\n");
+    assert_eq!(res["stderr"], "err\n");
+    assert_eq!(res["attached"], false);
+    assert!(res["summary"].as_str().unwrap().contains("exit status 2"));
+    let id = res["execution_id"].as_str().unwrap().to_owned();
+    // The id is stored as the correlation ID.
+    let ev = h
+        .journal()
+        .events(&ExecutionId::parse(&id).unwrap())
+        .unwrap();
+    let corr = ev.iter().find(|e| e.kind == "correlation").unwrap();
+    assert_eq!(corr.evidence["correlation_id"], "7");
+    wait_for("delivered", T, || {
+        (h.state(&id) == State::Delivered).then_some(())
+    });
+
+    // output from an offset
+    let o = rpc.call(
+        json!("o1"),
+        "output",
+        json!({"execution_id": id, "offset": 6}),
+    );
+    assert_eq!(o["result"]["data"], "line2\n", "{o}");
+    assert_eq!(o["result"]["next_offset"], 12);
+    assert_eq!(o["result"]["eof"], true);
+    let o = rpc.call(
+        json!("o2"),
+        "output",
+        json!({"execution_id": id, "stream": "stderr", "offset": 0, "limit": 2}),
+    );
+    assert_eq!(o["result"]["data"], "er");
+    assert_eq!(o["result"]["eof"], false);
+
+    // status
+    let s = rpc.call(json!({"k": 1}), "status", json!({"execution_id": id}));
+    assert_eq!(s["id"], json!({"k": 1}));
+    assert_eq!(s["result"]["state"], "completed");
+    assert!(s["result"]["events"].as_array().unwrap().len() >= 6);
+
+    // argv form: the same operation as the string form
+    let a = rpc.call(
+        json!(8),
+        "execute",
+        json!({"destination": "127.0.0.1", "argv": ["echo", "a b"]}),
+    );
+    assert_eq!(a["result"]["stdout"], "a b\n", "{a}");
+
+    // errors
+    let e = rpc.call(json!(9), "nope", json!({}));
+    assert_eq!(e["error"]["code"], -32601);
+    let e = rpc.call(json!(10), "execute", json!({"destination": "127.0.0.1"}));
+    assert_eq!(e["error"]["code"], -32602);
+    let e = rpc.call(
+        json!(11),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": "x", "bogus": 1}),
+    );
+    assert_eq!(e["error"]["code"], -32602);
+    rpc.send("this is not json");
+    let e = rpc.response(&Value::Null, T);
+    assert_eq!(e["error"]["code"], -32700);
+    let rv = rpc.call(json!(12), "review", json!({}));
+    assert_eq!(rv["result"], json!([]));
+    let rc = rpc.call(json!(13), "recover", json!({}));
+    assert!(rc["result"].is_array());
+    assert_eq!(h.runs(), 1);
+
+    // The session is recorded, and ends when stdin closes.
+    drop(rpc.stdin.take());
+    let t0 = Instant::now();
+    while rpc.child.try_wait().unwrap().is_none() {
+        assert!(t0.elapsed() < T, "serve did not exit after stdin closed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let sessions = h.journal().sessions().unwrap();
+    let s = sessions.iter().find(|s| s.record.kind == "serve").unwrap();
+    assert!(s.ended_at.is_some());
+    assert_eq!(s.executions, 2);
+}
+
+#[test]
+fn serve_retry_with_a_new_id_after_the_gateway_died_attaches_to_the_first_execution() {
+    let h = Host::new();
+    let cmd = format!("{}sleep 1.5; echo done-once", h.count());
+    let params = json!({"destination": "127.0.0.1", "command": cmd, "scope": "conv-1"});
+    let mut first = Rpc::start(&h, "60s");
+    first.request(json!("req-1"), "execute", params.clone());
+    let id = h.wait_started();
+    drop(first); // the gateway process dies before answering
+                 // A new gateway, the same request with a new id and keys in another order.
+    let mut second = Rpc::start(&h, "60s");
+    let reordered = json!({"scope": "conv-1", "command": cmd, "destination": "127.0.0.1"});
+    let r = second.call(json!("req-2"), "execute", reordered);
+    let res = &r["result"];
+    assert_eq!(res["execution_id"], id.as_str(), "{r}");
+    assert_eq!(res["attached"], true);
+    assert_eq!(res["state"], "completed");
+    assert_eq!(res["stdout"], "done-once\n");
+    assert!(res["summary"].as_str().unwrap().contains("not run again"));
+    assert_eq!(h.runs(), 1);
+    let ev = h
+        .journal()
+        .events(&ExecutionId::parse(&id).unwrap())
+        .unwrap();
+    let corr: Vec<_> = ev
+        .iter()
+        .filter_map(|e| e.evidence.get("correlation_id").and_then(Value::as_str))
+        .collect();
+    assert!(
+        corr.contains(&"req-1") && corr.contains(&"req-2"),
+        "{corr:?}"
+    );
+    // attach by ID returns the same stored result.
+    let a = second.call(json!(3), "attach", json!({"execution_id": id}));
+    assert_eq!(a["result"]["stdout"], "done-once\n");
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn serve_reports_unknown_plainly_and_lists_it_for_review() {
+    let h = Host::new();
+    let mut rpc = Rpc::start(&h, "1s");
+    let cmd = format!("{}sleep 2; echo x", h.count());
+    rpc.request(
+        json!(1),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": cmd, "class": "irreversible"}),
+    );
+    let id = h.wait_started();
+    h.proxy.set_refuse(true);
+    h.proxy.cut();
+    let r = rpc.response(&json!(1), T);
+    h.proxy.set_refuse(false);
+    let res = &r["result"];
+    assert_eq!(res["state"], "unknown", "{r}");
+    assert_eq!(res["needs_review"], true);
+    assert!(res["summary"].as_str().unwrap().contains("OUTCOME UNKNOWN"));
+    let rv = rpc.call(json!(2), "review", json!({}));
+    assert_eq!(rv["result"][0]["execution_id"], id.as_str());
+    let st = rpc.call(json!(3), "status", json!({"execution_id": id}));
+    assert_eq!(st["result"]["review"]["class"], "irreversible");
+    h.wait_done(&id);
+    assert_eq!(h.runs(), 1);
+}
+
+// ----- cairn mcp ---------------------------------------------------------------------------
+
+async fn mcp_client(h: &Host) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    use rmcp::ServiceExt;
+    let mut c = h.cairn("mcp");
+    c.arg("--remote-dir").arg(&h.remote_dir);
+    c.stderr(Stdio::null());
+    let (transport, _) =
+        rmcp::transport::TokioChildProcess::builder(tokio::process::Command::from(c))
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn cairn mcp");
+    tokio::time::timeout(T, ().serve(transport))
+        .await
+        .expect("MCP initialize in time")
+        .expect("MCP initialize")
+}
+
+fn args(v: Value) -> serde_json::Map<String, Value> {
+    v.as_object().unwrap().clone()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_retried_tools_call_after_reconnect_attaches_and_runs_once() {
+    use rmcp::model::CallToolRequestParams;
+    let h = Host::new();
+    let client = mcp_client(&h).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let names: Vec<_> = tools.iter().map(|t| t.name.to_string()).collect();
+    for n in ["run_command", "execution_status", "read_output"] {
+        assert!(names.contains(&n.to_string()), "{names:?}");
+    }
+    let run = tools.iter().find(|t| t.name == "run_command").unwrap();
+    let props = run.input_schema.get("properties").unwrap();
+    assert!(props.get("destination").is_some() && props.get("command").is_some());
+
+    let cmd = format!("{}sleep 2; echo mcp-once", h.count());
+    let call = || {
+        CallToolRequestParams::new("run_command")
+            .with_arguments(args(json!({"destination": "127.0.0.1", "command": cmd})))
+    };
+    // The first call is cut off: the client gives up and goes away while it runs.
+    let first = tokio::time::timeout(Duration::from_millis(700), client.call_tool(call())).await;
+    assert!(first.is_err(), "the first call should still be running");
+    let hh = &h;
+    let id = tokio::task::block_in_place(|| hh.wait_started());
+    drop(client);
+
+    // A new client process, the same tools/call.
+    let client = mcp_client(&h).await;
+    let r = tokio::time::timeout(T, client.call_tool(call()))
+        .await
+        .expect("the retry answers in time")
+        .expect("tools/call");
+    let v = r.structured_content.clone().expect("structured content");
+    assert_eq!(v["execution_id"], id.as_str(), "{v}");
+    assert_eq!(v["attached"], true);
+    assert_eq!(v["state"], "completed");
+    assert_eq!(v["stdout"], "mcp-once\n");
+    let text = format!("{:?}", r.content);
+    assert!(
+        text.contains("attached to it") && text.contains("not run again"),
+        "{text}"
+    );
+    assert_eq!(h.runs(), 1, "the command ran once");
+
+    // status and output from an offset
+    let s = client
+        .call_tool(
+            CallToolRequestParams::new("execution_status")
+                .with_arguments(args(json!({"execution_id": id}))),
+        )
+        .await
+        .unwrap();
+    assert_eq!(s.structured_content.unwrap()["state"], "completed");
+    let o = client
+        .call_tool(
+            CallToolRequestParams::new("read_output")
+                .with_arguments(args(json!({"execution_id": id, "offset": 4}))),
+        )
+        .await
+        .unwrap();
+    let o = o.structured_content.unwrap();
+    assert_eq!(o["data"], "once\n");
+    assert_eq!(o["eof"], true);
+    client.cancel().await.unwrap();
+    assert_eq!(h.runs(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_says_plainly_when_the_outcome_is_unknown() {
+    use rmcp::model::CallToolRequestParams;
+    let h = Host::new();
+    let mut c = Command::new(BIN);
+    c.arg("mcp");
+    h.conn_args(&mut c, "1s");
+    c.arg("--remote-dir")
+        .arg(&h.remote_dir)
+        .stderr(Stdio::null());
+    let (transport, _) =
+        rmcp::transport::TokioChildProcess::builder(tokio::process::Command::from(c))
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+    let client = rmcp::ServiceExt::serve((), transport).await.unwrap();
+    let cmd = format!("{}sleep 2; echo x", h.count());
+    let call = client.call_tool(
+        CallToolRequestParams::new("run_command")
+            .with_arguments(args(json!({"destination": "127.0.0.1", "command": cmd}))),
+    );
+    let hh = &h;
+    let cutter = async {
+        tokio::task::block_in_place(|| {
+            hh.wait_started();
+            hh.proxy.set_refuse(true);
+            hh.proxy.cut();
+        });
+    };
+    let (r, _) = tokio::join!(tokio::time::timeout(T, call), cutter);
+    h.proxy.set_refuse(false);
+    let r = r.expect("in time").expect("tools/call");
+    let v = r.structured_content.clone().unwrap();
+    assert_eq!(v["state"], "unknown", "{v}");
+    assert!(format!("{:?}", r.content).contains("OUTCOME UNKNOWN"));
+    client.cancel().await.unwrap();
+}
