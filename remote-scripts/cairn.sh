@@ -234,8 +234,8 @@ esac
 }
 case $MODE in
 hello) [ $# -eq 3 ] ;;
-dispatch) [ $# -eq 8 ] && num "$5" && hex "$6" 64 && num "$7" && bit "$8" ;;
-supervise) [ $# -eq 8 ] && num "$5" && hex "$6" 64 && num "$7" && num "$8" ;;
+dispatch) { [ $# -eq 8 ] || { [ $# -eq 9 ] && num "$9"; }; } && num "$5" && hex "$6" 64 && num "$7" && bit "$8" ;;
+supervise) { [ $# -eq 8 ] || { [ $# -eq 9 ] && num "$9"; }; } && num "$5" && hex "$6" 64 && num "$7" && num "$8" ;;
 watch) [ $# -eq 7 ] && num "$5" && num "$6" && bit "$7" ;;
 cancel) [ $# -eq 5 ] && num "$5" ;;
 gc) [ $# -eq 5 ] && num "$4" && num "$5" ;;
@@ -287,6 +287,15 @@ if [ "$MODE" = supervise ]; then
 	if [ ! -d "${HOME:-/}" ] || [ ! -x "${HOME:-/}" ]; then
 		die "cannot cd to home ${HOME:-/}"
 	fi
+	SEC=
+	if [ $# -eq 9 ]; then
+		# exactly $9 bytes of `export NAME='value'` lines written by cairn, or refuse:
+		# a cut connection must not start the command without its secrets
+		SEC=$(dd bs=1 count="$9" 2>/dev/null && echo .)
+		SEC=${SEC%.}
+		[ "$(printf %s "$SEC" | wc -c)" -eq "$9" ] || die "stdin ended inside the secrets"
+		exec </dev/null
+	fi
 	boot || die "cannot read the boot identity"
 	pst $$ || die "cannot read /proc/$$/stat"
 	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
@@ -335,6 +344,8 @@ if [ "$MODE" = supervise ]; then
 		CAIRN_EXECUTION_ID=$ID
 		CAIRN_COMMAND_FILE=$F/cmd
 		export CAIRN_EXECUTION_ID CAIRN_COMMAND_FILE
+		[ -z "$SEC" ] || eval "$SEC"
+		unset SEC
 		# shellcheck disable=SC2016 # expanded by the login shell, from its environment
 		exec setsid "$sh" -c '. "$CAIRN_COMMAND_FILE"' <"/dev/null" >"$F/out" 2>"$F/err"
 	)
@@ -393,7 +404,7 @@ p hello "v=1 epoch=$E boot=$BOOT now=$(date +%s)"
 
 case $MODE in
 dispatch)
-	LEN=$5 DIG=$6 TO=$7 ATT=$8
+	LEN=$5 DIG=$6 TO=$7 ATT=$8 SL=${9:-0}
 	if [ ! -e "$F.start" ]; then
 		command -v setsid >/dev/null || die "setsid: command not found"
 		S=$T/$ID.$$
@@ -419,8 +430,15 @@ dispatch)
 		fi
 		# setsid twice: the second, a session leader, must fork (a portable setsid -f);
 		# we only wait for EOF on the pipe, after the verdict
-		# shellcheck disable=SC2016 # the script is $1 of the new shell
-		v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$D" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ </dev/null 2>&1)
+		if [ "$SL" -gt 0 ]; then
+			# secrets follow the command on stdin: the supervisor reads them itself, into
+			# memory only (never a file), and hands them to the command's environment
+			# shellcheck disable=SC2016 # the script is $1 of the new shell
+			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$D" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ "$SL" 2>&1)
+		else
+			# shellcheck disable=SC2016 # the script is $1 of the new shell
+			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$D" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ </dev/null 2>&1)
+		fi
 		# error lines, then "verdict X" last
 		V=
 		case $v in
