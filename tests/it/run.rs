@@ -5,187 +5,13 @@
 
 use std::fs;
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use cairn::journal::Journal;
-use cairn::{ExecutionId, State};
+use cairn::State;
 
-use crate::support::{Proxy, TestSshd};
-
-const BIN: &str = env!("CARGO_BIN_EXE_cairn");
-
-/// One test host: sshd, a proxy in front of it, a journal and a marker home.
-struct Host {
-    sshd: TestSshd,
-    proxy: Proxy,
-    known_hosts: PathBuf,
-    journal: PathBuf,
-    remote_dir: PathBuf,
-    counter: PathBuf,
-}
-
-impl Host {
-    fn new() -> Host {
-        let sshd = TestSshd::start();
-        let proxy = Proxy::start(sshd.port());
-        let known_hosts = sshd.known_hosts_for_port(proxy.port());
-        let journal = sshd.dir().join("journal.db");
-        let remote_dir = sshd.dir().join("cairn-home");
-        let counter = sshd.dir().join("ran.count");
-        Host {
-            sshd,
-            proxy,
-            known_hosts,
-            journal,
-            remote_dir,
-            counter,
-        }
-    }
-
-    /// `cairn SUBCOMMAND` with the connection options that reach this host through the proxy.
-    fn cairn(&self, sub: &str) -> Command {
-        let mut c = Command::new(BIN);
-        c.arg(sub);
-        c.env_remove("SSH_AUTH_SOCK")
-            .env_remove("CAIRN_JOURNAL")
-            .env("CAIRN_LOG", "cairn=info")
-            .arg("--journal")
-            .arg(&self.journal)
-            .args(["-F", "/dev/null", "-p", &self.proxy.port().to_string()])
-            .arg("-i")
-            .arg(self.sshd.client_key())
-            .arg("--known-hosts")
-            .arg(&self.known_hosts)
-            .args([
-                "--connect-timeout",
-                "5s",
-                "--keepalive",
-                "1s",
-                "--reconnect-for",
-                "60s",
-            ]);
-        c
-    }
-
-    fn run_cmd(&self, extra: &[&str], command: &str) -> Command {
-        let mut c = self.cairn("run");
-        c.arg("--remote-dir").arg(&self.remote_dir);
-        c.args(extra);
-        c.arg("127.0.0.1").arg("--").arg(command);
-        c
-    }
-
-    /// A command prefix that records one run on the host.
-    fn count(&self) -> String {
-        format!("echo ran >> '{}'; ", self.counter.display())
-    }
-
-    fn runs(&self) -> usize {
-        fs::read_to_string(&self.counter)
-            .map(|s| s.lines().count())
-            .unwrap_or(0)
-    }
-
-    fn x(&self) -> PathBuf {
-        self.remote_dir.join("x")
-    }
-
-    /// The one execution ID whose started record exists on the host.
-    fn started_id(&self) -> Option<String> {
-        let rd = fs::read_dir(self.x()).ok()?;
-        rd.filter_map(|e| e.ok())
-            .filter_map(|e| e.file_name().into_string().ok())
-            .find_map(|n| n.strip_suffix(".start").map(str::to_owned))
-    }
-
-    fn wait_started(&self) -> String {
-        wait_for("the started record", Duration::from_secs(20), || {
-            self.started_id()
-        })
-    }
-
-    fn wait_done(&self, id: &str) {
-        let p = self.x().join(format!("{id}.done"));
-        wait_for("the finish record", Duration::from_secs(30), || {
-            p.exists().then_some(())
-        });
-    }
-
-    fn journal_state(&self, id: &str) -> State {
-        let j = Journal::open(&self.journal).expect("open journal");
-        j.status(&ExecutionId::parse(id).unwrap())
-            .expect("status")
-            .expect("execution in journal")
-            .state
-    }
-
-    fn journal_kinds(&self, id: &str) -> Vec<String> {
-        let j = Journal::open(&self.journal).expect("open journal");
-        j.events(&ExecutionId::parse(id).unwrap())
-            .expect("events")
-            .into_iter()
-            .map(|e| e.kind)
-            .collect()
-    }
-
-    fn start_record(&self, id: &str) -> String {
-        fs::read_to_string(self.x().join(format!("{id}.start"))).expect("start record")
-    }
-}
-
-fn wait_for<T>(what: &str, limit: Duration, mut f: impl FnMut() -> Option<T>) -> T {
-    let t0 = Instant::now();
-    loop {
-        if let Some(v) = f() {
-            return v;
-        }
-        assert!(
-            t0.elapsed() < limit,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// Wait for a child with a bound; kill it and fail if it overruns.
-fn wait_child(mut child: Child, limit: Duration) -> Output {
-    let t0 = Instant::now();
-    loop {
-        if child.try_wait().expect("try_wait").is_some() {
-            return child.wait_with_output().expect("output");
-        }
-        if t0.elapsed() > limit {
-            let _ = child.kill();
-            let out = child.wait_with_output().expect("output");
-            panic!(
-                "cairn did not finish within {limit:?}\nstdout: {}\nstderr: {}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn spawn(mut c: Command) -> Child {
-    c.stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn cairn")
-}
-
-fn json(out: &Output) -> serde_json::Value {
-    let text = String::from_utf8_lossy(&out.stdout);
-    let line = text.lines().last().unwrap_or_default();
-    serde_json::from_str(line).unwrap_or_else(|e| {
-        panic!(
-            "not JSON ({e}): {text}\nstderr: {}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-    })
-}
+use crate::support::host::*;
 
 fn numbered(prefix: &str, n: usize) -> String {
     (0..n).map(|i| format!("{prefix} {i}\n")).collect()
@@ -214,8 +40,8 @@ fn runs_a_command_and_exits_with_its_status() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("oops\n"));
     assert_eq!(h.runs(), 1);
     let id = h.started_id().unwrap();
-    assert_eq!(h.journal_state(&id), State::Delivered);
-    let kinds = h.journal_kinds(&id);
+    assert_eq!(h.state(&id), State::Delivered);
+    let kinds = h.kinds(&id);
     assert_eq!(
         kinds,
         [
@@ -238,7 +64,7 @@ fn json_output_has_the_documented_fields() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let v = json(&out);
+    let v = json_of(&out);
     for k in [
         "execution_id",
         "host",
@@ -275,7 +101,7 @@ fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order() {
     std::thread::sleep(Duration::from_millis(700));
     h.proxy.set_refuse(false);
     let out = wait_child(child, Duration::from_secs(60));
-    let v = json(&out);
+    let v = json_of(&out);
     assert_eq!(out.status.code(), Some(7), "{v}");
     assert_eq!(v["state"], "completed");
     assert_eq!(v["stdout"], numbered("out", 30));
@@ -283,8 +109,8 @@ fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order() {
     assert!(v["reconnects"].as_u64().unwrap() >= 1, "{v}");
     assert_eq!(h.runs(), 1, "the command must run exactly once");
     let id = v["execution_id"].as_str().unwrap();
-    assert_eq!(h.journal_state(id), State::Delivered);
-    assert!(h.journal_kinds(id).contains(&"connection-lost".to_string()));
+    assert_eq!(h.state(id), State::Delivered);
+    assert!(h.kinds(id).contains(&"connection-lost".to_string()));
 }
 
 #[test]
@@ -317,13 +143,13 @@ fn cut_after_the_finish_before_the_result_was_read_returns_the_stored_result() {
     h.proxy.cut();
     h.proxy.pause_downstream(false);
     let out = wait_child(child, Duration::from_secs(60));
-    let v = json(&out);
+    let v = json_of(&out);
     assert_eq!(out.status.code(), Some(4), "{v}");
     assert_eq!(v["stdout"], "stored-result\n");
     assert_eq!(v["state"], "completed");
     assert_eq!(v["recovered"], true);
     assert_eq!(h.runs(), 1);
-    assert_eq!(h.journal_state(&id), State::Delivered);
+    assert_eq!(h.state(&id), State::Delivered);
 }
 
 #[test]
@@ -350,12 +176,12 @@ fn cut_before_the_start_guard_dispatches_again_under_the_same_id() {
     });
     h.proxy.cut_after_upstream_bytes(None);
     let out = wait_child(child, Duration::from_secs(60));
-    let v = json(&out);
+    let v = json_of(&out);
     assert_eq!(out.status.code(), Some(0), "{v}");
     assert_eq!(v["stdout"], "after-redispatch\n");
     assert_eq!(h.runs(), 1);
     let id = v["execution_id"].as_str().unwrap();
-    let kinds = h.journal_kinds(id);
+    let kinds = h.kinds(id);
     let dispatches = kinds.iter().filter(|k| *k == "dispatched").count();
     assert_eq!(
         dispatches, 2,
@@ -385,7 +211,7 @@ fn kill_9_of_the_client_then_recover_completes_from_the_marker() {
     assert_eq!(one["state"], "completed", "{v}");
     assert_eq!(one["exit_code"], 5);
     assert_eq!(h.runs(), 1);
-    assert_eq!(h.journal_state(&id), State::Completed);
+    assert_eq!(h.state(&id), State::Completed);
     // The stored output is still there, and a second recover touches nothing.
     let o = h.cairn("output").arg(&id).output().unwrap();
     assert_eq!(o.stdout, b"finished-while-cairn-was-dead\n");
@@ -436,7 +262,7 @@ fn supervisor_gone_and_boot_changed_is_interrupted_never_rerun() {
     assert_eq!(out.status.code(), Some(0), "{out:?}");
     let id = String::from_utf8_lossy(&out.stdout).trim().to_owned();
     assert_eq!(h.started_id().as_deref(), Some(id.as_str()));
-    assert_eq!(h.journal_state(&id), State::Running);
+    assert_eq!(h.state(&id), State::Running);
     // The "reboot": kill the supervisor's and the command's process groups, new boot identity.
     let rec = h.start_record(&id);
     let sup: i32 = rec
@@ -463,7 +289,7 @@ fn supervisor_gone_and_boot_changed_is_interrupted_never_rerun() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v[0]["state"], "interrupted", "{v}");
     assert_eq!(out.status.code(), Some(254));
-    assert_eq!(h.journal_state(&id), State::Interrupted);
+    assert_eq!(h.state(&id), State::Interrupted);
     // attach and status say the same; nothing ran again.
     let a = h.cairn("attach").arg(&id).output().unwrap();
     assert_eq!(a.status.code(), Some(254));
@@ -496,7 +322,7 @@ fn a_dead_supervisor_without_reboot_is_interrupted_too() {
     }
     let a = h.cairn("attach").arg("dead-sup").output().unwrap();
     assert_eq!(a.status.code(), Some(254), "{a:?}");
-    assert_eq!(h.journal_state("dead-sup"), State::Interrupted);
+    assert_eq!(h.state("dead-sup"), State::Interrupted);
     assert_eq!(h.runs(), 1);
     if let Ok(p) = fs::read_to_string(h.x().join("dead-sup").join("pgid")) {
         if let Some(Ok(pgid)) = p.split_whitespace().next().map(str::parse::<i32>) {
@@ -712,7 +538,7 @@ fn timeout_is_enforced_on_the_host() {
         .output()
         .unwrap();
     assert!(t0.elapsed() < Duration::from_secs(20));
-    let v = json(&out);
+    let v = json_of(&out);
     assert_eq!(v["state"], "completed", "{v}");
     assert_eq!(v["timed_out"], true);
     assert_eq!(v["signal"], "TERM");
@@ -747,7 +573,7 @@ fn detach_then_cancel_stops_the_process_group() {
     let v: serde_json::Value =
         serde_json::from_slice(&c.stdout).unwrap_or_else(|_| panic!("{c:?}"));
     assert_eq!(v["state"], "cancelled", "{v}");
-    assert_eq!(h.journal_state("to-cancel"), State::Cancelled);
+    assert_eq!(h.state("to-cancel"), State::Cancelled);
     // The background child of the command died with its group.
     fs::remove_file(&marker).ok();
     std::thread::sleep(Duration::from_millis(500));
@@ -858,7 +684,7 @@ fn two_cairn_processes_share_one_journal() {
     }
     assert_eq!(h.runs(), 4);
     for i in 0..4 {
-        assert_eq!(h.journal_state(&format!("shared-{i}")), State::Delivered);
+        assert_eq!(h.state(&format!("shared-{i}")), State::Delivered);
     }
 }
 
@@ -979,13 +805,13 @@ fn json_reports_a_failed_first_connection_as_an_outcome() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(255));
-    let v = json(&out);
+    let v = json_of(&out);
     assert_eq!(v["state"], "failed", "{v}");
     assert!(
         v["reason"].as_str().unwrap().contains("never dispatched"),
         "{v}"
     );
-    assert_eq!(h.journal_state("no-conn"), State::Failed);
+    assert_eq!(h.state("no-conn"), State::Failed);
     assert_eq!(h.runs(), 0);
 }
 

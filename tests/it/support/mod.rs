@@ -2,6 +2,8 @@
 #![allow(dead_code, unused_imports)]
 
 pub mod docker;
+#[cfg(test)] // (the demo example includes this harness, but not the test fixture)
+pub mod host;
 pub mod proxy;
 pub mod sshd;
 
