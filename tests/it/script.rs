@@ -22,7 +22,7 @@ fn remote_script_passes_its_local_suite_under_bash_dash_and_busybox_ash() {
     }
     use std::os::unix::process::CommandExt;
     let mut cmd = Command::new("bash");
-    cmd.arg(root().join("remote-scripts/test-local.sh"));
+    cmd.arg(root().join("tests/remote-script-local.sh"));
     // The test harness ignores some signals (SIGPIPE, a realtime one) and children inherit
     // that; sh cannot undo a signal ignored on entry. sshd hands the script default
     // dispositions, so do the same here.
@@ -36,10 +36,10 @@ fn remote_script_passes_its_local_suite_under_bash_dash_and_busybox_ash() {
             Ok(())
         });
     }
-    let out = cmd.output().expect("run test-local.sh");
+    let out = cmd.output().expect("run remote-script-local.sh");
     let text = String::from_utf8_lossy(&out.stdout);
     let summary = text.lines().last().unwrap_or_default();
-    eprintln!("remote-scripts/test-local.sh: {summary}");
+    eprintln!("tests/remote-script-local.sh: {summary}");
     assert!(
         out.status.success(),
         "{text}\n{}",

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016,SC2030,SC2031 # checks are eval'd strings (single quotes on purpose); W is rebound per subshell on purpose
-# test-local.sh: exercise cairn.sh locally (no SSH) under bash, dash and busybox ash.
+# remote-script-local.sh: exercise remote-scripts/cairn.sh locally (no SSH) under bash, dash and busybox ash.
 # Each exec gets stdin from a file and its stdout/stderr captured, exactly as over SSH.
-# Usage: remote-scripts/test-local.sh [bash|dash|busybox ...]    (default: all three)
+# Usage: tests/remote-script-local.sh [bash|dash|busybox ...]    (default: all three)
 set -u
 # Run in a private PID namespace when we can: whatever the script under test
 # signals, it cannot reach a process outside this test run.
@@ -10,7 +10,7 @@ if [ -z "${CAIRN_TEST_NS:-}" ] && unshare --pid --fork --mount-proc true 2>/dev/
 	CAIRN_TEST_NS=1 exec unshare --pid --fork --mount-proc "$0" "$@"
 fi
 HERE=$(cd "$(dirname "$0")" && pwd)
-SRC=$(cat "$HERE/cairn.sh")
+SRC=$(cat "$HERE/../remote-scripts/cairn.sh")
 NONCE=0123456789abcdef0123456789abcdef
 B="@@cairn-$NONCE@@"
 DG=$(printf '%064d' 0)
