@@ -34,6 +34,7 @@ struct Collected {
     strict: Option<Val>,
     hash_known_hosts: Option<Val>,
     identity_agent: Option<Val>,
+    host_key_alias: Option<Val>,
 }
 
 const MAX_INCLUDE_DEPTH: usize = 16;
@@ -237,6 +238,7 @@ impl Parser<'_> {
                 "stricthostkeychecking" => first(&mut o.strict),
                 "hashknownhosts" => first(&mut o.hash_known_hosts),
                 "identityagent" => first(&mut o.identity_agent),
+                "hostkeyalias" => first(&mut o.host_key_alias),
                 _ => {}
             }
         }
@@ -600,6 +602,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         keepalive_interval,
         keepalive_max,
         identity_agent,
+        host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
     })
 }
 

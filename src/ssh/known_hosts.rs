@@ -2,15 +2,16 @@
 //!
 //! Supported: comma-separated host patterns with `*`/`?` wildcards and `!` negation,
 //! `[host]:port` entries, hashed entries (`|1|salt|hash`, HMAC-SHA1), `@revoked` markers
-//! (a matching key is refused), `@cert-authority` lines (skipped: host certificates are not
-//! negotiated), comments, blank lines, tabs and runs of spaces.
+//! (a matching key is refused), `@cert-authority` lines (host certificates, see
+//! [`check_certificate`]), comments, blank lines, tabs and runs of spaces.
 
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use base64::Engine;
-use russh::keys::ssh_key::{Algorithm, PublicKey};
+use russh::keys::ssh_key::certificate::CertType;
+use russh::keys::ssh_key::{Algorithm, Certificate, HashAlg, PublicKey};
 
 /// The name OpenSSH looks up in known_hosts for a host and port.
 pub fn lookup_name(host: &str, port: u16) -> String {
@@ -34,7 +35,8 @@ pub struct Entry {
     pub line: usize,
     pub marker: Marker,
     hosts: HostPatterns,
-    /// `None` when the key type is not understood (still counts as "a key is recorded").
+    /// `None` when the key does not parse: such a line is listed by a lookup but, as in
+    /// OpenSSH, neither vouches for nor contradicts a presented key.
     pub key: Option<PublicKey>,
     pub key_type: String,
 }
@@ -130,6 +132,8 @@ fn parse_line(raw: &str, line: usize) -> Option<Entry> {
         Marker::None
     };
     let key_type = fields.next()?;
+    // OpenSSH skips lines whose key type it does not know (`ssh-keygen -F` does not list them).
+    Algorithm::new(key_type).ok()?;
     let key_b64 = fields.next()?;
     let hosts = if let Some(rest) = first.strip_prefix("|1|") {
         let (salt, hash) = rest.split_once('|')?;
@@ -187,10 +191,11 @@ pub fn check(files: &[PathBuf], names: &[String], key: &PublicKey) -> std::io::R
             if !names.iter().any(|n| entry.matches(n)) {
                 continue;
             }
-            let same = entry
-                .key
-                .as_ref()
-                .is_some_and(|k| k.key_data() == key.key_data());
+            // A line whose key does not parse is ignored, as OpenSSH does (not "changed").
+            let Some(recorded) = entry.key.as_ref() else {
+                continue;
+            };
+            let same = recorded.key_data() == key.key_data();
             match entry.marker {
                 Marker::Revoked if same => {
                     return Ok(Verdict::Revoked {
@@ -213,6 +218,103 @@ pub fn check(files: &[PathBuf], names: &[String], key: &PublicKey) -> std::io::R
         (Some((file, line)), _) => Verdict::Known { file, line },
         (None, Some((file, line))) => Verdict::Changed { file, line },
         (None, None) => Verdict::Unknown,
+    })
+}
+
+/// Whether a `@cert-authority` line applies to any of `names`: only then is a host
+/// certificate asked for (a certificate no authority vouches for is checked as a plain key).
+pub fn has_cert_authority(files: &[PathBuf], names: &[String]) -> bool {
+    files.iter().any(|file| {
+        super::read_text_capped(file, MAX_KNOWN_HOSTS_BYTES).is_ok_and(|content| {
+            parse(&content).iter().any(|e| {
+                e.marker == Marker::CertAuthority
+                    && e.key.is_some()
+                    && names.iter().any(|n| e.matches(n))
+            })
+        })
+    })
+}
+
+/// Result of checking a host certificate against `@cert-authority` lines.
+#[derive(Debug, PartialEq, Eq)]
+pub enum CertVerdict {
+    /// Signed by the authority on this line, valid now, for this host.
+    Trusted { file: PathBuf, line: usize },
+    /// The certificate's key or its authority's key is marked `@revoked`.
+    Revoked { file: PathBuf, line: usize },
+    /// Not vouched for (the reason says why): OpenSSH then checks the certified key as a
+    /// plain host key.
+    Untrusted(String),
+}
+
+/// Check a host certificate as OpenSSH does: an `@cert-authority` line matching any of
+/// `names` must hold the signing key, the signature must verify, `now` (Unix seconds) must be
+/// inside the validity window, the type must be host, the principals must be empty or contain
+/// `principal` (HostKeyAlias, else the HostName), and there must be no critical options.
+/// A `@revoked` certificate key or authority key refuses.
+pub fn check_certificate(
+    files: &[PathBuf],
+    names: &[String],
+    cert: &Certificate,
+    principal: &str,
+    now: u64,
+) -> std::io::Result<CertVerdict> {
+    let cert_key = cert.public_key();
+    let ca_key = cert.signature_key();
+    let mut authorities: Vec<(PathBuf, usize, PublicKey)> = Vec::new();
+    for file in files {
+        let content = match super::read_text_capped(file, MAX_KNOWN_HOSTS_BYTES) {
+            Ok(c) => c,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in parse(&content) {
+            if !names.iter().any(|n| entry.matches(n)) {
+                continue;
+            }
+            let Some(key) = entry.key else {
+                continue;
+            };
+            match entry.marker {
+                Marker::Revoked if key.key_data() == cert_key || key.key_data() == ca_key => {
+                    return Ok(CertVerdict::Revoked {
+                        file: file.clone(),
+                        line: entry.line,
+                    });
+                }
+                Marker::CertAuthority => authorities.push((file.clone(), entry.line, key)),
+                _ => {}
+            }
+        }
+    }
+    let Some((file, line, _)) = authorities.iter().find(|(_, _, k)| k.key_data() == ca_key) else {
+        return Ok(CertVerdict::Untrusted(
+            "no @cert-authority line for this host holds the signing key".into(),
+        ));
+    };
+    let fingerprint = ca_key.fingerprint(HashAlg::Sha256);
+    if let Err(e) = cert.validate_at(now, [&fingerprint]) {
+        return Ok(CertVerdict::Untrusted(format!(
+            "bad signature or outside the validity window ({e})"
+        )));
+    }
+    if cert.cert_type() != CertType::Host {
+        return Ok(CertVerdict::Untrusted("not a host certificate".into()));
+    }
+    let principals = cert.valid_principals();
+    if !principals.is_empty() && !principals.iter().any(|p| p == principal) {
+        return Ok(CertVerdict::Untrusted(format!(
+            "{principal:?} is not among the certificate's principals {principals:?}"
+        )));
+    }
+    if !cert.critical_options().is_empty() {
+        return Ok(CertVerdict::Untrusted(
+            "the certificate has critical options".into(),
+        ));
+    }
+    Ok(CertVerdict::Trusted {
+        file: file.clone(),
+        line: *line,
     })
 }
 
@@ -418,6 +520,20 @@ mod tests {
             check(&[p3.with_file_name("nope")], &names, &key(ED)).unwrap(),
             Verdict::Unknown
         );
+    }
+
+    #[test]
+    fn unparsable_and_unknown_keys_are_ignored_as_openssh_does() {
+        // A bad key of a known type is listed by a lookup but decides nothing.
+        let (_d, p) = tmpfile("host ssh-ed25519 AAAAnot-base64!!\n");
+        let names = vec!["host".to_string()];
+        assert_eq!(parse(&std::fs::read_to_string(&p).unwrap()).len(), 1);
+        assert_eq!(
+            check(std::slice::from_ref(&p), &names, &key(ED)).unwrap(),
+            Verdict::Unknown
+        );
+        // An unknown key type is skipped entirely (`ssh-keygen -F` does not list it).
+        assert!(parse("host ssh-bogus AAAA\n").is_empty());
     }
 
     #[test]

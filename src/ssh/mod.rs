@@ -93,6 +93,9 @@ pub struct Target {
     pub keepalive_max: usize,
     /// Which ssh-agent to ask (IdentityAgent).
     pub identity_agent: AgentSetting,
+    /// HostKeyAlias: when set, the only name looked up in (and written to) known_hosts,
+    /// verbatim (no `[host]:port` form), as OpenSSH does.
+    pub host_key_alias: Option<String>,
 }
 
 impl Target {
@@ -101,15 +104,23 @@ impl Target {
         format!("{}@{}:{}", self.user, self.alias, self.port)
     }
 
-    /// The names looked up in known_hosts: the alias and the HostName, in `[host]:port` form
-    /// when the port is not 22.
+    /// The names looked up in known_hosts: HostKeyAlias if set, else the HostName, in
+    /// `[host]:port` form when the port is not 22. As in OpenSSH, the ssh_config alias (the
+    /// name given) is not looked up when HostName replaces it.
     pub fn known_host_names(&self) -> Vec<String> {
-        let mut names = vec![known_hosts::lookup_name(&self.hostname, self.port)];
-        let alias = known_hosts::lookup_name(&self.alias, self.port);
-        if !names.contains(&alias) {
-            names.push(alias);
+        if let Some(alias) = &self.host_key_alias {
+            return vec![alias.clone()];
         }
-        names
+        vec![known_hosts::lookup_name(&self.hostname, self.port)]
+    }
+
+    /// OpenSSH's fallback for a non-default port without HostKeyAlias: the bare names (no
+    /// `[host]:port`), where only a matching key counts ("found matching key w/out port").
+    fn known_host_names_without_port(&self) -> Vec<String> {
+        if self.host_key_alias.is_some() || self.port == 22 {
+            return Vec::new();
+        }
+        vec![self.hostname.clone()]
     }
 
     fn known_hosts_files(&self) -> Vec<PathBuf> {
@@ -123,7 +134,7 @@ impl Target {
 /// value wins), HostName (with %h), User, Port, IdentityFile (with `~`, %d %u %h %r %p %n),
 /// UserKnownHostsFile, GlobalKnownHostsFile, ConnectTimeout, ServerAliveInterval,
 /// ServerAliveCountMax, StrictHostKeyChecking accept-new, HashKnownHosts, IdentityAgent,
-/// Include. `Match` blocks other than `Match all` are skipped.
+/// HostKeyAlias, Include. `Match` blocks other than `Match all` are skipped.
 /// Default user: `$USER`, else the current uid's name.
 pub fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
     config::resolve(destination, opts)
@@ -299,6 +310,10 @@ impl Shared {
 struct ClientHandler {
     host: String,
     names: Vec<String>,
+    /// See [`Target::known_host_names_without_port`].
+    bare_names: Vec<String>,
+    /// The principal a host certificate must name: HostKeyAlias, else the HostName.
+    cert_principal: String,
     files: Vec<PathBuf>,
     write_name: String,
     accept_new: bool,
@@ -312,12 +327,22 @@ impl ClientHandler {
         if let Ok(mut f) = self.shared.fingerprint.lock() {
             f.clone_from(&fingerprint);
         }
-        let verdict = known_hosts::check(&self.files, &self.names, key).map_err(|source| {
-            SshError::KnownHosts {
-                file: self.files[0].clone(),
-                source,
+        let io_err = |source| SshError::KnownHosts {
+            file: self.files[0].clone(),
+            source,
+        };
+        let mut verdict = known_hosts::check(&self.files, &self.names, key).map_err(io_err)?;
+        if verdict == known_hosts::Verdict::Unknown && !self.bare_names.is_empty() {
+            // Nothing for `[host]:port`: a matching key under the bare name is accepted and a
+            // revoked one refused; a different key there leaves the host unknown (as OpenSSH).
+            let bare = known_hosts::check(&self.files, &self.bare_names, key).map_err(io_err)?;
+            if matches!(
+                bare,
+                known_hosts::Verdict::Known { .. } | known_hosts::Verdict::Revoked { .. }
+            ) {
+                verdict = bare;
             }
-        })?;
+        }
         match verdict {
             known_hosts::Verdict::Known { file, line } => {
                 tracing::debug!(host = %self.host, %fingerprint, file = %file.display(), line, "host key known");
@@ -358,6 +383,51 @@ impl ClientHandler {
     }
 }
 
+impl ClientHandler {
+    /// Check a host certificate against `@cert-authority` lines. `Ok(false)`: no authority
+    /// vouches for it, and (as OpenSSH does) its key is then checked as a plain host key.
+    fn verify_certificate(
+        &self,
+        cert: &russh::keys::ssh_key::Certificate,
+    ) -> Result<bool, SshError> {
+        let key = PublicKey::new(cert.public_key().clone(), "");
+        let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
+        if let Ok(mut f) = self.shared.fingerprint.lock() {
+            f.clone_from(&fingerprint);
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        let verdict = known_hosts::check_certificate(
+            &self.files,
+            &self.names,
+            cert,
+            &self.cert_principal,
+            now,
+        )
+        .map_err(|source| SshError::KnownHosts {
+            file: self.files[0].clone(),
+            source,
+        })?;
+        match verdict {
+            known_hosts::CertVerdict::Trusted { file, line } => {
+                tracing::debug!(host = %self.host, %fingerprint, file = %file.display(), line, "host certificate trusted");
+                Ok(true)
+            }
+            known_hosts::CertVerdict::Revoked { file, line } => Err(SshError::HostKeyRevoked {
+                host: self.host.clone(),
+                file,
+                line,
+                fingerprint,
+            }),
+            known_hosts::CertVerdict::Untrusted(reason) => {
+                tracing::debug!(host = %self.host, %fingerprint, "host certificate not trusted ({reason}); checking its key as a plain host key");
+                Ok(false)
+            }
+        }
+    }
+}
+
 impl client::Handler for ClientHandler {
     type Error = SshError;
 
@@ -368,8 +438,11 @@ impl client::Handler for ClientHandler {
         let key = match server_public_key {
             russh::keys::PublicKeyOrCertificate::PublicKey { key, .. } => key.clone(),
             russh::keys::PublicKeyOrCertificate::Certificate(cert) => {
-                // Host certificates are not requested; should one arrive, check its key plainly.
-                PublicKey::from(cert.public_key().clone())
+                // Requested only when a @cert-authority line applies to this host.
+                if self.verify_certificate(cert)? {
+                    return Ok(true);
+                }
+                PublicKey::new(cert.public_key().clone(), "")
             }
         };
         self.verify(&key)?;
@@ -472,13 +545,21 @@ impl Connection {
         let names = target.known_host_names();
         let files = target.known_hosts_files();
         let recorded = known_hosts::recorded_algorithms(&files, &names);
+        let key_algs = preferred_host_key_algs(&recorded);
+        let want_certificates = known_hosts::has_cert_authority(&files, &names);
         let config = client::Config {
             inactivity_timeout: None,
             keepalive_interval: Some(target.keepalive_interval),
             keepalive_max: target.keepalive_max,
             nodelay: true,
             preferred: russh::Preferred {
-                key: preferred_host_key_algs(&recorded).into(),
+                key: key_algs.clone().into(),
+                // Ask for a host certificate only when an authority could vouch for one.
+                host_key_certificates: if want_certificates {
+                    key_algs.into()
+                } else {
+                    Vec::new().into()
+                },
                 ..russh::Preferred::DEFAULT
             },
             ..Default::default()
@@ -491,8 +572,16 @@ impl Connection {
         };
         let handler = ClientHandler {
             host: host.clone(),
-            write_name: known_hosts::lookup_name(&target.hostname, target.port),
+            write_name: match &target.host_key_alias {
+                Some(alias) => alias.clone(),
+                None => known_hosts::lookup_name(&target.hostname, target.port),
+            },
             names,
+            bare_names: target.known_host_names_without_port(),
+            cert_principal: target
+                .host_key_alias
+                .clone()
+                .unwrap_or_else(|| target.hostname.clone()),
             files,
             accept_new: target.accept_new,
             hash_known_hosts: target.hash_known_hosts,

@@ -236,3 +236,114 @@ proptest! {
         }
     }
 }
+
+/// `decode_line` on one input line: never panics, is timed, and every outcome is well-formed —
+/// a request with a method, or a JSON-RPC 2.0 error (-32700 / -32600) that echoes the `id`
+/// when the line had one.
+fn decode_jsonrpc(line: &str) {
+    let r = timed("serve::decode_line", line.as_bytes(), || {
+        cairn::serve::decode_line(line)
+    });
+    match r {
+        Ok(req) => {
+            // A decoded request round-trips: its own JSON decodes to the same request.
+            let mut again =
+                serde_json::json!({"jsonrpc": "2.0", "method": req.method, "params": req.params});
+            if let Some(id) = &req.id {
+                again["id"] = id.clone();
+            }
+            assert_eq!(
+                cairn::serve::decode_line(&again.to_string()).as_ref(),
+                Ok(&req)
+            );
+        }
+        Err(resp) => {
+            assert_eq!(resp["jsonrpc"], "2.0", "{resp}");
+            let code = resp["error"]["code"].as_i64();
+            assert!(matches!(code, Some(-32700 | -32600)), "{resp}");
+            assert!(resp["error"]["message"].is_string(), "{resp}");
+            assert!(resp.get("id").is_some(), "{resp}");
+            // The response is itself one line of JSON.
+            assert!(!resp.to_string().contains('\n'));
+        }
+    }
+}
+
+#[test]
+fn jsonrpc_lines_survive_mutation() {
+    let mut rng = Rng(0x1eaf);
+    for seed in corpus("jsonrpc") {
+        for _ in 0..iterations() {
+            let m = mutate(&seed, &mut rng);
+            let text = String::from_utf8_lossy(&m);
+            for line in text.lines() {
+                decode_jsonrpc(line);
+            }
+            // And the whole mutated file as a single line.
+            decode_jsonrpc(&text.replace('\n', " "));
+        }
+    }
+}
+
+#[test]
+fn jsonrpc_deep_nesting_and_huge_lines_are_bounded() {
+    let deep = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"status\",\"params\":{}{}}}",
+        "[".repeat(100_000),
+        "]".repeat(100_000)
+    );
+    decode_jsonrpc(&deep);
+    let open_only = "{\"a\":".repeat(200_000);
+    decode_jsonrpc(&open_only);
+    let long = format!(
+        "{{\"jsonrpc\":\"2.0\",\"id\":\"{}\",\"method\":\"review\"}}",
+        "x".repeat(8 << 20)
+    );
+    decode_jsonrpc(&long);
+}
+
+/// A JSON-RPC-shaped line built from arbitrary parts (so that most inputs get past the JSON
+/// parser and exercise the request validation).
+fn jsonrpc_line() -> impl Strategy<Value = String> {
+    let value = prop_oneof![
+        Just("null".to_string()),
+        any::<i64>().prop_map(|n| n.to_string()),
+        any::<f64>().prop_map(|f| serde_json::json!(f).to_string()),
+        ".{0,20}".prop_map(|s| serde_json::json!(s).to_string()),
+        Just("[]".to_string()),
+        Just("{}".to_string()),
+        Just("true".to_string()),
+    ];
+    let key = prop_oneof![
+        Just("jsonrpc"),
+        Just("id"),
+        Just("method"),
+        Just("params"),
+        Just("x")
+    ];
+    proptest::collection::vec((key, value), 0..6).prop_map(|fields| {
+        let body: Vec<String> = fields.iter().map(|(k, v)| format!("\"{k}\":{v}")).collect();
+        format!("{{{}}}", body.join(","))
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, .. ProptestConfig::default() })]
+
+    #[test]
+    fn jsonrpc_decode_never_panics_on_arbitrary_text(s in ".{0,400}") {
+        decode_jsonrpc(&s);
+    }
+
+    #[test]
+    fn jsonrpc_decode_never_panics_on_arbitrary_bytes(data in proptest::collection::vec(any::<u8>(), 0..1024)) {
+        decode_jsonrpc(&String::from_utf8_lossy(&data));
+    }
+
+    #[test]
+    fn jsonrpc_decode_handles_request_shaped_lines(line in jsonrpc_line(), version in prop_oneof![Just("2.0"), Just("1.0"), Just("")]) {
+        decode_jsonrpc(&line);
+        let with_version = line.replacen('{', &format!("{{\"jsonrpc\":\"{version}\","), 1);
+        decode_jsonrpc(&with_version);
+    }
+}

@@ -2,6 +2,7 @@ mod audit;
 mod docker;
 mod fuzz;
 mod gateway;
+mod known_hosts_diff;
 mod run;
 mod script;
 mod ssh;
