@@ -19,7 +19,7 @@ use hmac::{Hmac, Mac};
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
-use crate::journal::{chain_hash, ChainFields};
+use crate::journal::{chain_hash, session_chain_hash, ChainFields};
 
 /// Where a journal's anchor and its key live.
 #[derive(Clone, Debug)]
@@ -32,9 +32,15 @@ pub struct Anchor {
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AnchorRecord {
     pub v: u32,
+    /// Head of the activity chain (events).
     pub seq: i64,
     pub hash: String,
-    /// HMAC-SHA256 over `v, seq, hash`, hex; empty when no key is available.
+    /// Head of the sessions chain.
+    #[serde(default)]
+    pub sessions_seq: i64,
+    #[serde(default)]
+    pub sessions_hash: String,
+    /// HMAC-SHA256 over both heads, hex; empty when no key is available.
     pub mac: String,
 }
 
@@ -84,9 +90,15 @@ impl Anchor {
         }
     }
 
-    fn mac(key: &[u8], seq: i64, hash: &str) -> String {
+    fn mac(key: &[u8], a: &AnchorRecord) -> String {
         let mut m = <Hmac<Sha256> as Mac>::new_from_slice(key).expect("HMAC takes any key length");
-        m.update(format!("cairn-anchor-v1\n{seq}\n{hash}\n").as_bytes());
+        m.update(
+            format!(
+                "cairn-anchor-v1\n{}\n{}\n{}\n{}\n",
+                a.seq, a.hash, a.sessions_seq, a.sessions_hash
+            )
+            .as_bytes(),
+        );
         hex::encode(m.finalize().into_bytes())
     }
 
@@ -100,9 +112,29 @@ impl Anchor {
         }
     }
 
-    /// Move the anchor forward to `(seq, hash)`; never backwards (two writers may finish their
-    /// commits in either order). Serialised with an advisory lock.
+    /// Move the activity chain's anchor forward to `(seq, hash)`; never backwards (two writers
+    /// may finish their commits in either order). Serialised with an advisory lock.
     pub fn advance(&self, seq: i64, hash: &str) -> Result<(), String> {
+        self.update(|a| {
+            (a.seq < seq).then(|| {
+                a.seq = seq;
+                a.hash = hash.to_owned();
+            })
+        })
+    }
+
+    /// The same for the sessions chain.
+    pub fn advance_sessions(&self, seq: i64, hash: &str) -> Result<(), String> {
+        self.update(|a| {
+            (a.sessions_seq < seq).then(|| {
+                a.sessions_seq = seq;
+                a.sessions_hash = hash.to_owned();
+            })
+        })
+    }
+
+    /// Read, change (when `change` returns `Some`), MAC and atomically replace the anchor.
+    fn update(&self, change: impl FnOnce(&mut AnchorRecord) -> Option<()>) -> Result<(), String> {
         let lock_path = {
             let mut p = self.path.as_os_str().to_owned();
             p.push(".lock");
@@ -115,18 +147,19 @@ impl Anchor {
             .open(&lock_path)
             .map_err(|e| format!("anchor lock {}: {e}", lock_path.display()))?;
         let _guard = FileLock::exclusive(&lock)?;
-        if let Ok(Some(cur)) = self.read() {
-            if cur.seq >= seq {
-                return Ok(());
-            }
+        let mut rec = self.read().ok().flatten().unwrap_or(AnchorRecord {
+            v: 1,
+            seq: 0,
+            hash: String::new(),
+            sessions_seq: 0,
+            sessions_hash: String::new(),
+            mac: String::new(),
+        });
+        if change(&mut rec).is_none() {
+            return Ok(());
         }
         let key = self.key(true)?;
-        let rec = AnchorRecord {
-            v: 1,
-            seq,
-            hash: hash.to_owned(),
-            mac: key.map(|k| Anchor::mac(&k, seq, hash)).unwrap_or_default(),
-        };
+        rec.mac = key.map(|k| Anchor::mac(&k, &rec)).unwrap_or_default();
         let text = serde_json::to_string(&rec).map_err(|e| e.to_string())? + "\n";
         let tmp = {
             let mut p = self.path.as_os_str().to_owned();
@@ -201,9 +234,28 @@ pub enum Damage {
     RecordModified,
 }
 
+/// The two hash-chained journals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Chain {
+    Activity,
+    Sessions,
+}
+
+impl std::fmt::Display for Chain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Chain::Activity => "activity",
+            Chain::Sessions => "sessions",
+        })
+    }
+}
+
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Finding {
     pub damage: Damage,
+    /// Which chain: the activity journal (execution events) or the sessions journal.
+    pub chain: Chain,
     /// The first affected entry (event seq), when there is one.
     pub seq: Option<i64>,
     pub execution_id: Option<String>,
@@ -215,6 +267,7 @@ pub struct Report {
     pub journal: String,
     pub anchor: String,
     pub events: usize,
+    pub session_events: usize,
     pub executions: usize,
     pub head_seq: i64,
     pub anchored_seq: Option<i64>,
@@ -231,6 +284,7 @@ impl Report {
 }
 
 struct Row {
+    chain: Chain,
     seq: i64,
     execution_id: String,
     at: String,
@@ -244,7 +298,7 @@ struct Row {
 
 impl Row {
     fn hash_at(&self, seq: i64) -> String {
-        chain_hash(&ChainFields {
+        let f = ChainFields {
             prev_hash: &self.prev_hash,
             seq,
             execution_id: &self.execution_id,
@@ -253,7 +307,11 @@ impl Row {
             state: &self.state,
             evidence: &self.evidence,
             client: &self.client,
-        })
+        };
+        match self.chain {
+            Chain::Activity => chain_hash(&f),
+            Chain::Sessions => session_chain_hash(&f),
+        }
     }
     /// The position this entry's content was hashed for, looking a few places either way.
     fn home(&self) -> Option<i64> {
@@ -274,15 +332,92 @@ pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
     )
     .map_err(|e| format!("opening {} read-only: {e}", journal.display()))?;
     let q = |e: rusqlite::Error| format!("reading {}: {e}", journal.display());
-    let mut st = conn
-        .prepare(
-            "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client, prev_hash, hash
-             FROM events ORDER BY seq",
-        )
-        .map_err(q)?;
-    let rows: Vec<Row> = st
+    let rows = load_rows(
+        &conn,
+        "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client, prev_hash, hash
+         FROM events ORDER BY seq",
+        Chain::Activity,
+    )
+    .map_err(q)?;
+    let session_rows = load_rows(
+        &conn,
+        "SELECT seq, session_id, at, kind, '', evidence, '', prev_hash, hash
+         FROM session_events ORDER BY seq",
+        Chain::Sessions,
+    )
+    .map_err(q)?;
+
+    let mut findings = Vec::new();
+    findings.extend(check_chain(&rows));
+    findings.extend(check_chain(&session_rows));
+    let executions = check_records(&conn, &rows, &mut findings).map_err(q)?;
+    check_sessions(&conn, &session_rows, &mut findings).map_err(q)?;
+
+    let head_seq = rows.last().map(|r| r.seq).unwrap_or(0);
+    let mut anchored_seq = None;
+    let mut unanchored = 0;
+    let finding = |damage, detail: String| Finding {
+        damage,
+        chain: Chain::Activity,
+        seq: None,
+        execution_id: None,
+        detail,
+    };
+    match anchor.read() {
+        Err(e) => findings.push(finding(Damage::AnchorReplaced, e)),
+        Ok(None) if rows.is_empty() && session_rows.is_empty() => {}
+        Ok(None) => findings.push(finding(
+            Damage::AnchorMissing,
+            format!(
+                "no anchor at {}: a cut-off tail or a rewritten chain cannot be ruled out",
+                anchor.path.display()
+            ),
+        )),
+        Ok(Some(a)) => {
+            let mac_ok = match anchor.key(false).ok().flatten() {
+                Some(k) => a.mac == Anchor::mac(&k, &a),
+                None => true,
+            };
+            if !mac_ok {
+                findings.push(finding(
+                    Damage::AnchorReplaced,
+                    format!(
+                        "the anchor's MAC does not verify under {}: the anchor was not written by cairn",
+                        anchor.key_path.display()
+                    ),
+                ));
+            } else {
+                anchored_seq = Some(a.seq);
+                unanchored = check_head(Chain::Activity, &rows, a.seq, &a.hash, &mut findings);
+                check_head(
+                    Chain::Sessions,
+                    &session_rows,
+                    a.sessions_seq,
+                    &a.sessions_hash,
+                    &mut findings,
+                );
+            }
+        }
+    }
+    Ok(Report {
+        journal: journal.display().to_string(),
+        anchor: anchor.path.display().to_string(),
+        events: rows.len(),
+        session_events: session_rows.len(),
+        executions,
+        head_seq,
+        anchored_seq,
+        unanchored,
+        findings,
+    })
+}
+
+fn load_rows(conn: &Connection, sql: &str, chain: Chain) -> rusqlite::Result<Vec<Row>> {
+    let mut st = conn.prepare(sql)?;
+    let rows = st
         .query_map([], |r| {
             Ok(Row {
+                chain,
                 seq: r.get(0)?,
                 execution_id: r.get(1)?,
                 at: r.get(2)?,
@@ -293,99 +428,100 @@ pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
                 prev_hash: r.get(7)?,
                 hash: r.get(8)?,
             })
+        })?
+        .collect::<Result<_, _>>()?;
+    Ok(rows)
+}
+
+/// Compare a chain's head with its anchored `(seq, hash)`; returns how many entries follow the
+/// anchor (appended by a process that stopped before it updated the anchor).
+fn check_head(
+    chain: Chain,
+    rows: &[Row],
+    seq: i64,
+    hash: &str,
+    findings: &mut Vec<Finding>,
+) -> i64 {
+    let head = rows.last().map(|r| r.seq).unwrap_or(0);
+    let mut push = |damage, seq, detail| {
+        findings.push(Finding {
+            damage,
+            chain,
+            seq: Some(seq),
+            execution_id: None,
+            detail,
         })
-        .map_err(q)?
-        .collect::<Result<_, _>>()
-        .map_err(q)?;
-
-    let mut findings = Vec::new();
-    if let Some(f) = check_chain(&rows) {
-        findings.push(f);
+    };
+    if seq == 0 {
+        return head;
     }
-    let executions = check_records(&conn, &rows, &mut findings).map_err(q)?;
-
-    let head_seq = rows.last().map(|r| r.seq).unwrap_or(0);
-    let mut anchored_seq = None;
-    let mut unanchored = 0;
-    match anchor.read() {
-        Err(e) => findings.push(Finding {
-            damage: Damage::AnchorReplaced,
-            seq: None,
-            execution_id: None,
-            detail: e,
-        }),
-        Ok(None) if rows.is_empty() => {}
-        Ok(None) => findings.push(Finding {
-            damage: Damage::AnchorMissing,
-            seq: None,
-            execution_id: None,
-            detail: format!(
-                "no anchor at {}: a cut-off tail or a rewritten chain cannot be ruled out",
-                anchor.path.display()
+    if seq > head {
+        push(
+            Damage::Truncated,
+            head + 1,
+            format!(
+                "the anchor names {chain} entry {seq} but the chain ends at {head}: entries {}..={seq} were cut off",
+                head + 1
             ),
-        }),
-        Ok(Some(a)) => {
-            anchored_seq = Some(a.seq);
-            let key = anchor.key(false).ok().flatten();
-            let mac_ok = match &key {
-                Some(k) => a.mac == Anchor::mac(k, a.seq, &a.hash),
-                None => true,
-            };
-            if !mac_ok {
-                findings.push(Finding {
-                    damage: Damage::AnchorReplaced,
-                    seq: Some(a.seq),
-                    execution_id: None,
-                    detail: format!(
-                        "the anchor's MAC does not verify under {}: the anchor was not written by cairn",
-                        anchor.key_path.display()
-                    ),
-                });
-            } else if a.seq > head_seq {
-                findings.push(Finding {
-                    damage: Damage::Truncated,
-                    seq: Some(head_seq + 1),
-                    execution_id: None,
-                    detail: format!(
-                        "the anchor names entry {} but the journal ends at {head_seq}: entries {}..={} were cut off",
-                        a.seq,
-                        head_seq + 1,
-                        a.seq
-                    ),
-                });
-            } else {
-                match rows.iter().find(|r| r.seq == a.seq) {
-                    Some(r) if r.hash == a.hash => {}
-                    Some(r) => findings.push(Finding {
-                        damage: Damage::AnchorReplaced,
-                        seq: Some(a.seq),
-                        execution_id: Some(r.execution_id.clone()),
-                        detail: format!(
-                            "entry {} has hash {} but the anchor recorded {}: the chain was rewritten or the anchor replaced",
-                            a.seq, r.hash, a.hash
-                        ),
-                    }),
-                    None => findings.push(Finding {
-                        damage: Damage::Deleted,
-                        seq: Some(a.seq),
-                        execution_id: None,
-                        detail: format!("the anchored entry {} is missing", a.seq),
-                    }),
-                }
-                unanchored = head_seq - a.seq;
-            }
+        );
+        return 0;
+    }
+    match rows.iter().find(|r| r.seq == seq) {
+        Some(r) if r.hash == hash => {}
+        Some(r) => push(
+            Damage::AnchorReplaced,
+            seq,
+            format!(
+                "{chain} entry {seq} has hash {} but the anchor recorded {hash}: the chain was rewritten or the anchor replaced",
+                r.hash
+            ),
+        ),
+        None => push(Damage::Deleted, seq, format!("the anchored {chain} entry {seq} is missing")),
+    }
+    head - seq
+}
+
+/// Each session record must match what its `started` entry committed to.
+fn check_sessions(
+    conn: &Connection,
+    rows: &[Row],
+    findings: &mut Vec<Finding>,
+) -> rusqlite::Result<()> {
+    let mut st = conn.prepare(
+        "SELECT id, kind, actor, pid, client, started_at, detail FROM sessions ORDER BY id",
+    )?;
+    let recs = st
+        .query_map([], |r| {
+            Ok(crate::journal::SessionRecord {
+                id: r.get(0)?,
+                kind: r.get(1)?,
+                actor: r.get(2)?,
+                pid: r.get(3)?,
+                client: r.get(4)?,
+                started_at: r.get(5)?,
+                detail: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
+            })
+        })?
+        .collect::<Result<Vec<_>, _>>()?;
+    for rec in recs {
+        let want = crate::journal::session_started_evidence(&rec);
+        let started = rows
+            .iter()
+            .find(|r| r.execution_id == rec.id && r.kind == "started");
+        if started.map(|r| r.evidence.as_str()) != Some(want.as_str()) {
+            findings.push(Finding {
+                damage: Damage::RecordModified,
+                chain: Chain::Sessions,
+                seq: started.map(|r| r.seq),
+                execution_id: Some(rec.id.clone()),
+                detail: format!(
+                    "session {}: the record differs from what its started entry committed to",
+                    rec.id
+                ),
+            });
         }
     }
-    Ok(Report {
-        journal: journal.display().to_string(),
-        anchor: anchor.path.display().to_string(),
-        events: rows.len(),
-        executions,
-        head_seq,
-        anchored_seq,
-        unanchored,
-        findings,
-    })
+    Ok(())
 }
 
 /// The first break in the chain, classified.
@@ -396,6 +532,7 @@ fn check_chain(rows: &[Row]) -> Option<Finding> {
         let expected_prev = prev.map(|p| p.hash.as_str()).unwrap_or("");
         let finding = |damage, seq, detail: String| Finding {
             damage,
+            chain: r.chain,
             seq: Some(seq),
             execution_id: Some(r.execution_id.clone()),
             detail,
@@ -508,6 +645,7 @@ fn check_records(
     for (id, fields, command) in &recs {
         let mk = |detail: String| Finding {
             damage: Damage::RecordModified,
+            chain: Chain::Activity,
             seq: None,
             execution_id: Some(id.clone()),
             detail,

@@ -109,6 +109,11 @@ pub enum Command {
     Serve(crate::cli_gateway::ServeArgs),
     /// MCP server on stdin/stdout: tools to run a command, get its status, read its output.
     Mcp(crate::cli_gateway::McpArgs),
+    /// Fleet batches: `ls`, `status B`, `resume B`.
+    Batch {
+        #[command(subcommand)]
+        command: crate::fleet::BatchCommand,
+    },
     /// Stop an execution's remote process group and record `cancelled`.
     Cancel {
         id: String,
@@ -185,8 +190,8 @@ pub struct Common {
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// [user@]host, or an alias from ssh_config.
-    pub destination: String,
+    /// [user@]host, or an alias from ssh_config (absent with --hosts / --inventory).
+    pub destination: Option<String>,
     /// The command, run by the remote account's shell as with ssh.
     #[arg(last = true, required = true, num_args = 1.., allow_hyphen_values = true)]
     pub command: Vec<OsString>,
@@ -209,6 +214,9 @@ pub struct RunArgs {
     pub json: bool,
     #[command(flatten)]
     pub intent: Box<crate::cli_gateway::IntentArgs>,
+    /// Many hosts: --hosts, --inventory, --parallel, --batch-size, … (src/fleet.rs).
+    #[command(flatten)]
+    pub fleet: crate::fleet::FleetArgs,
 }
 
 /// Parse `90`, `90s`, `5m`, `2h`, `1d`, `250ms`.
@@ -505,6 +513,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             Ok(worst)
         }
         Command::Audit { command } => audit(command),
+        Command::Batch { command } => crate::fleet::batch(command).await,
         Command::Review(a) => crate::cli_gateway::review(a),
         Command::Resolve(a) => crate::cli_gateway::resolve(a).await,
         Command::Sessions(a) => crate::cli_gateway::sessions(a),
@@ -613,6 +622,12 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
             "the command contains a NUL byte, which no shell can receive".into(),
         ));
     }
+    if args.fleet.is_fleet() {
+        return crate::fleet::run(args, command).await;
+    }
+    let destination = args.destination.clone().ok_or_else(|| {
+        ExecError::Input("no destination: give HOST, or --hosts a,b / --inventory FILE".into())
+    })?;
     let intent = args.intent.intent(&args.common)?;
     let mut ex = args.common.executor()?;
     let session = crate::cli_gateway::prepare(
@@ -623,7 +638,7 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         &intent.actor,
     )?;
     let req = RunRequest {
-        destination: args.destination.clone(),
+        destination,
         command,
         id,
         timeout_secs: args.timeout.map(|d| d.as_secs().max(1)).unwrap_or(0),
@@ -695,9 +710,10 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                 print_json(&serde_json::to_value(&report).unwrap_or_default());
             } else {
                 println!(
-                    "journal {}: {} events, {} executions, head {}, anchored at {}",
+                    "journal {}: {} events, {} session events, {} executions, head {}, anchored at {}",
                     report.journal,
                     report.events,
+                    report.session_events,
                     report.executions,
                     report.head_seq,
                     report
@@ -713,8 +729,9 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                 }
                 for f in &report.findings {
                     println!(
-                        "DAMAGE {:?} at entry {}{}: {}",
+                        "DAMAGE {:?} in the {} journal at entry {}{}: {}",
                         f.damage,
+                        f.chain,
                         f.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
                         f.execution_id
                             .as_deref()
@@ -856,7 +873,7 @@ mod tests {
         .unwrap();
         match c.command {
             Command::Run(r) => {
-                assert_eq!(r.destination, "db-1");
+                assert_eq!(r.destination.as_deref(), Some("db-1"));
                 assert_eq!(r.common.port, Some(2222));
                 assert_eq!(r.command, vec!["echo", "-n", "x"]);
             }

@@ -24,6 +24,9 @@ use crate::state::State;
 
 const SCHEMA_VERSION: i64 = 1;
 
+mod batch;
+pub use batch::{BatchMember, BatchRecord};
+
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum JournalError {
@@ -211,7 +214,9 @@ impl Journal {
             .map_err(|e| self.err(e))?;
         match version {
             0 => self.create_schema(),
-            SCHEMA_VERSION => self.add_intent_schema(),
+            SCHEMA_VERSION => self
+                .add_intent_schema()
+                .and_then(|()| self.add_batch_schema()),
             found => Err(JournalError::Version {
                 path: self.path.clone(),
                 found,
@@ -267,6 +272,22 @@ impl Journal {
                     epoch TEXT NOT NULL,
                     seen_at TEXT NOT NULL,
                     PRIMARY KEY (host_key, remote_dir)
+                 );
+                 -- Fleet runs (issue 5): a batch and its hosts, each with the execution ID
+                 -- chosen for it before anything is dispatched.
+                 CREATE TABLE IF NOT EXISTS batches (
+                    id TEXT PRIMARY KEY,
+                    created_at TEXT NOT NULL,
+                    command BLOB NOT NULL,
+                    options TEXT NOT NULL,
+                    client TEXT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS batch_members (
+                    batch_id TEXT NOT NULL REFERENCES batches(id),
+                    position INTEGER NOT NULL,
+                    destination TEXT NOT NULL,
+                    execution_id TEXT NOT NULL,
+                    PRIMARY KEY (batch_id, position)
                  );
                  PRAGMA user_version = 1;
                  COMMIT;",
@@ -333,7 +354,9 @@ impl Journal {
                     session_id TEXT NOT NULL REFERENCES sessions(id),
                     at TEXT NOT NULL,
                     kind TEXT NOT NULL,
-                    evidence TEXT NOT NULL
+                    evidence TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    hash TEXT NOT NULL
                  );
                  CREATE INDEX IF NOT EXISTS session_events_by_session ON session_events(session_id, seq);
                  CREATE TRIGGER IF NOT EXISTS sessions_fixed_u BEFORE UPDATE ON sessions
@@ -865,12 +888,18 @@ impl Journal {
             ],
         )
         .map_err(sq)?;
-        tx.execute(
-            "INSERT INTO session_events (session_id, at, kind, evidence) VALUES (?1, ?2, 'started', ?3)",
-            params![s.id, s.started_at, s.detail.to_string()],
-        )
-        .map_err(sq)?;
-        tx.commit().map_err(sq)
+        let evidence = session_started_evidence(s);
+        let (seq, hash) =
+            session_append_in(&tx, &s.id, &s.started_at, "started", &evidence).map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        self.anchor_sessions(seq, &hash);
+        Ok(())
+    }
+
+    fn anchor_sessions(&self, seq: i64, hash: &str) {
+        if let Err(e) = self.anchor.advance_sessions(seq, hash) {
+            tracing::warn!("cairn: journal anchor not updated: {e}");
+        }
     }
 
     /// Append a session event (`ended`, `request` …).
@@ -880,12 +909,20 @@ impl Journal {
         kind: &str,
         evidence: serde_json::Value,
     ) -> Result<()> {
-        self.conn
-            .execute(
-                "INSERT INTO session_events (session_id, at, kind, evidence) VALUES (?1, ?2, ?3, ?4)",
-                params![session, now_rfc3339(), kind, evidence.to_string()],
-            )
-            .map_err(|e| self.err(e))?;
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let (seq, hash) =
+            session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
+                .map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        self.anchor_sessions(seq, &hash);
         Ok(())
     }
 
@@ -1083,9 +1120,20 @@ pub struct ChainFields<'a> {
 /// The chain hash of one event: SHA-256 over a version tag and the length-prefixed fields, so
 /// that no two different events encode the same way.
 pub fn chain_hash(f: &ChainFields<'_>) -> String {
+    tagged_hash(b"cairn-event-v1", f)
+}
+
+/// The chain hash of one entry of the sessions journal: the same encoding under its own tag
+/// (`execution_id` holds the session ID; `state` and `client` are empty), so that an entry of one
+/// chain can never pass for an entry of the other.
+pub fn session_chain_hash(f: &ChainFields<'_>) -> String {
+    tagged_hash(b"cairn-session-v1", f)
+}
+
+fn tagged_hash(tag: &[u8], f: &ChainFields<'_>) -> String {
     let mut h = Sha256::new();
     let seq = f.seq.to_string();
-    h.update(b"cairn-event-v1");
+    h.update(tag);
     for field in [
         f.prev_hash,
         &seq,
@@ -1100,6 +1148,55 @@ pub fn chain_hash(f: &ChainFields<'_>) -> String {
         h.update(field.as_bytes());
     }
     hex::encode(h.finalize())
+}
+
+/// The evidence of a session's `started` entry: every field of the session record, so that the
+/// sessions chain commits to the record.
+pub fn session_started_evidence(s: &SessionRecord) -> String {
+    serde_json::json!({
+        "kind": s.kind,
+        "actor": s.actor,
+        "pid": s.pid,
+        "client": s.client,
+        "started_at": s.started_at,
+        "detail": s.detail,
+    })
+    .to_string()
+}
+
+/// Append one chained entry to the sessions journal; returns its seq and hash.
+fn session_append_in(
+    tx: &rusqlite::Transaction<'_>,
+    session: &str,
+    at: &str,
+    kind: &str,
+    evidence: &str,
+) -> rusqlite::Result<(i64, String)> {
+    let (last_seq, prev_hash): (i64, String) = tx
+        .query_row(
+            "SELECT seq, hash FROM session_events ORDER BY seq DESC LIMIT 1",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?)),
+        )
+        .optional()?
+        .unwrap_or((0, String::new()));
+    let seq = last_seq + 1;
+    let hash = session_chain_hash(&ChainFields {
+        prev_hash: &prev_hash,
+        seq,
+        execution_id: session,
+        at,
+        kind,
+        state: "",
+        evidence,
+        client: "",
+    });
+    tx.execute(
+        "INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+        params![seq, session, at, kind, evidence, prev_hash, hash],
+    )?;
+    Ok((seq, hash))
 }
 
 /// Which process appended an event: `pid@hostname`, fixed for the life of the process.

@@ -22,6 +22,7 @@
 //! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
 //! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose.
 //! - [`cli`]: the `cairn` command line.
+//! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
 //!
 //! Data flows one way: front end ([`cli`]) → [`executor`] → ([`journal`], [`ssh`] + [`marker`]),
 //! with [`recovery::decide`] in the middle.
@@ -32,6 +33,7 @@ pub mod audit_show;
 pub mod cli;
 pub mod cli_gateway;
 pub mod executor;
+pub mod fleet;
 pub mod gateway;
 pub mod id;
 pub mod intent;

@@ -280,3 +280,87 @@ fn a_journal_directory_writable_by_others_is_refused() {
     );
     assert!(!shared.join("j.db").exists());
 }
+
+/// A journal whose sessions chain has two sessions and four entries.
+fn journal_with_sessions() -> (tempfile::TempDir, PathBuf) {
+    let (d, p) = journal();
+    let mut j = Journal::open(&p).unwrap();
+    for (i, id) in ["se_1", "se_2"].iter().enumerate() {
+        j.start_session(&cairn::journal::SessionRecord {
+            id: id.to_string(),
+            kind: "cli".into(),
+            actor: "ops".into(),
+            pid: 100 + i as i64,
+            client: format!("{}@test", 100 + i),
+            started_at: now_rfc3339(),
+            detail: serde_json::json!({"argv": ["cairn", "run"]}),
+        })
+        .unwrap();
+        j.session_event(id, "ended", serde_json::json!({"code": 0}))
+            .unwrap();
+    }
+    (d, p)
+}
+
+fn raw_sessions(path: &Path) -> rusqlite::Connection {
+    let c = rusqlite::Connection::open(path).unwrap();
+    c.execute_batch(
+        "DROP TRIGGER session_events_append_only_u; DROP TRIGGER session_events_append_only_d;
+         DROP TRIGGER sessions_fixed_u;",
+    )
+    .unwrap();
+    c
+}
+
+fn first_session_damage(path: &Path) -> (String, String, i64) {
+    let (code, v) = verify(path);
+    assert_eq!(code, 1, "verify must fail: {v}");
+    let f = &v["findings"][0];
+    (
+        f["chain"].as_str().unwrap().to_owned(),
+        f["damage"].as_str().unwrap().to_owned(),
+        f["seq"].as_i64().unwrap_or(-1),
+    )
+}
+
+#[test]
+fn the_sessions_journal_is_chained_and_anchored_too() {
+    let (_d, p) = journal_with_sessions();
+    let (code, v) = verify(&p);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["session_events"], 4);
+
+    let (_d2, p2) = journal_with_sessions();
+    raw_sessions(&p2)
+        .execute(
+            "UPDATE session_events SET evidence = '{\"code\":1}' WHERE seq = 2",
+            [],
+        )
+        .unwrap();
+    assert_eq!(
+        first_session_damage(&p2),
+        ("sessions".into(), "modified".into(), 2)
+    );
+
+    let (_d3, p3) = journal_with_sessions();
+    raw_sessions(&p3)
+        .execute("DELETE FROM session_events WHERE seq = 4", [])
+        .unwrap();
+    assert_eq!(
+        first_session_damage(&p3),
+        ("sessions".into(), "truncated".into(), 4)
+    );
+
+    let (_d4, p4) = journal_with_sessions();
+    raw_sessions(&p4)
+        .execute(
+            "UPDATE sessions SET actor = 'someone-else' WHERE id = 'se_2'",
+            [],
+        )
+        .unwrap();
+    let (chain, damage, _) = first_session_damage(&p4);
+    assert_eq!(
+        (chain.as_str(), damage.as_str()),
+        ("sessions", "record-modified")
+    );
+}

@@ -1,5 +1,6 @@
 mod audit;
 mod docker;
+mod fleet;
 mod fuzz;
 mod gateway;
 mod known_hosts_diff;

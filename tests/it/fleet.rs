@@ -1,0 +1,337 @@
+//! Fleet runs (issue 5): `cairn run --hosts/--inventory`, batches, `cairn batch …`.
+//!
+//! The loopback test drives several private sshds (one per alias, each its own host key) from
+//! one ssh_config; the Docker test runs 20 ash hosts through a cut link, a reboot and a
+//! `kill -9` of the client, then `cairn batch resume`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support::host::{output, spawn, wait_child, wait_for, BIN};
+use crate::support::TestSshd;
+
+/// N loopback hosts named a1..aN in one ssh_config.
+struct Loop {
+    sshds: Vec<TestSshd>,
+    dir: tempfile::TempDir,
+}
+
+impl Loop {
+    fn new(n: usize) -> Loop {
+        let sshds: Vec<TestSshd> = (0..n).map(|_| TestSshd::start()).collect();
+        let dir = tempfile::tempdir().unwrap();
+        let mut cfg = String::new();
+        for (i, s) in sshds.iter().enumerate() {
+            cfg.push_str(&format!(
+                "Host a{}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  UserKnownHostsFile {}\n  IdentityAgent none\n",
+                i + 1,
+                s.port(),
+                s.user(),
+                s.client_key().display(),
+                s.known_hosts().display()
+            ));
+        }
+        fs::write(dir.path().join("ssh_config"), cfg).unwrap();
+        Loop { sshds, dir }
+    }
+    fn journal(&self) -> PathBuf {
+        self.dir.path().join("state/journal.db")
+    }
+    fn cairn(&self, sub: &[&str]) -> Command {
+        let mut c = Command::new(BIN);
+        c.args(sub)
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("CAIRN_JOURNAL")
+            .env_remove("CAIRN_INTENT_KEY")
+            .env_remove("CAIRN_ACTOR")
+            .env_remove("CAIRN_SCOPE")
+            .env_remove("CAIRN_POLICY")
+            .arg("--journal")
+            .arg(self.journal())
+            .arg("-F")
+            .arg(self.dir.path().join("ssh_config"))
+            .args(["--connect-timeout", "5s", "--reconnect-for", "20s"]);
+        c
+    }
+    fn run(&self, extra: &[&str], command: &str) -> Command {
+        let mut c = self.cairn(&["run"]);
+        c.arg("--remote-dir")
+            .arg(self.dir.path().join("cairn-home"))
+            .args(extra)
+            .arg("--")
+            .arg(command);
+        c
+    }
+    /// How many times the counting command ran on host i (0-based).
+    fn runs(&self, i: usize) -> usize {
+        fs::read_to_string(self.sshds[i].dir().join("ran.count"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+/// Appends to a file private to each test sshd (its boot-ID file's directory).
+const COUNT: &str = "echo ran >> \"$(dirname \"$CAIRN_BOOT_ID_FILE\")/ran.count\"; ";
+
+fn lines(out: &[u8]) -> Vec<String> {
+    String::from_utf8_lossy(out)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn json_lines(out: &[u8]) -> Vec<Value> {
+    lines(out)
+        .iter()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect()
+}
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+#[test]
+fn loopback_hosts_inventory_prefix_json_fail_fast_batches() {
+    let l = Loop::new(4);
+
+    // --hosts, prefixing, summary, exit 0, every host once.
+    let out = output(
+        l.run(
+            &["--hosts", "a1,a2", "--parallel", "2"],
+            &format!("{COUNT}echo hello; echo warn >&2"),
+        ),
+        LIMIT,
+    );
+    let so = String::from_utf8_lossy(&out.stdout).into_owned();
+    let se = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{so}\n{se}");
+    assert!(so.contains("a1   | hello"), "{so}");
+    assert!(so.contains("a2   | hello"), "{so}");
+    assert!(se.contains("a1   | warn"), "{se}");
+    assert!(so.contains("HOST") && so.contains("RECONNECTS"), "{so}");
+    assert!(so.contains("2 host(s), 2 ok"), "{so}");
+    assert_eq!((l.runs(0), l.runs(1), l.runs(2)), (1, 1, 0));
+
+    // No destination at all: a clear error, exit 255.
+    let out = output(l.run(&[], "true"), LIMIT);
+    assert_eq!(out.status.code(), Some(255));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--hosts"));
+
+    // --inventory with comments, --json: one object per host and a summary; exit 1 when a
+    // host exits non-zero.
+    let inv = l.dir.path().join("inventory");
+    fs::write(&inv, "# fleet\na1\n\n a3  # third\na4\n").unwrap();
+    let out = output(
+        l.run(
+            &["--inventory", inv.to_str().unwrap(), "--json"],
+            &format!(
+                "{COUNT}echo out-$(basename \"$(dirname \"$CAIRN_BOOT_ID_FILE\")\"); case \"$CAIRN_BOOT_ID_FILE\" in {}*) exit 3;; esac",
+                l.sshds[3].dir().display()
+            ),
+        ),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v = json_lines(&out.stdout);
+    assert_eq!(v.len(), 4, "{v:?}");
+    let summary = &v[3];
+    assert_eq!(summary["type"], "summary");
+    assert_eq!(summary["hosts"], 3);
+    assert_eq!(summary["ok"], 2);
+    assert_eq!(summary["exit_code"], 1);
+    let by_host = |h: &str| v.iter().find(|o| o["host"] == h).unwrap().clone();
+    assert_eq!(by_host("a4")["exit_code"], 3);
+    assert_eq!(by_host("a3")["state"], "completed");
+    assert!(by_host("a1")["stdout"]
+        .as_str()
+        .unwrap()
+        .starts_with("out-"));
+    assert_eq!((l.runs(0), l.runs(2), l.runs(3)), (2, 1, 1));
+    let batch = summary["batch_id"].as_str().unwrap().to_owned();
+    assert!(batch.starts_with("bt_"));
+
+    // batch status / ls know it.
+    let out = output(l.cairn(&["batch", "status", &batch, "--json"]), LIMIT);
+    let st: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(st["hosts"].as_array().unwrap().len(), 3);
+    assert_eq!(st["states"]["completed"], 3, "{st}");
+    let out = output(l.cairn(&["batch", "ls"]), LIMIT);
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&batch));
+
+    // --fail-fast with --parallel 1: the first failure stops the rest (skipped, not run).
+    let before: Vec<usize> = (0..4).map(|i| l.runs(i)).collect();
+    let out = output(
+        l.run(
+            &[
+                "--hosts",
+                "a1,a2,a3,a4",
+                "--parallel",
+                "1",
+                "--fail-fast",
+                "--json",
+            ],
+            &format!("{COUNT}exit 5"),
+        ),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let v = json_lines(&out.stdout);
+    let states: Vec<&str> = v[..4]
+        .iter()
+        .map(|o| o["state"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == "skipped").count(),
+        3,
+        "{v:?}"
+    );
+    let after: Vec<usize> = (0..4).map(|i| l.runs(i)).collect();
+    let ran: usize = after.iter().zip(&before).map(|(a, b)| a - b).sum();
+    assert_eq!(ran, 1);
+
+    // --batch-size 2: a failure in the first rolling batch keeps the second from starting;
+    // --output-dir gets the files.
+    let dir = l.dir.path().join("outdir");
+    let before: Vec<usize> = (0..4).map(|i| l.runs(i)).collect();
+    let out = output(
+        l.run(
+            &[
+                "--hosts",
+                "a1,a2,a3,a4",
+                "--batch-size",
+                "2",
+                "--output-dir",
+                dir.to_str().unwrap(),
+            ],
+            &format!(
+                "{COUNT}echo to-file; case \"$CAIRN_BOOT_ID_FILE\" in {}*) exit 7;; esac",
+                l.sshds[1].dir().display()
+            ),
+        ),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    let after: Vec<usize> = (0..4).map(|i| l.runs(i)).collect();
+    let delta: Vec<usize> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    assert_eq!(delta, vec![1, 1, 0, 0]);
+    assert_eq!(fs::read_to_string(dir.join("a1.out")).unwrap(), "to-file\n");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("| to-file"));
+    let so = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(so.contains("skipped"), "{so}");
+    let batch2 = so
+        .split_whitespace()
+        .find(|w| w.starts_with("bt_"))
+        .unwrap()
+        .trim_end_matches(':')
+        .to_owned();
+
+    // Resume: the skipped hosts never got an execution, so they start now; the finished ones
+    // are collected, not run again. The failed rolling batch stops it again only if a host of
+    // the resumed set fails: here a2 is still failed, so a3/a4 stay skipped.
+    let out = output(l.cairn(&["batch", "resume", &batch2, "--json"]), LIMIT);
+    let v = json_lines(&out.stdout);
+    let after2: Vec<usize> = (0..4).map(|i| l.runs(i)).collect();
+    assert_eq!(after2[0], after[0], "a1 collected, not re-run: {v:?}");
+    assert_eq!(after2[1], after[1], "a2 collected, not re-run: {v:?}");
+    assert_eq!(out.status.code(), Some(1), "{v:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Docker: 20 ash hosts, a cut link, a reboot, kill -9 of the client, then resume.
+
+use crate::support::docker::{docker_enabled, say, Flavour, Hosts};
+
+fn docker_cairn(hosts: &Hosts, journal: &Path, sub: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(sub)
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("CAIRN_JOURNAL")
+        .env_remove("CAIRN_ACTOR")
+        .env_remove("CAIRN_SCOPE")
+        .env_remove("CAIRN_POLICY")
+        .arg("--journal")
+        .arg(journal)
+        .arg("-F")
+        .arg(hosts.ssh_config())
+        .arg("--known-hosts")
+        .arg(hosts.known_hosts())
+        .args([
+            "--connect-timeout",
+            "5s",
+            "--keepalive",
+            "1s",
+            "--reconnect-for",
+            "60s",
+        ]);
+    c
+}
+
+#[test]
+fn docker_twenty_hosts_cut_reboot_kill_resume() {
+    if !docker_enabled("fleet::docker_twenty_hosts_cut_reboot_kill_resume") {
+        return;
+    }
+    let n = 20;
+    let hosts = Hosts::up("fleet", Flavour::Ash, n);
+    let tmp = tempfile::tempdir().unwrap();
+    let journal = tmp.path().join("journal.db");
+    let names: Vec<String> = (1..=n).map(|i| format!("h{i}")).collect();
+    // Each host counts its runs, then works for a while (long enough for the faults).
+    let cmd = "echo ran >> /root/fleet.count; sleep 6; echo done-$(hostname)";
+    let mut run = docker_cairn(&hosts, &journal, &["run"]);
+    run.args(["--hosts", &names.join(","), "--parallel", "10", "--json"])
+        .arg("--batch")
+        .arg("bt_fleet_docker")
+        .arg("--")
+        .arg(cmd);
+    let child = spawn(run);
+    // Wait until the first wave is running, then: cut h2's link, reboot h3, kill the client.
+    hosts.wait_file("h2", "/root/fleet.count", Duration::from_secs(60));
+    hosts.wait_file("h3", "/root/fleet.count", Duration::from_secs(60));
+    say("fleet: cut h2, reboot h3");
+    hosts.fault(&["cut", "h2"]);
+    hosts.fault(&["reboot", "h3"]);
+    std::thread::sleep(Duration::from_millis(500));
+    say("fleet: kill -9 the client mid-batch");
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGKILL);
+    }
+    let killed = wait_child(child, Duration::from_secs(30));
+    assert_eq!(killed.status.code(), None, "killed by a signal");
+    hosts.fault(&["restore", "h2"]);
+
+    let t0 = Instant::now();
+    let resume = docker_cairn(
+        &hosts,
+        &journal,
+        &["batch", "resume", "bt_fleet_docker", "--json"],
+    );
+    let out = wait_child(spawn(resume), Duration::from_secs(240));
+    say(&format!("fleet: resume took {:?}", t0.elapsed()));
+    let v = json_lines(&out.stdout);
+    let summary = v.last().unwrap();
+    assert_eq!(summary["type"], "summary", "{v:?}");
+    assert_eq!(summary["hosts"], n as u64);
+    for h in &names {
+        let c = wait_for(&format!("{h} count"), Duration::from_secs(30), || {
+            Some(hosts.count(h, "/root/fleet.count"))
+        });
+        assert_eq!(c, 1, "{h} ran exactly once: {v:?}");
+    }
+    let state = |h: &str| {
+        v.iter()
+            .find(|o| o["host"] == h)
+            .map(|o| o["state"].as_str().unwrap_or("").to_owned())
+            .unwrap_or_default()
+    };
+    assert_eq!(state("h3"), "interrupted", "{v:?}");
+    for h in names.iter().filter(|h| *h != "h3") {
+        assert_eq!(state(h), "completed", "{h}: {v:?}");
+    }
+    assert_eq!(summary["ok"], (n - 1) as u64);
+    assert_eq!(out.status.code(), Some(254));
+    assert_eq!(summary["needs_review"][0]["host"], "h3");
+}
