@@ -1055,17 +1055,10 @@ impl Executor {
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
         let mut run = Run {
-            rec: rec.clone(),
             prior: Prior::Settled,
-            expected_epoch: None,
             out_off: NO_BYTES,
             err_off: NO_BYTES,
-            reconnects: 0,
-            host_key: None,
-            start: None,
-            done: None,
-            last_cursor_save: Instant::now(),
-            announce: false,
+            ..Run::new(rec.clone())
         };
         let op = Op::Gc {
             output_age_secs: output_age.as_secs(),
@@ -1096,17 +1089,8 @@ impl Executor {
             None => Prior::NotDispatched,
         };
         let mut run = Run {
-            rec,
             prior,
-            expected_epoch: None,
-            out_off: 0,
-            err_off: 0,
-            reconnects: 0,
-            host_key: None,
-            start: None,
-            done: None,
-            last_cursor_save: Instant::now(),
-            announce: false,
+            ..Run::new(rec)
         };
         for ev in &events {
             if let Some(e) = ev.evidence.get("epoch").and_then(|v| v.as_str()) {

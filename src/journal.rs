@@ -1026,24 +1026,8 @@ pub fn accepted_evidence(rec: &ExecutionRecord) -> serde_json::Value {
 
 /// Derive the current status from an execution's events.
 pub fn status_from_events(events: &[Event]) -> Option<Status> {
-    let mut state = None;
-    let mut before_unknown = None;
-    for s in events.iter().filter_map(|e| e.state) {
-        if s == State::Unknown {
-            if let Some(prev) = state.filter(|p| *p != State::Unknown) {
-                before_unknown = Some(prev);
-            }
-        }
-        state = Some(s);
-    }
-    state.map(|state| Status {
-        state,
-        before_unknown: if state == State::Unknown {
-            before_unknown
-        } else {
-            None
-        },
-    })
+    let states: Vec<State> = events.iter().filter_map(|e| e.state).collect();
+    status_from_states(&states)
 }
 
 fn append_in(
