@@ -723,6 +723,35 @@ impl Executor {
             .await
     }
 
+    /// Dispatch again an execution recorded `failed`: it provably never started (nothing was
+    /// sent, or the host refused before the start guard), so sending it under the same ID is
+    /// safe; the host's start guard still decides. Anything else is attached to instead.
+    pub async fn retry_never_started(
+        &mut self,
+        id: &ExecutionId,
+        why: &str,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        if self.journal.status(id)?.map(|s| s.state) != Some(State::Failed) {
+            return self.attach(id, sink).await;
+        }
+        let mut run = self.load(id)?;
+        let target = self.target_for(&run.rec)?;
+        self.journal.append(
+            id,
+            "retry",
+            None,
+            json!({"why": why, "by": crate::journal::client_identity()}),
+        )?;
+        // The epoch this journal last saw on the host, when it knows the host's key.
+        run.expected_epoch = match &run.host_key {
+            Some(k) => self.journal.host_epoch(k, &run.rec.remote_dir)?,
+            None => None,
+        };
+        run.prior = Prior::Dispatched;
+        self.drive(&target, &mut run, true, false, true, sink).await
+    }
+
     /// `cairn resolve`: record a human decision about an execution under review, as evidence.
     /// `completed`/`failed` settle it; `retry` dispatches again under the same ID only if a
     /// fresh probe proves it never started (no started record, same host epoch, and the

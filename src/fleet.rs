@@ -165,6 +165,9 @@ enum Mode {
     Redispatch,
     /// Delivered: report the journal's outcome.
     Settled,
+    /// Failed: provably never started (unreachable, refused before the start guard): dispatch
+    /// it again under its own ID.
+    Retry,
 }
 
 #[derive(Clone, Debug)]
@@ -591,6 +594,7 @@ async fn resume(
             None if ex.journal.execution(&id)?.is_none() => Mode::Fresh,
             Some(s) if s.state == State::Delivered => Mode::Settled,
             Some(s) if s.state == State::Authorized => Mode::Redispatch,
+            Some(s) if s.state == State::Failed => Mode::Retry,
             _ => Mode::Attach,
         };
         jobs.push(Job {
@@ -691,6 +695,14 @@ fn run_host(
             Mode::Attach => ex.attach(&job.id, &mut sink).await?,
             Mode::Redispatch => ex.redispatch(&job.id, false, &mut sink).await?,
             Mode::Settled => ex.journal_outcome(&job.id)?,
+            Mode::Retry => {
+                ex.retry_never_started(
+                    &job.id,
+                    "batch resume: the execution provably never started",
+                    &mut sink,
+                )
+                .await?
+            }
         };
         if o.state.has_result() && o.state != State::Delivered {
             ex.mark_delivered(&job.id, "cli")?;

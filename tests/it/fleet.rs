@@ -239,6 +239,39 @@ fn loopback_hosts_inventory_prefix_json_fail_fast_batches() {
     assert_eq!(out.status.code(), Some(1), "{v:?}");
 }
 
+#[test]
+fn resume_dispatches_again_a_host_that_provably_never_started() {
+    let l = Loop::new(2);
+    // a2's sshd is down: its execution fails before anything is sent.
+    l.sshds[1].stop_sshd();
+    let out = output(
+        l.run(&["--hosts", "a1,a2", "--json"], &format!("{COUNT}echo hi")),
+        LIMIT,
+    );
+    let v = json_lines(&out.stdout);
+    let batch = v
+        .iter()
+        .find_map(|o| o["batch_id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no batch id: {v:?}"));
+    let a2 = v.iter().find(|o| o["host"] == "a2").unwrap();
+    assert_eq!(a2["state"], "failed", "{v:?}");
+    let a2_id = a2["execution_id"].clone();
+    assert_eq!((l.runs(0), l.runs(1)), (1, 0));
+
+    // Back up: resume sends a2 again under its own ID; a1 is collected, never re-run.
+    l.sshds[1].restart_sshd();
+    let out = output(l.cairn(&["batch", "resume", &batch, "--json"]), LIMIT);
+    let v = json_lines(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{v:?}");
+    assert_eq!((l.runs(0), l.runs(1)), (1, 1), "{v:?}");
+    let a2 = v.iter().find(|o| o["host"] == "a2").unwrap();
+    assert_eq!(a2["state"], "completed", "{v:?}");
+    assert_eq!(
+        a2["execution_id"], a2_id,
+        "the same execution ID, sent again"
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Docker: 20 ash hosts, a cut link, a reboot, kill -9 of the client, then resume.
 
