@@ -387,39 +387,11 @@ impl Journal {
                 path: path.clone(),
                 source,
             })?;
-        tx.execute(
-            "INSERT INTO executions (id, created_at, destination, host, port, user, command,
-                command_digest, remote_dir, timeout_secs, client)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11)",
-            params![
-                rec.id.as_str(),
-                rec.created_at,
-                rec.destination,
-                rec.host,
-                rec.port,
-                rec.user,
-                rec.command,
-                rec.command_digest,
-                rec.remote_dir,
-                rec.timeout_secs as i64,
-                rec.client,
-            ],
-        )
-        .map_err(|source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        })?;
-        let ev = append_in(
-            &tx,
-            rec.id.as_str(),
-            "accepted",
-            Some(State::Accepted),
-            &evidence,
-        )
-        .map_err(|source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        })?;
+        let ev =
+            insert_accepted(&tx, rec, None, &evidence).map_err(|source| JournalError::Sqlite {
+                path: path.clone(),
+                source,
+            })?;
         tx.commit()
             .map_err(|source| JournalError::Sqlite { path, source })?;
         self.anchor_to(&ev);
@@ -780,43 +752,7 @@ impl Journal {
             self.anchor_to(&ev);
             return Ok(AcceptOrMatch::Matched(c));
         }
-        tx.execute(
-            "INSERT INTO executions (id, created_at, destination, host, port, user, command,
-                command_digest, remote_dir, timeout_secs, client, fingerprint, actor, scope,
-                class, retention_secs, accepted_ms, session_id, intent)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
-                ?17, ?18, ?19)",
-            params![
-                rec.id.as_str(),
-                rec.created_at,
-                rec.destination,
-                rec.host,
-                rec.port,
-                rec.user,
-                rec.command,
-                rec.command_digest,
-                rec.remote_dir,
-                rec.timeout_secs as i64,
-                rec.client,
-                cols.fingerprint,
-                cols.actor,
-                cols.scope,
-                cols.class,
-                cols.retention_secs as i64,
-                cols.accepted_ms,
-                cols.session_id,
-                cols.intent.to_string(),
-            ],
-        )
-        .map_err(sq)?;
-        let ev = append_in(
-            &tx,
-            rec.id.as_str(),
-            "accepted",
-            Some(State::Accepted),
-            &evidence,
-        )
-        .map_err(sq)?;
+        let ev = insert_accepted(&tx, rec, Some(cols), &evidence).map_err(sq)?;
         tx.commit().map_err(sq)?;
         self.anchor_to(&ev);
         Ok(AcceptOrMatch::Accepted(ev))
@@ -1028,6 +964,51 @@ pub fn accepted_evidence(rec: &ExecutionRecord) -> serde_json::Value {
 pub fn status_from_events(events: &[Event]) -> Option<Status> {
     let states: Vec<State> = events.iter().filter_map(|e| e.state).collect();
     status_from_states(&states)
+}
+
+/// Insert an execution record (with its intent columns, when it has an intent) and its
+/// `accepted` event, inside the caller's transaction.
+fn insert_accepted(
+    tx: &rusqlite::Transaction<'_>,
+    rec: &ExecutionRecord,
+    cols: Option<&IntentColumns>,
+    evidence: &serde_json::Value,
+) -> rusqlite::Result<Event> {
+    tx.execute(
+        "INSERT INTO executions (id, created_at, destination, host, port, user, command,
+            command_digest, remote_dir, timeout_secs, client, fingerprint, actor, scope,
+            class, retention_secs, accepted_ms, session_id, intent)
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, ?16,
+            ?17, ?18, ?19)",
+        params![
+            rec.id.as_str(),
+            rec.created_at,
+            rec.destination,
+            rec.host,
+            rec.port,
+            rec.user,
+            rec.command,
+            rec.command_digest,
+            rec.remote_dir,
+            rec.timeout_secs as i64,
+            rec.client,
+            cols.map(|c| &c.fingerprint),
+            cols.map(|c| &c.actor),
+            cols.map(|c| &c.scope),
+            cols.map(|c| &c.class),
+            cols.map(|c| c.retention_secs as i64),
+            cols.map(|c| c.accepted_ms),
+            cols.and_then(|c| c.session_id.as_ref()),
+            cols.map(|c| c.intent.to_string()),
+        ],
+    )?;
+    append_in(
+        tx,
+        rec.id.as_str(),
+        "accepted",
+        Some(State::Accepted),
+        evidence,
+    )
 }
 
 fn append_in(
