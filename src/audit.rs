@@ -491,17 +491,7 @@ fn check_sessions(
         "SELECT id, kind, actor, pid, client, started_at, detail FROM sessions ORDER BY id",
     )?;
     let recs = st
-        .query_map([], |r| {
-            Ok(crate::journal::SessionRecord {
-                id: r.get(0)?,
-                kind: r.get(1)?,
-                actor: r.get(2)?,
-                pid: r.get(3)?,
-                client: r.get(4)?,
-                started_at: r.get(5)?,
-                detail: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
-            })
-        })?
+        .query_map([], crate::journal::SessionRecord::from_row)?
         .collect::<Result<Vec<_>, _>>()?;
     for rec in recs {
         let want = crate::journal::session_started_evidence(&rec);

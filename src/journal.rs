@@ -273,27 +273,14 @@ impl Journal {
                     seen_at TEXT NOT NULL,
                     PRIMARY KEY (host_key, remote_dir)
                  );
-                 -- Fleet runs (issue 5): a batch and its hosts, each with the execution ID
-                 -- chosen for it before anything is dispatched.
-                 CREATE TABLE IF NOT EXISTS batches (
-                    id TEXT PRIMARY KEY,
-                    created_at TEXT NOT NULL,
-                    command BLOB NOT NULL,
-                    options TEXT NOT NULL,
-                    client TEXT NOT NULL
-                 );
-                 CREATE TABLE IF NOT EXISTS batch_members (
-                    batch_id TEXT NOT NULL REFERENCES batches(id),
-                    position INTEGER NOT NULL,
-                    destination TEXT NOT NULL,
-                    execution_id TEXT NOT NULL,
-                    PRIMARY KEY (batch_id, position)
-                 );
                  PRAGMA user_version = 1;
                  COMMIT;",
             )
             .map_err(|e| self.err(e))?;
-        self.add_intent_schema()
+        // The later parts of version 1 are created by the same steps that add them to a
+        // journal made before them.
+        self.add_intent_schema()?;
+        self.add_batch_schema()
     }
 
     /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
@@ -877,15 +864,7 @@ impl Journal {
         let it = st
             .query_map([], |r| {
                 Ok(SessionView {
-                    record: SessionRecord {
-                        id: r.get(0)?,
-                        kind: r.get(1)?,
-                        actor: r.get(2)?,
-                        pid: r.get(3)?,
-                        client: r.get(4)?,
-                        started_at: r.get(5)?,
-                        detail: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
-                    },
+                    record: SessionRecord::from_row(r)?,
                     ended_at: r.get(7)?,
                     executions: r.get::<_, i64>(8)?.max(0) as u64,
                 })
@@ -909,6 +888,22 @@ pub struct SessionRecord {
     pub started_at: String,
     /// Free-form facts (the gateway's name, the command line …).
     pub detail: serde_json::Value,
+}
+
+impl SessionRecord {
+    /// A session row selected as `id, kind, actor, pid, client, started_at, detail` (in that
+    /// order, from column 0).
+    pub fn from_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<SessionRecord> {
+        Ok(SessionRecord {
+            id: r.get(0)?,
+            kind: r.get(1)?,
+            actor: r.get(2)?,
+            pid: r.get(3)?,
+            client: r.get(4)?,
+            started_at: r.get(5)?,
+            detail: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
+        })
+    }
 }
 
 /// A session with what its events say.

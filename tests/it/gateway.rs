@@ -478,16 +478,7 @@ fn resolve_retry_refuses_what_started_and_redispatches_what_never_did() {
     // host unreachable for `recover`: unknown, marker absent. Retry dispatches it under the
     // same ID.
     let h = Host::new();
-    let filler = "x".repeat(100_000);
-    let mut c = h.cairn("run");
-    c.arg("--remote-dir")
-        .arg(&h.remote_dir)
-        .args(["--json", "127.0.0.1", "--"]);
-    c.arg(format!("{}:", h.count()));
-    for _ in 0..10 {
-        c.arg(&filler);
-    }
-    c.arg("; echo retried");
+    let c = h.megabyte_run("; echo retried");
     h.proxy.cut_after_upstream_bytes(Some(400_000));
     let mut child = spawn(c);
     wait_for("the first cut", T, || {

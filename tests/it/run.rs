@@ -157,17 +157,7 @@ fn cut_before_the_start_guard_dispatches_again_under_the_same_id() {
     let h = Host::new();
     // A 1 MB command: the connection is cut while its bytes are still on the way, so the
     // host's dispatcher sees a short stdin and never crosses the guard.
-    // (argv caps one argument at 128 KiB, so the megabyte comes as ten words.)
-    let filler = "x".repeat(100_000);
-    let mut c = h.cairn("run");
-    c.arg("--remote-dir")
-        .arg(&h.remote_dir)
-        .args(["--json", "127.0.0.1", "--"]);
-    c.arg(format!("{}:", h.count()));
-    for _ in 0..10 {
-        c.arg(&filler);
-    }
-    c.arg("; echo after-redispatch");
+    let c = h.megabyte_run("; echo after-redispatch");
     h.proxy.cut_after_upstream_bytes(Some(400_000));
     let child = spawn(c);
     // Let the first connection be cut, then stop cutting.

@@ -204,6 +204,22 @@ pub fn json_of(out: &Output) -> Value {
 }
 
 impl Host {
+    /// `cairn run --json` of a one-megabyte command that counts its run and ends with `tail`.
+    /// (argv caps one argument at 128 KiB, so the megabyte comes as ten words.)
+    pub fn megabyte_run(&self, tail: &str) -> Command {
+        let filler = "x".repeat(100_000);
+        let mut c = self.cairn("run");
+        c.arg("--remote-dir")
+            .arg(&self.remote_dir)
+            .args(["--json", "127.0.0.1", "--"]);
+        c.arg(format!("{}:", self.count()));
+        for _ in 0..10 {
+            c.arg(&filler);
+        }
+        c.arg(tail);
+        c
+    }
+
     /// The one execution ID whose started record exists on the host.
     pub fn started_id(&self) -> Option<String> {
         let rd = fs::read_dir(self.x()).ok()?;
