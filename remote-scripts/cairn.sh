@@ -9,6 +9,7 @@ NL='
 '
 S=
 B=
+BOOT=
 
 # protocol line on stderr
 p() { printf '%s %s\n' "$B" "$*" >&2; }
@@ -44,8 +45,27 @@ put() { printf '%s\n' "$2" >"$1"; }
 num() { case $1 in '' | *[!0-9]* | 0?*) false ;; *) [ ${#1} -le 15 ] ;; esac; }
 hex() { case $1 in *[!0-9a-f]*) false ;; *) [ ${#1} -eq "$2" ] ;; esac; }
 bit() { case $1 in 0 | 1) true ;; *) false ;; esac; }
-# old sync(1) without FILE arguments syncs everything
-fsync() { sync "$1" 2>/dev/null || sync; }
+# fsync FILE...: flush these files (and directories) to disk; an old sync(1) without FILE
+# arguments syncs everything
+fsync() { sync "$@" 2>/dev/null || sync; }
+# now: sets NOW to seconds since the epoch without a fork where possible: bash's
+# EPOCHSECONDS, else boot time plus uptime from /proc (may read 1 s early), else date
+BT=
+now() {
+	# shellcheck disable=SC3028 # bash's; unset (empty) in other shells
+	NOW=${EPOCHSECONDS:-}
+	[ -n "$NOW" ] && return 0
+	if [ -z "$BT" ]; then
+		while read -r n_k n_v; do
+			[ "$n_k" = btime ] && BT=$n_v && break
+		done 2>/dev/null </proc/stat
+	fi
+	if num "$BT" && read -r n_u _ 2>/dev/null </proc/uptime && num "${n_u%%.*}"; then
+		NOW=$((BT + ${n_u%%.*}))
+	else
+		NOW=$(date +%s)
+	fi
+}
 # size FILE: sets Z (busybox wc may pad with spaces)
 size() { Z=$(wc -c <"$1") && Z=${Z##*[!0-9]}; }
 
@@ -53,6 +73,10 @@ size() { Z=$(wc -c <"$1") && Z=${Z##*[!0-9]}; }
 # hold spaces and parentheses: use what follows the last ") "
 pst() {
 	read -r PS 2>/dev/null <"/proc/$1/stat" || return 1
+	pss
+}
+# pss: the same from a stat line already in PS
+pss() {
 	PS=${PS##*") "}
 	# shellcheck disable=SC2086 # split the numeric fields on purpose (noglob is on)
 	set -- $PS
@@ -60,7 +84,9 @@ pst() {
 	STIME=${20}
 }
 # boot identity: kernel boot ID / start time of PID 1
+# (read once per process: a reboot ends every process that could ask again)
 boot() {
+	[ -n "$BOOT" ] && return 0
 	read -r b <"${CAIRN_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}" && pst 1 && BOOT=$b/$STIME
 }
 # rec RECORD: sets R_* from a started record; false if its version is not ours
@@ -109,11 +135,21 @@ nap() {
 	wait $NP
 }
 
-# rest FILE OFFSET: send FILE from OFFSET to its current size; sets N to the new offset
+# rest FILE OFFSET [SIZE]: send FILE from OFFSET up to SIZE (default: its current size);
+# sets N to the new offset
 rest() {
 	N=$2
-	size "$1" 2>/dev/null && [ "$Z" -gt "$2" ] || return 0
-	tail -c +$(($2 + 1)) "$1" 2>/dev/null | head -c $((Z - $2))
+	if num "$3"; then
+		Z=$3
+	else
+		size "$1" 2>/dev/null || return 0
+	fi
+	[ "$Z" -gt "$2" ] || return 0
+	if [ "$2" = 0 ]; then
+		head -c "$Z" "$1" 2>/dev/null
+	else
+		tail -c +$(($2 + 1)) "$1" 2>/dev/null | head -c $((Z - $2))
+	fi
 	N=$Z
 }
 
@@ -132,36 +168,39 @@ hb() {
 # stream OUT_OFF ERR_OFF WAIT: the body of watch (and of dispatch with ATTACH=1)
 stream() {
 	o=$1 r=$2 CN=1
-	alive
-	if [ "$3" = 1 ]; then
+	if [ "$3" = 1 ] && [ ! -e "$F.done" ]; then
+		alive
 		# the supervisor moves the stage into place right after crossing the guard
 		while [ "$L" = alive ] && [ ! -p "$F/wake" ]; do
 			tick
 			alive
 		done
-	fi
-	if [ "$3" = 1 ] && [ "$L" = alive ] && [ -p "$F/wake" ]; then
-		# open wake first, then re-check: a finish after this point wakes us
-		exec 4<>"$F/wake"
-		if [ ! -e "$F.done" ]; then
-			# Most commands finish within moments: give the finish 50 ms to wake us before
-			# setting up the live pipeline (a dozen processes). A sleep without fractions
-			# fails at once: then no wait.
-			(sleep 0.05 2>/dev/null; echo >&4) &
-			read -r _ <&4
+		if [ "$L" = alive ] && [ -p "$F/wake" ]; then
+			# open wake first, then re-check: a finish after this point wakes us
+			exec 4<>"$F/wake"
+			[ -e "$F.done" ] || live
+			exec 4>&-
 		fi
-		[ -e "$F.done" ] || live
-		exec 4>&-
 	fi
 	# liveness is decided before looking for the finish record
 	alive
+	d=
+	[ -e "$F.done" ] && read -r d <"$F.done"
 	if [ "$CN" = 1 ]; then
-		rest "$F/out" "$o" && o=$N
-		rest "$F/err" "$r" >&2 && r=$N
+		# a finished command's output ends at the sizes in its finish record
+		zo='' ze=''
+		for kv in $d; do
+			case $kv in
+			out=*) zo=${kv#*=} ;;
+			err=*) ze=${kv#*=} ;;
+			esac
+		done
+		rest "$F/out" "$o" "$zo" && o=$N
+		rest "$F/err" "$r" "$ze" >&2 && r=$N
 		p sizes "out=$o err=$r"
 	fi
 	p live "$L"
-	if [ -e "$F.done" ] && read -r d <"$F.done"; then
+	if [ -n "$d" ]; then
 		p 'done' "$d"
 	fi
 }
@@ -299,16 +338,16 @@ if [ "$MODE" = supervise ]; then
 	boot || die "cannot read the boot identity"
 	pst $$ || die "cannot read /proc/$$/stat"
 	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
-	run put "$S/start" "v=1 id=$ID len=$5 digest=$6 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$(date +%s) timeout=$TO"
-	fsync "$S/start"
-	# THE start guard: an exclusive link of the durable started record
+	now
+	put "$S/start" "v=1 id=$ID len=$5 digest=$6 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$NOW timeout=$TO" ||
+		die "cannot write $S/start"
+	# THE start guard: an exclusive link of the complete started record
 	if ! m=$(ln "$S/start" "$F.start" 2>&1); then
 		[ -e "$F.start" ] || die "$m"
 		echo "verdict exists"
 		rm -rf "$S"
 		exit 0
 	fi
-	fsync "$X"
 	if ! m=$(mv "$S" "$F" 2>&1); then
 		# nothing ran: give the guard back rather than leave a start we cannot honour
 		rm -f "$F.start"
@@ -316,7 +355,18 @@ if [ "$MODE" = supervise ]; then
 		die "$m"
 	fi
 	S=
+	# one flush for the record and both names (the guard, the directory) before anything
+	# runs; a crash before it completes leaves at worst a guard with an unreadable record
+	# (reported as unknown), never a command that ran without its record
+	fsync "$F/start" "$X"
 	echo "verdict started"
+	# Hold the verdict pipe open for up to 50 ms: most commands finish within that, and the
+	# dispatcher then finds the finish record instead of setting up the live pipeline. The
+	# sleep is released early only while it is still the same process (PID and start time).
+	# A sleep without fractions fails at once: then no wait.
+	sleep 0.05 2>/dev/null &
+	FP=$! FS=
+	pst "$FP" && FS=$STIME
 	exec >/dev/null 2>&1
 	w=
 	if [ "$TO" -gt 0 ]; then
@@ -335,8 +385,9 @@ if [ "$MODE" = supervise ]; then
 	# The command: own session, cwd $HOME, default HUP/PIPE. Its PID is recorded
 	# before the cancel flag is checked (cancel writes the flag, then reads the PID).
 	(
-		read -r q _ </proc/self/stat
-		pst "$q"
+		read -r PS </proc/self/stat
+		q=${PS%% *}
+		pss
 		echo "$q $STIME" >"$F/pgid"
 		[ -e "$F.cancel" ] && exit 130
 		trap - HUP PIPE
@@ -357,13 +408,29 @@ if [ "$MODE" = supervise ]; then
 	t=0 k=0
 	[ -e "$F/timedout" ] && t=1
 	[ -e "$F.cancel" ] && k=1
-	size "$F/out" && o=$Z && size "$F/err"
+	# both sizes from one wc: "N path" lines (busybox pads N with spaces)
+	m=$(wc -c "$F/out" "$F/err" 2>/dev/null)
+	l=${m%%"$NL"*}
+	l=${l#"${l%%[! ]*}"}
+	o=${l%% *}
+	m=${m#*"$NL"}
+	l=${m%%"$NL"*}
+	l=${l#"${l%%[! ]*}"}
+	Z=${l%% *}
+	if ! num "$o" || ! num "$Z"; then
+		size "$F/out" && o=$Z && size "$F/err"
+	fi
+	now
 	# written in place into the space reserved before the start
-	printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s' \
-		"$ID" "$c" "$(date +%s)" "$o" "$Z" "$t" "$k" 1<>"$F/done.tmp"
+	# (its own newline, so that a reader stops there and not at the end of the padding)
+	printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
+		"$ID" "$c" "$NOW" "$o" "$Z" "$t" "$k" 1<>"$F/done.tmp"
 	fsync "$F/done.tmp"
 	mv "$F/done.tmp" "$F.done"
 	fsync "$X"
+	if [ -n "$FS" ] && pst "$FP" && [ "$STIME" = "$FS" ]; then
+		kl TERM "$FP"
+	fi
 	# wake watchers (read-write open of the fifo never blocks)
 	n=$NL$NL$NL$NL
 	n=$n$n$n$n
@@ -384,7 +451,8 @@ if ! read -r E _ 2>/dev/null <"$D/epoch"; then
 		*) break ;;
 		esac
 	done
-	run put "$T/epoch.$$" "$u created=$(date +%s)"
+	now
+	run put "$T/epoch.$$" "$u created=$NOW"
 	fsync "$T/epoch.$$"
 	# exclusive: of two racing first uses, one epoch wins
 	ln "$T/epoch.$$" "$D/epoch" 2>/dev/null
@@ -400,7 +468,8 @@ if [ "$MODE" = hello ]; then
 	esac
 fi
 boot || die "cannot read the boot identity"
-p hello "v=1 epoch=$E boot=$BOOT now=$(date +%s)"
+now
+p hello "v=1 epoch=$E boot=$BOOT now=$NOW"
 
 case $MODE in
 dispatch)
@@ -410,23 +479,26 @@ dispatch)
 		S=$T/$ID.$$
 		run mkdir "$S"
 		# exactly LEN bytes from stdin, or refuse (a cut connection gives fewer)
-		rd() { head -c "$LEN" >"$S/cmd"; }
-		run rd
+		m=$(head -c "$LEN" 2>&1 >"$S/cmd") || die "$m"
 		size "$S/cmd"
 		[ "$Z" = "$LEN" ] || die "stdin ended after $Z of $LEN bytes"
-		# the stage; done.tmp reserves the space of the finish record
-		prep() {
-			true >"$S/out" && true >"$S/err" && printf '%512s\n' '' >"$S/done.tmp" && mkfifo "$S/wake"
-		}
-		run prep
+		# the stage; done.tmp reserves the space of the finish record (on failure, again
+		# under run, for the host's own error text)
+		prep() { true >"$S/out" && true >"$S/err" && printf '%512s\n' '' >"$S/done.tmp"; }
+		prep 2>/dev/null || run prep
+		run mkfifo "$S/wake"
 		# the supervisor runs under the shell running us (busybox needs "sh")
-		sh=$(readlink "/proc/$$/exe" 2>/dev/null)
 		set -- /bin/sh
-		if [ -x "$sh" ]; then
-			case $sh in
-			*/busybox) set -- "$sh" sh ;;
-			/*) set -- "$sh" ;;
-			esac
+		# (-ef is not POSIX, but bash, dash and busybox have it; without it: readlink)
+		# shellcheck disable=SC3013
+		if ! [ "/proc/$$/exe" -ef /bin/sh ] 2>/dev/null; then
+			sh=$(readlink "/proc/$$/exe" 2>/dev/null)
+			if [ -x "$sh" ]; then
+				case $sh in
+				*/busybox) set -- "$sh" sh ;;
+				/*) set -- "$sh" ;;
+				esac
+			fi
 		fi
 		# setsid twice: the second, a session leader, must fork (a portable setsid -f);
 		# we only wait for EOF on the pipe, after the verdict
@@ -542,7 +614,7 @@ gc)
 	# Finished executions only (a finish record exists): past OUTPUT_AGE seconds their output
 	# directory goes, past TOMBSTONE_AGE their records too. The started record is removed last,
 	# so the start guard holds until the very end. Running ones are never touched.
-	now=$(date +%s)
+	now
 	no=0 nt=0 nk=0
 	set +f
 	for f in "$X"/*.done; do
@@ -552,7 +624,7 @@ gc)
 		fa=${d##*finished_at=}
 		fa=${fa%% *}
 		num "$fa" || continue
-		a=$((now - fa))
+		a=$((NOW - fa))
 		if [ "$a" -ge "$5" ]; then
 			rm -rf "$i" && rm -f "$i.cancel" "$f" && rm -f "$i.start" && nt=$((nt + 1))
 		elif [ "$a" -ge "$4" ] && [ -d "$i" ]; then
