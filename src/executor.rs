@@ -74,17 +74,22 @@ impl OutputSink for Discard {
 pub struct Patience {
     /// After the connection is lost, how long to keep trying to reach the host again.
     pub reconnect_for: Duration,
-    /// First backoff between reconnect attempts (doubles up to `backoff_max`).
+    /// Pause between reconnect attempts during the first `fast_for` of an outage; after that
+    /// it doubles up to `backoff_max`. A blip usually ends within seconds, and a failed attempt
+    /// while the link is down is cheap (a refused or reset TCP connect), so polling often at
+    /// first puts the time from "link back" to "outcome known" close to one connect + one exec.
     pub backoff_min: Duration,
     pub backoff_max: Duration,
+    pub fast_for: Duration,
 }
 
 impl Default for Patience {
     fn default() -> Self {
         Patience {
             reconnect_for: Duration::from_secs(300),
-            backoff_min: Duration::from_millis(200),
+            backoff_min: Duration::from_millis(100),
             backoff_max: Duration::from_secs(5),
+            fast_for: Duration::from_secs(10),
         }
     }
 }
@@ -187,7 +192,16 @@ struct Run {
     last_cursor_save: Instant,
     /// Tell the user what the next probe finds (set after a lost connection).
     announce: bool,
+    /// Events recorded but not yet committed: they go into the journal in the same transaction
+    /// as this run's next event (see [`Executor::record`]), so they cost no fsync of their own.
+    /// Only events nothing is acted on before that: `authorized` (committed with `dispatched`,
+    /// before anything is sent), `running` (with the outcome when the same reply carries it,
+    /// else within [`HOLD_RUNNING`]) and the `reconnected` note.
+    held: Vec<(String, Option<State>, serde_json::Value)>,
 }
+
+/// How long a `running` event may wait for the outcome to share its transaction.
+const HOLD_RUNNING: Duration = Duration::from_millis(20);
 
 pub struct Executor {
     pub journal: Journal,
@@ -223,6 +237,7 @@ impl Run {
             done: None,
             last_cursor_save: Instant::now(),
             announce: false,
+            held: Vec::new(),
         }
     }
 }
@@ -540,8 +555,8 @@ impl Executor {
             ));
             return Ok(o);
         }
-        self.journal
-            .append(&id, "authorized", Some(State::Authorized), decided)?;
+        run.held
+            .push(("authorized".into(), Some(State::Authorized), decided));
         let epoch = match self.journal.host_epoch(&fp, &run.rec.remote_dir)? {
             Some(e) => e,
             None => match self.hello(conn_idx, &run.rec.remote_dir).await {
@@ -1243,7 +1258,19 @@ impl Executor {
         let mut demux = StderrDemux::new(nonce);
         let mut pieces = Vec::new();
         loop {
-            let ev = match exec.next().await {
+            // A held `running` waits a moment for the outcome to share its transaction.
+            let next = if run.held.is_empty() {
+                exec.next().await
+            } else {
+                match tokio::time::timeout(HOLD_RUNNING, exec.next()).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.flush_held(run)?;
+                        continue;
+                    }
+                }
+            };
+            let ev = match next {
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
                 Err(e) => {
@@ -1281,6 +1308,10 @@ impl Executor {
         if !reply.ended && reply.broken.is_none() {
             reply.broken = Some("the reply ended before its last line (connection lost?)".into());
         }
+        // Held events wait for the outcome only when this reply carries it.
+        if reply.done.is_none() || !reply.ended {
+            self.flush_held(run)?;
+        }
         self.save_cursor(run, true);
         Ok(reply)
     }
@@ -1296,12 +1327,11 @@ impl Executor {
                     && s.id == run.rec.id.as_str()
                     && s.digest == run.rec.command_digest
                 {
-                    self.journal.append(
-                        &run.rec.id,
-                        "running",
+                    run.held.push((
+                        "running".into(),
                         Some(State::Running),
                         json!({"start_record": start_text(&s), "host_key": run.host_key}),
-                    )?;
+                    ));
                     run.prior = Prior::Started;
                 }
                 run.start = Some(s.clone());
@@ -1396,6 +1426,25 @@ impl Executor {
         live: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
+        let r = self
+            .drive_inner(target, run, dispatch_first, detach, live, sink)
+            .await;
+        // Nothing a run holds may be left behind, whichever way it ended.
+        let flushed = self.flush_held(run);
+        let o = r?;
+        flushed?;
+        Ok(o)
+    }
+
+    async fn drive_inner(
+        &mut self,
+        target: &Target,
+        run: &mut Run,
+        dispatch_first: bool,
+        detach: bool,
+        live: bool,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
         if run.prior == Prior::Settled {
             // A settled execution is never touched again: report what the journal holds,
             // plus the stored output when asked to replay it.
@@ -1458,12 +1507,11 @@ impl Executor {
                             target.display(),
                             since.elapsed().as_secs_f64()
                         );
-                        self.journal.append(
-                            &run.rec.id,
-                            "reconnected",
+                        run.held.push((
+                            "reconnected".into(),
                             None,
                             json!({"reconnects": run.reconnects}),
-                        )?;
+                        ));
                     }
                     ci
                 }
@@ -1485,7 +1533,9 @@ impl Executor {
                         target.display()
                     );
                     tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(self.patience.backoff_max);
+                    if since.elapsed() >= self.patience.fast_for {
+                        backoff = (backoff * 2).min(self.patience.backoff_max);
+                    }
                     continue;
                 }
             };
@@ -1508,8 +1558,8 @@ impl Executor {
             let reply = if next_dispatch {
                 let secrets = self.secrets_for(&run.rec.id)?;
                 let epoch = run.expected_epoch.clone();
-                self.journal.append(
-                    &run.rec.id,
+                self.record(
+                    run,
                     "dispatched",
                     Some(State::Dispatched),
                     json!({"epoch": epoch, "host_key": run.host_key, "attempt": run.reconnects,
@@ -1562,8 +1612,8 @@ impl Executor {
                     target.display()
                 );
                 run.announce = true;
-                self.journal.append(
-                    &run.rec.id,
+                self.record(
+                    run,
                     "connection-lost",
                     None,
                     json!({"error": why, "out_off": run.out_off, "err_off": run.err_off}),
@@ -1586,8 +1636,8 @@ impl Executor {
                     "started" => {}
                     "exists" => {
                         // An earlier attempt crossed the guard: watch it, never start another.
-                        self.journal.append(
-                            &run.rec.id,
+                        self.record(
+                            run,
                             "guard-exists",
                             None,
                             json!({"start_record": reply.start.as_ref().map(start_text)}),
@@ -1621,8 +1671,8 @@ impl Executor {
                          dispatching it again under the same ID",
                         run.rec.id
                     );
-                    self.journal.append(
-                        &run.rec.id,
+                    self.record(
+                        run,
                         "probe",
                         None,
                         json!({"result": "absent", "decision": "dispatch again under the same ID"}),
@@ -1679,6 +1729,27 @@ impl Executor {
         }
     }
 
+    /// Append an event of `run`, in one transaction with the events it holds (see `Run::held`).
+    fn record(
+        &mut self,
+        run: &mut Run,
+        kind: &str,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<(), ExecError> {
+        run.held.push((kind.to_owned(), state, evidence));
+        self.flush_held(run)
+    }
+
+    /// Commit the events `run` holds, if any.
+    fn flush_held(&mut self, run: &mut Run) -> Result<(), ExecError> {
+        if !run.held.is_empty() {
+            let held = std::mem::take(&mut run.held);
+            self.journal.append_all(&run.rec.id, held)?;
+        }
+        Ok(())
+    }
+
     fn give_up(&mut self, run: &mut Run, reason: &str) -> Result<Outcome, ExecError> {
         if run.prior == Prior::NotDispatched {
             self.conclude(run, State::Failed, reason)
@@ -1710,8 +1781,8 @@ impl Executor {
             o.recovered = recovered;
             return Ok(o);
         }
-        self.journal.append(
-            &run.rec.id,
+        self.record(
+            run,
             state.as_str(),
             Some(state),
             json!({"finish_record": finish_text(&done), "recovered": recovered,
@@ -1730,8 +1801,8 @@ impl Executor {
         state: State,
         reason: &str,
     ) -> Result<Outcome, ExecError> {
-        self.journal.append(
-            &run.rec.id,
+        self.record(
+            run,
             state.as_str(),
             Some(state),
             json!({"reason": reason, "reconnects": run.reconnects, "start_record": run.start.as_ref().map(start_text)}),

@@ -1203,6 +1203,36 @@ fn set_mode(path: &Path, mode: u32) {
 #[cfg(not(unix))]
 fn set_mode(_: &Path, _: u32) {}
 
+impl Journal {
+    /// Append several events of one execution in one transaction (one fsync), in order; returns
+    /// them as stored. Used for events that need not be durable on their own before the next
+    /// one (see the executor's held events).
+    pub fn append_all(
+        &mut self,
+        id: &ExecutionId,
+        events: Vec<(String, Option<State>, serde_json::Value)>,
+    ) -> Result<Vec<Event>> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let tx = self
+            .conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let mut out = Vec::with_capacity(events.len());
+        for (kind, state, evidence) in &events {
+            out.push(append_in(&tx, id.as_str(), kind, *state, evidence).map_err(sq)?);
+        }
+        tx.commit().map_err(sq)?;
+        if let Some(last) = out.last() {
+            self.anchor_to(last);
+        }
+        Ok(out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
