@@ -1067,12 +1067,136 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
     );
     t.note(format!(
         "6 peak RSS: `cairn run -- true` {:.1} MiB; 20 MB streamed {:.1} MiB ({:.0} MB/s); \
-         200 MB streamed {:.1} MiB. 1,000 executions in flight in one process: not measurable, \
-         the executor API drives one execution at a time per `Executor` (each `--detach` run \
-         is its own process, ≈ the `-- true` figure each)",
+         200 MB streamed {:.1} MiB",
         rss_true as f64 / 1024.0,
         rss20 as f64 / 1024.0,
         mb(d20, 2e7),
         rss200 as f64 / 1024.0
     ));
+    // CAIRN_BENCH_INFLIGHT=N,M,… (default 100,1000): executions in flight in one process.
+    let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_INFLIGHT")
+        .ok()
+        .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![100, 1000]);
+    for n in sizes {
+        let (rss, peak, d, code) = in_flight(bin, sshd, work, n);
+        t.row(
+            &format!(
+                "6 peak RSS of one `cairn run --inventory` process with {n} executions in flight \
+                 (`--parallel {n}`, one loopback sshd, N aliases)"
+            ),
+            format!(
+                "{:.1} MiB ({:.0} KiB per execution)",
+                rss as f64 / 1024.0,
+                rss as f64 / n as f64
+            ),
+            "—".into(),
+            "—".into(),
+            "≤ 100 MiB",
+            yes(rss < 100 * 1024 && peak >= n && code == Some(0)),
+        );
+        t.note(format!(
+            "6 {n} in flight: {peak} commands seen started and not yet finished at once (each \
+             holds until all have started); whole run {:.1} s; exit code {code:?}",
+            d.as_secs_f64()
+        ));
+    }
+}
+
+// ---------------------------------------------------------------- 6b. executions in flight
+
+/// `cairn run --hosts b1..bN --parallel N` against the bench sshd (N aliases of one host in one
+/// ssh_config), each command holding until every one of them has started, so that N executions
+/// are in flight in one cairn process at once. Returns (peak RSS KiB, most seen started and not
+/// finished at once, wall time, exit code).
+fn in_flight(
+    bin: &Path,
+    sshd: &support::TestSshd,
+    work: &Path,
+    n: usize,
+) -> (i64, usize, Duration, Option<i32>) {
+    let dir = work.join(format!("inflight-{n}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    let log = dir.join("log");
+    let go = dir.join("go");
+    let _ = std::fs::remove_file(&go);
+    let mk = Command::new("mkfifo").arg(&go).status().expect("mkfifo");
+    assert!(mk.success(), "mkfifo {}", go.display());
+    let kh = sshd.known_hosts();
+    let key = sshd.client_key();
+    let mut cfg = String::new();
+    for i in 1..=n {
+        let _ = write!(
+            cfg,
+            "Host b{i}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
+             UserKnownHostsFile {}\n  IdentityAgent none\n",
+            sshd.port(),
+            sshd.user(),
+            key.display(),
+            kh.display()
+        );
+    }
+    std::fs::write(dir.join("ssh_config"), cfg).unwrap();
+    let inventory: String = (1..=n).map(|i| format!("b{i}\n")).collect();
+    std::fs::write(dir.join("inventory"), inventory).unwrap();
+    // Every command: note its start, block on the fifo (bounded by timeout), note its end.
+    let cmd = format!(
+        "echo S >> {l}; timeout 300 cat {g} > /dev/null; echo E >> {l}",
+        l = log.display(),
+        g = go.display()
+    );
+    let t0 = Instant::now();
+    let child = Command::new(bin)
+        .arg("run")
+        .arg("--journal")
+        .arg(dir.join("journal.db"))
+        .arg("-F")
+        .arg(dir.join("ssh_config"))
+        .arg("--remote-dir")
+        .arg(dir.join("home"))
+        .arg("--inventory")
+        .arg(dir.join("inventory"))
+        .args(["--parallel", &n.to_string(), "--json", "--", &cmd])
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn cairn run --inventory");
+    let pid = child.id();
+    let count = |tag: &str| {
+        std::fs::read_to_string(&log)
+            .map(|s| s.lines().filter(|l| *l == tag).count())
+            .unwrap_or(0)
+    };
+    // Wait (bounded) until all have started, then release them.
+    let limit = Duration::from_secs(240);
+    while count("S") < n && t0.elapsed() < limit && alive(pid) {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let peak = count("S") - count("E");
+    // Release: hold the fifo open for writing a moment, so late openers also see EOF; again
+    // while some have not ended (bounded).
+    for _ in 0..20 {
+        if count("E") >= count("S") && count("S") >= n {
+            break;
+        }
+        let rel = Command::new("timeout")
+            .args(["5", "sh", "-c", "exec 3>\"$1\"; sleep 1", "release"])
+            .arg(&go)
+            .status();
+        let _ = rel;
+        if !alive(pid) {
+            break;
+        }
+    }
+    let (code, d, rss) = wait_rusage(child, t0, Duration::from_secs(300));
+    (rss, peak, d, code)
+}
+
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| !s.contains(") Z "))
+        .unwrap_or(false)
 }

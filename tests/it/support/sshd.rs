@@ -110,7 +110,7 @@ impl TestSshd {
                  UsePAM no\n\
                  StrictModes no\n\
                  PidFile {d}/sshd.pid\n\
-                 MaxStartups 100:30:200\n\
+                 MaxStartups 1000:30:2000\n\
                  MaxSessions 100\n\
                  MaxAuthTries 20\n\
                  LogLevel VERBOSE\n\
