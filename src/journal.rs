@@ -11,6 +11,10 @@
 //!
 //! Two cairn processes may share one journal: WAL allows concurrent readers, appends take the
 //! write lock with `BEGIN IMMEDIATE` and wait (busy timeout) rather than fail.
+//!
+//! Within one process, `append` and `accept` from every handle on the same file are
+//! group-committed (`journal/group.rs`): concurrent callers share one transaction and one fsync,
+//! and each still returns only once its own event is committed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
