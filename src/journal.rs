@@ -11,6 +11,10 @@
 //!
 //! Two cairn processes may share one journal: WAL allows concurrent readers, appends take the
 //! write lock with `BEGIN IMMEDIATE` and wait (busy timeout) rather than fail.
+//!
+//! Within one process, `append` and `accept` from every handle on the same file are
+//! group-committed (`journal/group.rs`): concurrent callers share one transaction and one fsync,
+//! and each still returns only once its own event is committed.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -26,6 +30,8 @@ const SCHEMA_VERSION: i64 = 1;
 
 mod batch;
 pub use batch::{BatchMember, BatchRecord};
+mod group;
+pub use group::GroupCommitStats;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -110,6 +116,8 @@ pub struct Journal {
     conn: Connection,
     path: PathBuf,
     anchor: crate::audit::Anchor,
+    /// Shared with every other handle on this file in this process (group commit).
+    group: std::sync::Arc<group::Group>,
 }
 
 /// Current UTC time as RFC 3339 with milliseconds.
@@ -176,10 +184,12 @@ impl Journal {
         if fresh {
             set_mode(path, 0o600);
         }
+        let anchor = crate::audit::Anchor::for_journal(path);
         let j = Journal {
             conn,
             path: path.to_owned(),
-            anchor: crate::audit::Anchor::for_journal(path),
+            group: group::group_for(path, &anchor.path),
+            anchor,
         };
         j.init()?;
         Ok(j)
@@ -363,38 +373,27 @@ impl Journal {
         }
     }
 
-    /// Record a new execution and its `accepted` event in one transaction.
-    /// Fails if the ID already exists.
+    /// Record a new execution and its `accepted` event in one transaction (group-committed with
+    /// other handles' writes, like [`Journal::append`]). Fails if the ID already exists.
     pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
-        let path = self.path.clone();
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(|source| JournalError::Sqlite {
-                path: path.clone(),
-                source,
-            })?;
-        let ev =
-            insert_accepted(&tx, rec, None, &evidence).map_err(|source| JournalError::Sqlite {
-                path: path.clone(),
-                source,
-            })?;
-        tx.commit()
-            .map_err(|source| JournalError::Sqlite { path, source })?;
-        self.anchor_to(&ev);
-        Ok(ev)
+        self.commit(group::Request::Accept {
+            rec: rec.clone(),
+            evidence,
+        })
     }
 
     /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
     /// `cairn audit verify`), never fails the operation.
     fn anchor_to(&self, ev: &Event) {
-        if let Err(e) = self.anchor.advance(ev.seq, &ev.hash) {
-            tracing::warn!("cairn: journal anchor not updated: {e}");
-        }
+        advance_anchor(&self.anchor, ev);
     }
 
     /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
     /// (a reconnect, a probe result, a delivery of part of the output …).
+    ///
+    /// Returns once the event is committed, with its seq and hash as stored. Appends from every
+    /// handle on this journal in this process are group-committed: concurrent callers share one
+    /// transaction and one fsync (see `journal/group.rs`).
     pub fn append(
         &mut self,
         id: &ExecutionId,
@@ -402,19 +401,34 @@ impl Journal {
         state: Option<State>,
         evidence: serde_json::Value,
     ) -> Result<Event> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let ev = append_in(&tx, id.as_str(), kind, state, &evidence).map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_to(&ev);
-        Ok(ev)
+        self.commit(group::Request::Append {
+            id: id.as_str().to_owned(),
+            kind: kind.to_owned(),
+            state,
+            evidence,
+        })
+    }
+
+    /// Commit one request through this journal's group.
+    fn commit(&mut self, req: group::Request) -> Result<Event> {
+        let group = std::sync::Arc::clone(&self.group);
+        group
+            .submit(req, &mut self.conn, &self.anchor)
+            .map_err(|f| match f {
+                group::Failure::Sqlite(source) => self.err(source),
+                group::Failure::LeaderLost => JournalError::Io {
+                    path: self.path.clone(),
+                    message: "the thread committing this write panicked, so whether it was \
+                              committed is unknown; read the execution's events to find out"
+                        .into(),
+                },
+            })
+    }
+
+    /// How many transactions and events group commit has written to this journal in this
+    /// process (every handle on the file counts).
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.group.stats()
     }
 
     pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
@@ -916,6 +930,14 @@ pub struct SessionView {
     pub executions: u64,
 }
 
+/// Move `anchor` to a committed event; a failure is logged, never returned (see
+/// [`Journal::anchor_to`]).
+fn advance_anchor(anchor: &crate::audit::Anchor, ev: &Event) {
+    if let Err(e) = anchor.advance(ev.seq, &ev.hash) {
+        tracing::warn!("cairn: journal anchor not updated: {e}");
+    }
+}
+
 /// Status from a sequence of transition states (see [`status_from_events`]).
 pub fn status_from_states(states: &[State]) -> Option<Status> {
     let mut state = None;
@@ -1237,7 +1259,7 @@ impl Journal {
 mod tests {
     use super::*;
 
-    fn rec(id: &str) -> ExecutionRecord {
+    pub(super) fn rec(id: &str) -> ExecutionRecord {
         ExecutionRecord {
             id: ExecutionId::parse(id).unwrap(),
             created_at: now_rfc3339(),
@@ -1246,7 +1268,7 @@ mod tests {
             port: 22,
             user: "ops".into(),
             command: b"echo hi".to_vec(),
-            command_digest: "00".into(),
+            command_digest: hex::encode(Sha256::digest(b"echo hi")),
             remote_dir: ".cairn".into(),
             timeout_secs: 0,
             client: "1@test".into(),
@@ -1335,5 +1357,144 @@ mod tests {
         for w in evs.windows(2) {
             assert_eq!(w[0].seq + 1, w[1].seq);
         }
+    }
+
+    /// `threads` handles on one journal, each accepting its own execution and appending `per`
+    /// events to it (every `bad_every`-th to an execution that does not exist), all started
+    /// together; returns a handle open all along (so its group's counts cover everything), the
+    /// path, the IDs and each thread's results.
+    fn concurrent_appends(
+        dir: &Path,
+        threads: usize,
+        per: usize,
+        bad_every: Option<usize>,
+    ) -> (Journal, PathBuf, Vec<ExecutionId>, Vec<Vec<Result<Event>>>) {
+        let path = dir.join("j.db");
+        let j = Journal::open(&path).unwrap();
+        let ids: Vec<ExecutionId> = (0..threads)
+            .map(|t| ExecutionId::parse(&format!("ex_g{t}")).unwrap())
+            .collect();
+        let barrier = std::sync::Arc::new(std::sync::Barrier::new(threads));
+        let handles: Vec<_> = ids
+            .iter()
+            .cloned()
+            .map(|id| {
+                let (path, barrier) = (path.clone(), barrier.clone());
+                std::thread::spawn(move || {
+                    let mut j = Journal::open(&path).unwrap();
+                    barrier.wait();
+                    let r = rec(id.as_str());
+                    j.accept(&r, accepted_evidence(&r)).unwrap();
+                    let missing = ExecutionId::parse(&format!("{id}_missing")).unwrap();
+                    (0..per)
+                        .map(|i| {
+                            let bad = bad_every.is_some_and(|n| i % n == n - 1);
+                            let target = if bad { &missing } else { &id };
+                            let st = if i % 2 == 0 {
+                                Some(State::Running)
+                            } else {
+                                None
+                            };
+                            j.append(target, "step", st, serde_json::json!({ "i": i }))
+                        })
+                        .collect::<Vec<_>>()
+                })
+            })
+            .collect();
+        let results = handles.into_iter().map(|h| h.join().unwrap()).collect();
+        (j, path, ids, results)
+    }
+
+    #[test]
+    fn concurrent_handles_are_group_committed_with_every_event_once_and_in_order() {
+        let dir = tempfile::tempdir().unwrap();
+        let (threads, per) = (16, 25);
+        let (j, path, ids, results) = concurrent_appends(dir.path(), threads, per, None);
+        let mut seqs = Vec::new();
+        for (id, res) in ids.iter().zip(results) {
+            let evs = j.events(id).unwrap();
+            assert_eq!(evs.len(), per + 1, "{id}: accepted + {per} appends");
+            let is: Vec<_> = evs[1..].iter().map(|e| e.evidence["i"].clone()).collect();
+            let want: Vec<serde_json::Value> = (0..per).map(|i| i.into()).collect();
+            assert_eq!(is, want, "{id}: one thread's events stay in its order");
+            for (got, stored) in res.into_iter().zip(&evs[1..]) {
+                let got = got.unwrap();
+                assert_eq!((got.seq, &got.hash), (stored.seq, &stored.hash));
+            }
+            seqs.extend(evs.iter().map(|e| e.seq));
+        }
+        seqs.sort_unstable();
+        let all: Vec<i64> = (1..=(threads * (per + 1)) as i64).collect();
+        assert_eq!(seqs, all, "every event exactly once, no gaps");
+
+        let report =
+            crate::audit::verify(&path, &crate::audit::Anchor::for_journal(&path)).unwrap();
+        assert!(report.ok(), "{:?}", report.findings);
+        assert_eq!(report.anchored_seq, Some(report.head_seq));
+        assert_eq!(report.unanchored, 0);
+
+        let stats = j.group_commit_stats();
+        assert_eq!(stats.events, (threads * (per + 1)) as u64);
+        assert!(
+            stats.transactions < stats.events,
+            "group commit must batch: {stats:?}"
+        );
+    }
+
+    #[test]
+    fn a_failing_append_among_concurrent_ones_fails_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let (threads, per, bad_every) = (8, 20, 4);
+        let (j, path, ids, results) = concurrent_appends(dir.path(), threads, per, Some(bad_every));
+        for (id, res) in ids.iter().zip(results) {
+            for (i, r) in res.iter().enumerate() {
+                let bad = i % bad_every == bad_every - 1;
+                assert_eq!(r.is_err(), bad, "{id} append {i}: {r:?}");
+            }
+            let is: Vec<_> = j.events(id).unwrap()[1..]
+                .iter()
+                .map(|e| e.evidence["i"].as_u64().unwrap() as usize)
+                .collect();
+            let want: Vec<usize> = (0..per)
+                .filter(|i| i % bad_every != bad_every - 1)
+                .collect();
+            assert_eq!(is, want);
+        }
+        let report =
+            crate::audit::verify(&path, &crate::audit::Anchor::for_journal(&path)).unwrap();
+        assert!(report.ok(), "{:?}", report.findings);
+        assert_eq!(report.anchored_seq, Some(report.head_seq));
+    }
+
+    #[test]
+    fn a_leader_that_panics_leaves_no_one_waiting() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut j = Journal::open(&path).unwrap();
+        let r = rec("ex_p");
+        j.accept(&r, serde_json::json!({})).unwrap();
+        let (p, id) = (path.clone(), r.id.clone());
+        let panicked = std::thread::spawn(move || {
+            let mut j = Journal::open(&p).unwrap();
+            let _ = j.append(&id, group::tests::PANIC_KIND, None, serde_json::json!({}));
+        })
+        .join();
+        assert!(panicked.is_err(), "the leader thread panicked");
+        // The group has no leader left behind: other handles (and threads) still commit.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let (p, id) = (path.clone(), r.id.clone());
+                std::thread::spawn(move || {
+                    let mut j = Journal::open(&p).unwrap();
+                    j.append(&id, "note", None, serde_json::json!({})).unwrap();
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        j.append(&r.id, "note", None, serde_json::json!({}))
+            .unwrap();
+        assert_eq!(j.events(&r.id).unwrap().len(), 6);
     }
 }

@@ -1,0 +1,373 @@
+//! Group commit: appends from every [`Journal`](super::Journal) handle on one file in this process
+//! share transactions, so that many executions in flight pay for one fsync between them instead of
+//! one each.
+//!
+//! Each journal file (with its anchor) has one [`Group`], found through a process-wide registry.
+//! An append enqueues its request with a ticket. When no leader is active, the caller becomes the
+//! leader: it takes everything queued, writes it in one `BEGIN IMMEDIATE` transaction on its own
+//! connection (the chain head is read inside the transaction, as for a lone append, so the chain
+//! stays correct with other processes writing too), commits, moves the anchor once to the batch's
+//! last event, publishes each request's result and steps down. The others wait on a condition
+//! variable for their ticket; when a leader steps down and requests are still queued, one of their
+//! owners leads the next batch, so no caller leads for ever under sustained load.
+//!
+//! Every caller still returns only once its own event is committed (or has failed), with the seq
+//! and hash stored. One request's failure is not its neighbours': a request whose insert fails
+//! gets that error and the rest of its batch is written again without it; a batch whose
+//! transaction cannot begin or commit is retried one request per transaction, each getting what
+//! its own attempt gives. A leader that panics publishes "outcome unknown" to the requests it had
+//! taken and steps down (a drop guard), so nobody waits for it for ever.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+
+use rusqlite::{Connection, TransactionBehavior};
+
+use super::{Event, ExecutionRecord};
+use crate::audit::Anchor;
+use crate::state::State;
+
+/// One write a caller wants committed.
+pub(super) enum Request {
+    /// [`Journal::append`](super::Journal::append).
+    Append {
+        id: String,
+        kind: String,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    },
+    /// [`Journal::accept`](super::Journal::accept): the execution row and its `accepted` event.
+    Accept {
+        rec: ExecutionRecord,
+        evidence: serde_json::Value,
+    },
+}
+
+/// Why a request has no event.
+pub(super) enum Failure {
+    Sqlite(rusqlite::Error),
+    /// The leader writing it panicked: it may or may not have been committed.
+    LeaderLost,
+}
+
+pub(super) type Outcome = std::result::Result<Event, Failure>;
+
+/// How much batching a journal's group has done since it was created in this process.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GroupCommitStats {
+    /// Transactions committed by group commit (batches, and requests retried alone).
+    pub transactions: u64,
+    /// Events committed by those transactions.
+    pub events: u64,
+}
+
+#[derive(Default)]
+struct Queue {
+    next_ticket: u64,
+    /// Requests no leader has taken yet.
+    waiting: VecDeque<(u64, Request)>,
+    /// A leader has taken requests and not yet published their outcomes.
+    leader: bool,
+    /// Outcomes not yet collected by their callers.
+    done: HashMap<u64, Outcome>,
+}
+
+/// The group commit of one journal file in this process.
+pub(super) struct Group {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+    transactions: AtomicU64,
+    events: AtomicU64,
+}
+
+/// The group of the journal at `journal` with its anchor at `anchor`: shared by every handle on
+/// the same two files (however their paths are spelt), created on first use, dropped with the
+/// last handle.
+pub(super) fn group_for(journal: &Path, anchor: &Path) -> Arc<Group> {
+    type Registry = Mutex<HashMap<(PathBuf, PathBuf), Weak<Group>>>;
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    let key = (canonical(journal), canonical(anchor));
+    let mut reg = REGISTRY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(g) = reg.get(&key).and_then(Weak::upgrade) {
+        return g;
+    }
+    reg.retain(|_, g| g.strong_count() > 0);
+    let g = Arc::new(Group {
+        queue: Mutex::new(Queue::default()),
+        changed: Condvar::new(),
+        transactions: AtomicU64::new(0),
+        events: AtomicU64::new(0),
+    });
+    reg.insert(key, Arc::downgrade(&g));
+    g
+}
+
+/// The path with symlinks and `..` resolved; for a file that does not exist yet, its directory
+/// resolved. Unresolvable paths stay as they are (at worst two spellings get two groups, which is
+/// slower, not wrong: SQLite still serialises their transactions).
+fn canonical(p: &Path) -> PathBuf {
+    if let Ok(c) = std::fs::canonicalize(p) {
+        return c;
+    }
+    match (p.parent(), p.file_name()) {
+        (Some(dir), Some(name)) => {
+            let dir = if dir.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                dir
+            };
+            std::fs::canonicalize(dir)
+                .map(|d| d.join(name))
+                .unwrap_or_else(|_| p.to_owned())
+        }
+        _ => p.to_owned(),
+    }
+}
+
+impl Group {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing runs under this lock that could panic half-way through a change.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn stats(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            transactions: self.transactions.load(Ordering::Relaxed),
+            events: self.events.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Commit `req` together with whatever else is queued; return once it is committed (or has
+    /// failed). `conn` and `anchor` are the caller's, used only if the caller leads a batch.
+    pub(super) fn submit(&self, req: Request, conn: &mut Connection, anchor: &Anchor) -> Outcome {
+        let mut q = self.lock();
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        q.waiting.push_back((ticket, req));
+        loop {
+            if let Some(out) = q.done.remove(&ticket) {
+                return out;
+            }
+            if !q.leader {
+                // Taken requests belong to the active leader until their outcomes are published,
+                // so with no leader and no outcome, ours is still waiting: lead a batch.
+                q.leader = true;
+                let (tickets, reqs): (Vec<u64>, Vec<Request>) = q.waiting.drain(..).unzip();
+                drop(q);
+                let leading = Leading {
+                    group: self,
+                    tickets,
+                };
+                let outcomes = self.write_batch(conn, anchor, &reqs);
+                leading.publish(outcomes);
+                q = self.lock();
+                continue;
+            }
+            q = self.changed.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Write `reqs` in as few transactions as their failures allow; one outcome per request, in
+    /// order.
+    pub(super) fn write_batch(
+        &self,
+        conn: &mut Connection,
+        anchor: &Anchor,
+        reqs: &[Request],
+    ) -> Vec<Outcome> {
+        let mut out: Vec<Option<Outcome>> = reqs.iter().map(|_| None).collect();
+        loop {
+            let pending: Vec<usize> = (0..reqs.len()).filter(|&i| out[i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            match self.transaction(conn, anchor, reqs, &pending) {
+                Ok(events) => {
+                    for (i, ev) in pending.into_iter().zip(events) {
+                        out[i] = Some(Ok(ev));
+                    }
+                }
+                // That request's own insert failed (unknown execution, duplicate ID …): it gets
+                // the error; the others go again without it. Each round removes one request.
+                Err(Failed::Request(i, e)) => out[i] = Some(Err(Failure::Sqlite(e))),
+                // Nobody's in particular: each request gets a transaction of its own.
+                Err(Failed::Transaction(e)) => {
+                    if let [i] = pending[..] {
+                        out[i] = Some(Err(Failure::Sqlite(e)));
+                        continue;
+                    }
+                    for i in pending {
+                        out[i] = Some(match self.transaction(conn, anchor, reqs, &[i]) {
+                            Ok(mut evs) => Ok(evs.remove(0)),
+                            Err(Failed::Request(_, e) | Failed::Transaction(e)) => {
+                                Err(Failure::Sqlite(e))
+                            }
+                        });
+                    }
+                }
+            }
+        }
+        out.into_iter()
+            .map(|o| o.unwrap_or(Err(Failure::LeaderLost)))
+            .collect()
+    }
+
+    /// One `BEGIN IMMEDIATE` transaction holding `reqs[i]` for each `i` in `which`, in order; on
+    /// success the anchor is moved to its last event.
+    fn transaction(
+        &self,
+        conn: &mut Connection,
+        anchor: &Anchor,
+        reqs: &[Request],
+        which: &[usize],
+    ) -> std::result::Result<Vec<Event>, Failed> {
+        let tx = conn
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(Failed::Transaction)?;
+        let mut events = Vec::with_capacity(which.len());
+        for &i in which {
+            let ev = match &reqs[i] {
+                Request::Append {
+                    id,
+                    kind,
+                    state,
+                    evidence,
+                } => {
+                    #[cfg(test)]
+                    if kind == tests::PANIC_KIND {
+                        panic!("test: the group-commit leader panics mid-batch");
+                    }
+                    super::append_in(&tx, id, kind, *state, evidence)
+                }
+                Request::Accept { rec, evidence } => {
+                    super::insert_accepted(&tx, rec, None, evidence)
+                }
+            }
+            .map_err(|e| Failed::Request(i, e))?;
+            events.push(ev);
+        }
+        // Dropping `tx` on an error above rolls it back.
+        tx.commit().map_err(Failed::Transaction)?;
+        self.transactions.fetch_add(1, Ordering::Relaxed);
+        self.events
+            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        if let Some(last) = events.last() {
+            super::advance_anchor(anchor, last);
+        }
+        Ok(events)
+    }
+}
+
+enum Failed {
+    /// The request at this index could not be inserted; the transaction was rolled back.
+    Request(usize, rusqlite::Error),
+    /// Beginning or committing failed; nothing was written.
+    Transaction(rusqlite::Error),
+}
+
+/// The leader's duty to publish outcomes and step down, done by [`Leading::publish`] or, if the
+/// leader unwinds first, by its drop.
+struct Leading<'a> {
+    group: &'a Group,
+    /// Taken and not yet published.
+    tickets: Vec<u64>,
+}
+
+impl Leading<'_> {
+    /// Publish the outcomes (in the order of the tickets), step down and wake everyone.
+    fn publish(mut self, outcomes: Vec<Outcome>) {
+        let mut q = self.group.lock();
+        for (t, o) in self.tickets.drain(..).zip(outcomes) {
+            q.done.insert(t, o);
+        }
+        drop(q);
+        // Dropping `self` steps down.
+    }
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        let mut q = self.group.lock();
+        for t in self.tickets.drain(..) {
+            q.done.insert(t, Err(Failure::LeaderLost));
+        }
+        q.leader = false;
+        drop(q);
+        self.group.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+    use crate::id::ExecutionId;
+
+    /// An append of this kind makes the leader panic inside its transaction (tests only).
+    pub(in crate::journal) const PANIC_KIND: &str = "test-leader-panics";
+
+    fn append(id: &str, n: u32) -> Request {
+        Request::Append {
+            id: id.to_owned(),
+            kind: "note".into(),
+            state: None,
+            evidence: serde_json::json!({ "n": n }),
+        }
+    }
+
+    #[test]
+    fn a_failing_request_fails_alone_and_the_rest_share_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut j = super::super::Journal::open(&path).unwrap();
+        let id = ExecutionId::parse("ex_ok").unwrap();
+        let rec = super::super::tests::rec(id.as_str());
+        j.accept(&rec, super::super::accepted_evidence(&rec))
+            .unwrap();
+        let before = j.group_commit_stats();
+
+        let dup = super::super::tests::rec(id.as_str());
+        let reqs = vec![
+            append("ex_ok", 1),
+            // No execution row: the foreign key refuses the event.
+            append("ex_missing", 2),
+            append("ex_ok", 3),
+            // Already accepted: the primary key refuses the row.
+            Request::Accept {
+                rec: dup,
+                evidence: serde_json::json!({}),
+            },
+            append("ex_ok", 4),
+        ];
+        let group = j.group.clone();
+        let out = group.write_batch(&mut j.conn, &j.anchor, &reqs);
+        let ok: Vec<bool> = out.iter().map(Result::is_ok).collect();
+        assert_eq!(ok, [true, false, true, false, true]);
+
+        let after = j.group_commit_stats();
+        assert_eq!(
+            after.transactions - before.transactions,
+            1,
+            "the three good appends were committed together"
+        );
+        assert_eq!(after.events - before.events, 3);
+
+        let evs = j.events(&id).unwrap();
+        let ns: Vec<_> = evs[1..].iter().map(|e| e.evidence["n"].clone()).collect();
+        assert_eq!(ns, [1, 3, 4]);
+        let stored: Vec<(i64, String)> = evs[1..].iter().map(|e| (e.seq, e.hash.clone())).collect();
+        let returned: Vec<(i64, String)> = out
+            .into_iter()
+            .filter_map(Result::ok)
+            .map(|e| (e.seq, e.hash))
+            .collect();
+        assert_eq!(returned, stored, "callers get the seq and hash stored");
+        let report = crate::audit::verify(&path, &j.anchor).unwrap();
+        assert!(report.ok(), "{:?}", report.findings);
+        assert_eq!(report.anchored_seq, Some(report.head_seq));
+    }
+}
