@@ -579,14 +579,26 @@ impl Journal {
             .unwrap_or((0, 0)))
     }
 
+    ///
+    /// A cursor is progress, not evidence: it is written without an fsync of its own
+    /// (`synchronous=NORMAL` for this one statement) and reaches the disk with the next commit
+    /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
+    /// and a reattach then asks the host again from an earlier offset.
     pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
         self.conn
+            .execute_batch("PRAGMA synchronous=NORMAL")
+            .map_err(|e| self.err(e))?;
+        let r = self
+            .conn
             .prepare_cached(
                 "INSERT INTO cursors (execution_id, out_off, err_off) VALUES (?1, ?2, ?3)
                  ON CONFLICT(execution_id) DO UPDATE SET out_off = ?2, err_off = ?3",
             )
-            .and_then(|mut st| st.execute(params![id.as_str(), out_off as i64, err_off as i64]))
-            .map_err(|e| self.err(e))?;
+            .and_then(|mut st| st.execute(params![id.as_str(), out_off as i64, err_off as i64]));
+        // Every other write of this handle stays fully synchronous, whatever happened above.
+        let back = self.conn.execute_batch("PRAGMA synchronous=FULL");
+        r.map_err(|e| self.err(e))?;
+        back.map_err(|e| self.err(e))?;
         Ok(())
     }
 
@@ -1226,32 +1238,22 @@ fn set_mode(path: &Path, mode: u32) {
 fn set_mode(_: &Path, _: u32) {}
 
 impl Journal {
-    /// Append several events of one execution in one transaction (one fsync), in order; returns
-    /// them as stored. Used for events that need not be durable on their own before the next
-    /// one (see the executor's held events).
+    /// Append several events of one execution, in order, in one transaction (group-committed
+    /// like [`Journal::append`]); returns the last as stored. For events that need not be
+    /// durable on their own before the next one (the executor's held events).
     pub fn append_all(
         &mut self,
         id: &ExecutionId,
         events: Vec<(String, Option<State>, serde_json::Value)>,
-    ) -> Result<Vec<Event>> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let tx = self
-            .conn
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let mut out = Vec::with_capacity(events.len());
-        for (kind, state, evidence) in &events {
-            out.push(append_in(&tx, id.as_str(), kind, *state, evidence).map_err(sq)?);
+    ) -> Result<Option<Event>> {
+        if events.is_empty() {
+            return Ok(None);
         }
-        tx.commit().map_err(sq)?;
-        if let Some(last) = out.last() {
-            self.anchor_to(last);
-        }
-        Ok(out)
+        self.commit(group::Request::AppendAll {
+            id: id.as_str().to_owned(),
+            events,
+        })
+        .map(Some)
     }
 }
 
@@ -1300,6 +1302,65 @@ mod tests {
         assert!(j.accept(&r, serde_json::json!({})).is_err(), "duplicate ID");
         let st = j.status(&r.id).unwrap().unwrap();
         assert_eq!(st.state, State::Dispatched);
+    }
+
+    #[test]
+    fn append_all_writes_events_in_order_in_one_transaction() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut j = Journal::open(&path).unwrap();
+        let r = rec("a9");
+        j.accept(&r, serde_json::json!({})).unwrap();
+        let before = j.group_commit_stats();
+        let last = j
+            .append_all(
+                &r.id,
+                vec![
+                    (
+                        "authorized".into(),
+                        Some(State::Authorized),
+                        serde_json::json!({}),
+                    ),
+                    (
+                        "dispatched".into(),
+                        Some(State::Dispatched),
+                        serde_json::json!({}),
+                    ),
+                    (
+                        "running".into(),
+                        Some(State::Running),
+                        serde_json::json!({}),
+                    ),
+                ],
+            )
+            .unwrap()
+            .unwrap();
+        let after = j.group_commit_stats();
+        assert_eq!(after.transactions - before.transactions, 1);
+        assert_eq!(after.events - before.events, 3);
+        let kinds: Vec<String> = j
+            .events(&r.id)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["accepted", "authorized", "dispatched", "running"]);
+        assert_eq!(last.kind, "running");
+        assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Running);
+        assert!(j.append_all(&r.id, Vec::new()).unwrap().is_none());
+        // An unknown execution: nothing of it is written.
+        let ghost = ExecutionId::parse("ghost").unwrap();
+        assert!(j
+            .append_all(
+                &ghost,
+                vec![(
+                    "running".into(),
+                    Some(State::Running),
+                    serde_json::json!({})
+                )]
+            )
+            .is_err());
+        assert!(j.events(&ghost).unwrap().is_empty());
     }
 
     #[test]

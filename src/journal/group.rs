@@ -38,6 +38,12 @@ pub(super) enum Request {
         state: Option<State>,
         evidence: serde_json::Value,
     },
+    /// [`Journal::append_all`](super::Journal::append_all): several events of one execution,
+    /// in order; its outcome is the last one.
+    AppendAll {
+        id: String,
+        events: Vec<(String, Option<State>, serde_json::Value)>,
+    },
     /// [`Journal::accept`](super::Journal::accept): the execution row and its `accepted` event.
     Accept {
         rec: ExecutionRecord,
@@ -230,6 +236,7 @@ impl Group {
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(Failed::Transaction)?;
         let mut events = Vec::with_capacity(which.len());
+        let mut rows = 0u64;
         for &i in which {
             let ev = match &reqs[i] {
                 Request::Append {
@@ -242,9 +249,22 @@ impl Group {
                     if kind == tests::PANIC_KIND {
                         panic!("test: the group-commit leader panics mid-batch");
                     }
+                    rows += 1;
                     super::append_in(&tx, id, kind, *state, evidence)
                 }
+                Request::AppendAll { id, events } => {
+                    let mut last = Err(rusqlite::Error::InvalidQuery);
+                    for (kind, state, evidence) in events {
+                        rows += 1;
+                        last = super::append_in(&tx, id, kind, *state, evidence);
+                        if last.is_err() {
+                            break;
+                        }
+                    }
+                    last
+                }
                 Request::Accept { rec, evidence } => {
+                    rows += 1;
                     super::insert_accepted(&tx, rec, None, evidence)
                 }
             }
@@ -254,8 +274,7 @@ impl Group {
         // Dropping `tx` on an error above rolls it back.
         tx.commit().map_err(Failed::Transaction)?;
         self.transactions.fetch_add(1, Ordering::Relaxed);
-        self.events
-            .fetch_add(events.len() as u64, Ordering::Relaxed);
+        self.events.fetch_add(rows, Ordering::Relaxed);
         if let Some(last) = events.last() {
             super::advance_anchor(anchor, last);
         }
