@@ -1111,17 +1111,26 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
         mb(d20, 2e7),
         rss200 as f64 / 1024.0
     ));
+    // What one execution's share is made of, measured in this process: a journal handle, and
+    // a thread with a current-thread runtime (what `cairn serve` gives each request).
+    let (journal_kib, thread_kib) = component_rss(work);
+    t.note(format!(
+        "6 per-execution parts measured in-process: a journal handle (SQLite connection, one \
+         query) {journal_kib} KiB; a thread with a current-thread tokio runtime {thread_kib} \
+         KiB; the rest of an execution's share in `cairn serve` is its SSH connection (russh \
+         session and buffers) and the request's own state"
+    ));
     // CAIRN_BENCH_INFLIGHT=N,M,… (default 100,1000): executions in flight in one process.
     let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_INFLIGHT")
         .ok()
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![100, 1000]);
     for n in sizes {
-        let (rss, peak, d, code) = in_flight(bin, sshd, work, n);
+        let (rss, peak, d, ok, code) = in_flight(bin, sshd, work, n);
         t.row(
             &format!(
-                "6 peak RSS of one `cairn run --inventory` process with {n} executions in flight \
-                 (`--parallel {n}`, one loopback sshd, N aliases)"
+                "6 peak RSS of one `cairn serve --stdio` process with {n} executions in flight \
+                 (one loopback sshd, one SSH connection per execution)"
             ),
             format!(
                 "{:.1} MiB ({:.0} KiB per execution)",
@@ -1131,11 +1140,12 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
             "—".into(),
             "—".into(),
             "≤ 100 MiB",
-            yes(rss < 100 * 1024 && peak >= n && code == Some(0)),
+            yes(rss < 100 * 1024 && peak >= n && ok == n),
         );
         t.note(format!(
             "6 {n} in flight: {peak} commands seen started and not yet finished at once (each \
-             holds until all have started); whole run {:.1} s; exit code {code:?}",
+             holds until all have started); {ok} of {n} completed with exit 0; whole run {:.1} s; \
+             server exit code {code:?}",
             d.as_secs_f64()
         ));
     }
@@ -1143,16 +1153,19 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
 
 // ---------------------------------------------------------------- 6b. executions in flight
 
-/// `cairn run --hosts b1..bN --parallel N` against the bench sshd (N aliases of one host in one
-/// ssh_config), each command holding until every one of them has started, so that N executions
-/// are in flight in one cairn process at once. Returns (peak RSS KiB, most seen started and not
-/// finished at once, wall time, exit code).
+/// One `cairn serve --stdio` process (the gateway interface: each request on its own thread)
+/// given N `execute` requests at once against the bench sshd, each command holding until every
+/// one of them has started, so that N executions are in flight in that process at once. (Each
+/// command differs by a trailing comment: the same command on the same host by the same actor
+/// would be the same intent, and attach to the first.) Returns (peak RSS KiB, most seen started
+/// and not finished at once, wall time, completed with exit 0, exit code of the server).
 fn in_flight(
     bin: &Path,
     sshd: &support::TestSshd,
     work: &Path,
     n: usize,
-) -> (i64, usize, Duration, Option<i32>) {
+) -> (i64, usize, Duration, usize, Option<i32>) {
+    use std::io::{BufRead, Write as _};
     let dir = work.join(format!("inflight-{n}"));
     std::fs::create_dir_all(&dir).unwrap();
     let log = dir.join("log");
@@ -1160,49 +1173,50 @@ fn in_flight(
     let _ = std::fs::remove_file(&go);
     let mk = Command::new("mkfifo").arg(&go).status().expect("mkfifo");
     assert!(mk.success(), "mkfifo {}", go.display());
-    let kh = sshd.known_hosts();
-    let key = sshd.client_key();
-    let mut cfg = String::new();
-    for i in 1..=n {
-        let _ = write!(
-            cfg,
-            "Host b{i}\n  HostName 127.0.0.1\n  Port {}\n  User {}\n  IdentityFile {}\n  \
-             UserKnownHostsFile {}\n  IdentityAgent none\n",
-            sshd.port(),
-            sshd.user(),
-            key.display(),
-            kh.display()
-        );
-    }
-    std::fs::write(dir.join("ssh_config"), cfg).unwrap();
-    let inventory: String = (1..=n).map(|i| format!("b{i}\n")).collect();
-    std::fs::write(dir.join("inventory"), inventory).unwrap();
-    // Every command: note its start, block on the fifo (bounded by timeout), note its end.
-    let cmd = format!(
-        "echo S >> {l}; timeout 300 cat {g} > /dev/null; echo E >> {l}",
-        l = log.display(),
-        g = go.display()
-    );
     let t0 = Instant::now();
-    let child = Command::new(bin)
-        .arg("run")
+    let mut child = Command::new(bin)
+        .args(["serve", "--stdio"])
         .arg("--journal")
         .arg(dir.join("journal.db"))
         .arg("-F")
-        .arg(dir.join("ssh_config"))
+        .arg(sshd.ssh_config())
         .arg("--remote-dir")
         .arg(dir.join("home"))
-        .arg("--inventory")
-        .arg(dir.join("inventory"))
-        .args(["--parallel", &n.to_string(), "--json", "--", &cmd])
         .env_remove("SSH_AUTH_SOCK")
         .env_remove("RUST_LOG")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .expect("spawn cairn run --inventory");
+        .expect("spawn cairn serve --stdio");
     let pid = child.id();
+    // Responses are read as they come (a full pipe would stall the server).
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        let mut ok = 0;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if v["result"]["state"] == "completed" && v["result"]["exit_code"] == 0 {
+                ok += 1;
+            }
+        }
+        ok
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    for i in 1..=n {
+        let cmd = format!(
+            "echo S >> {l}; timeout 300 cat {g} > /dev/null; echo E >> {l}; : {i}",
+            l = log.display(),
+            g = go.display()
+        );
+        let req = serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "execute",
+                                     "params": {"destination": "testhost", "command": cmd}});
+        writeln!(stdin, "{req}").expect("write request");
+    }
+    stdin.flush().unwrap();
     let count = |tag: &str| {
         std::fs::read_to_string(&log)
             .map(|s| s.lines().filter(|l| *l == tag).count())
@@ -1214,23 +1228,101 @@ fn in_flight(
         std::thread::sleep(Duration::from_millis(200));
     }
     let peak = count("S") - count("E");
+    // Where the memory is at that moment.
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |k: &str| {
+        status
+            .lines()
+            .find(|l| l.starts_with(k))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .unwrap_or("?")
+            .to_owned()
+    };
+    println!(
+        "  in flight {n}: RssAnon {} kB, RssFile {} kB, threads {}",
+        field("RssAnon:"),
+        field("RssFile:"),
+        field("Threads:")
+    );
     // Release: hold the fifo open for writing a moment, so late openers also see EOF; again
     // while some have not ended (bounded).
     for _ in 0..20 {
         if count("E") >= count("S") && count("S") >= n {
             break;
         }
-        let rel = Command::new("timeout")
+        let _ = Command::new("timeout")
             .args(["5", "sh", "-c", "exec 3>\"$1\"; sleep 1", "release"])
             .arg(&go)
             .status();
-        let _ = rel;
         if !alive(pid) {
             break;
         }
     }
+    // Every response in (bounded), then end the server by closing its stdin.
+    let t_wait = Instant::now();
+    while !reader.is_finished() && t_wait.elapsed() < Duration::from_secs(60) {
+        if count("E") >= n {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(stdin);
     let (code, d, rss) = wait_rusage(child, t0, Duration::from_secs(300));
-    (rss, peak, d, code)
+    let ok = reader.join().unwrap_or(0);
+    (rss, peak, d, ok, code)
+}
+
+/// RssAnon growth per journal handle and per thread-with-runtime, 200 of each (KiB).
+fn component_rss(work: &Path) -> (u64, u64) {
+    fn anon() -> u64 {
+        std::fs::read_to_string("/proc/self/status")
+            .unwrap_or_default()
+            .lines()
+            .find(|l| l.starts_with("RssAnon:"))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    }
+    const K: u64 = 200;
+    let p = work.join("component.db");
+    drop(Journal::open(&p).expect("open"));
+    let r0 = anon();
+    let js: Vec<Journal> = (0..K)
+        .map(|_| {
+            let j = Journal::open(&p).expect("open");
+            let _ = j.list();
+            j
+        })
+        .collect();
+    let r1 = anon();
+    let (tx, rx) = std::sync::mpsc::channel::<()>();
+    let rx = Arc::new(std::sync::Mutex::new(rx));
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel::<()>();
+    let hs: Vec<_> = (0..K)
+        .map(|_| {
+            let rx = rx.clone();
+            let ready = ready_tx.clone();
+            std::thread::spawn(move || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .expect("runtime");
+                rt.block_on(tokio::task::yield_now());
+                let _ = ready.send(());
+                let _ = rx.lock().map(|r| r.recv());
+            })
+        })
+        .collect();
+    for _ in 0..K {
+        let _ = ready_rx.recv_timeout(Duration::from_secs(10));
+    }
+    let r2 = anon();
+    drop(tx);
+    for h in hs {
+        let _ = h.join();
+    }
+    drop(js);
+    ((r1.saturating_sub(r0)) / K, (r2.saturating_sub(r1)) / K)
 }
 
 fn alive(pid: u32) -> bool {

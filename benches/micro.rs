@@ -132,5 +132,33 @@ fn demux(c: &mut Criterion) {
     });
 }
 
-criterion_group!(benches, journal, demux);
+fn fingerprint(c: &mut Criterion) {
+    use cairn::intent::{Intent, IntentKey};
+    let key = IntentKey::from_bytes(&[7u8; 32]);
+    let mut intent = Intent {
+        actor: "gateway:ops-bot".into(),
+        cwd: Some("/srv/app".into()),
+        scope: Some("change-4711".into()),
+        ..Intent::default()
+    };
+    intent.env.insert("RAILS_ENV".into(), "production".into());
+    intent.env.insert("LANG".into(), "C.UTF-8".into());
+    let fp = "SHA256:0123456789abcdefghijklmnopqrstuvwxyzABCDEFG";
+    let mut g = c.benchmark_group("intent fingerprint");
+    for (name, cmd) in [
+        (
+            "short command, cwd and 2 env vars",
+            b"./migrate.sh --step 7".to_vec(),
+        ),
+        ("64 KiB command", vec![b'x'; 64 * 1024]),
+    ] {
+        g.throughput(Throughput::Bytes(cmd.len() as u64));
+        g.bench_function(name, |b| {
+            b.iter(|| intent.record(fp, "deploy", &cmd).fingerprint(&key))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, journal, demux, fingerprint);
 criterion_main!(benches);
