@@ -98,11 +98,25 @@ fn section(title: &str) {
     println!("\n== {title}");
 }
 
-/// Wait for `child`, return its exit code, wall time since `t0`, and peak RSS in KiB
-/// (`wait4`'s `ru_maxrss`: this process only, not the whole tree).
+/// Wait for `child`, return its exit code, wall time since `t0`, and its peak RSS in KiB: the
+/// last `VmHWM` read from `/proc/PID/status` while it ran (polled every 0.5 ms; the high-water
+/// mark only grows). Not `wait4`'s `ru_maxrss`: a child spawned with `CLONE_VM` (posix_spawn)
+/// shares this process's memory until its exec, and `ru_maxrss` keeps that high-water mark, so
+/// it would report this bench process's size for any small child.
 fn wait_rusage(child: Child, t0: Instant, limit: Duration) -> (Option<i32>, Duration, i64) {
     let pid = child.id() as libc::pid_t;
+    let mut hwm: i64 = 0;
     loop {
+        if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
+            if let Some(kb) = st
+                .lines()
+                .find(|l| l.starts_with("VmHWM:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse::<i64>().ok())
+            {
+                hwm = hwm.max(kb);
+            }
+        }
         let mut status: libc::c_int = 0;
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
         let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
@@ -112,7 +126,8 @@ fn wait_rusage(child: Child, t0: Instant, limit: Duration) -> (Option<i32>, Dura
             } else {
                 None
             };
-            return (code, t0.elapsed(), ru.ru_maxrss);
+            let peak = if hwm > 0 { hwm } else { ru.ru_maxrss };
+            return (code, t0.elapsed(), peak);
         }
         if r < 0 {
             return (None, t0.elapsed(), 0);
@@ -974,7 +989,7 @@ fn recovery(
     );
     t.note(format!(
         "4 link back → outcome known in all: {} median, of which waiting for cairn's next \
-         reconnect attempt (backoff 200 ms doubling; the proxy polls accept every 20 ms) {}; a \
+         reconnect attempt (every 100 ms for the first 10 s; the proxy polls accept every 20 ms) {}; a \
          whole fresh `cairn run -- true` process via the proxy {}; exit codes {codes:?} \
          (command finished while the link was down: recovered from the finish record)",
         ms(mt),
