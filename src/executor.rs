@@ -198,9 +198,13 @@ struct Run {
     /// before anything is sent), `running` (with the outcome when the same reply carries it,
     /// else within [`HOLD_RUNNING`]) and the `reconnected` note.
     held: Vec<(String, Option<State>, serde_json::Value)>,
+    /// When a `running` or `reconnected` event was put among the held ones: from then, they
+    /// wait at most [`HOLD_RUNNING`] while a reply streams.
+    held_since: Option<Instant>,
 }
 
-/// How long a `running` event may wait for the outcome to share its transaction.
+/// How long a held `running` (or `reconnected`) event may wait, while a reply streams, for the
+/// outcome to share its transaction.
 const HOLD_RUNNING: Duration = Duration::from_millis(20);
 
 pub struct Executor {
@@ -238,6 +242,7 @@ impl Run {
             last_cursor_save: Instant::now(),
             announce: false,
             held: Vec::new(),
+            held_since: None,
         }
     }
 }
@@ -1258,17 +1263,25 @@ impl Executor {
         let mut demux = StderrDemux::new(nonce);
         let mut pieces = Vec::new();
         loop {
-            // A held `running` waits a moment for the outcome to share its transaction.
-            let next = if run.held.is_empty() {
-                exec.next().await
-            } else {
-                match tokio::time::timeout(HOLD_RUNNING, exec.next()).await {
+            // A held `running` waits at most HOLD_RUNNING (from when it was seen, however
+            // much output streams meanwhile) for the outcome to share its transaction.
+            let hold_left = run
+                .held_since
+                .filter(|_| !run.held.is_empty())
+                .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()));
+            let next = match hold_left {
+                None => exec.next().await,
+                Some(left) if left.is_zero() => {
+                    self.flush_held(run)?;
+                    continue;
+                }
+                Some(left) => match tokio::time::timeout(left, exec.next()).await {
                     Ok(r) => r,
                     Err(_) => {
                         self.flush_held(run)?;
                         continue;
                     }
-                }
+                },
             };
             let ev = match next {
                 Ok(Some(ev)) => ev,
@@ -1332,6 +1345,7 @@ impl Executor {
                         Some(State::Running),
                         json!({"start_record": start_text(&s), "host_key": run.host_key}),
                     ));
+                    run.held_since = Some(Instant::now());
                     run.prior = Prior::Started;
                 }
                 run.start = Some(s.clone());
@@ -1512,6 +1526,7 @@ impl Executor {
                             None,
                             json!({"reconnects": run.reconnects}),
                         ));
+                        run.held_since.get_or_insert_with(Instant::now);
                     }
                     ci
                 }
@@ -1747,6 +1762,7 @@ impl Executor {
             let held = std::mem::take(&mut run.held);
             self.journal.append_all(&run.rec.id, held)?;
         }
+        run.held_since = None;
         Ok(())
     }
 

@@ -595,6 +595,62 @@ fn ls_and_status_report_the_journal() {
     assert!(text.contains("exit code   2"), "{text}");
 }
 
+/// `running` may wait briefly to share a transaction with the outcome, but never longer than
+/// that: a command whose output streams without a pause is `running` in the journal (as another
+/// process sees it) long before it ends.
+#[test]
+fn a_streaming_run_is_recorded_running_while_it_streams() {
+    let h = Host::new();
+    // about 3 s of output, a line every 5 ms (bounded: 600 lines)
+    let cmd = "i=0; while [ $i -lt 600 ]; do echo \"line $i\"; i=$((i+1)); sleep 0.005; done";
+    let mut c = h
+        .run_cmd(&["--id", "streaming"], cmd)
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let id = cairn::ExecutionId::parse("streaming").unwrap();
+    let mut seen = None;
+    while t0.elapsed() < Duration::from_secs(20) {
+        let st = h.journal().status(&id).ok().flatten().map(|s| s.state);
+        if st == Some(State::Running) {
+            seen = Some(t0.elapsed());
+            break;
+        }
+        if c.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let still_running = c.try_wait().unwrap().is_none();
+    let status = c.wait().unwrap();
+    assert_eq!(status.code(), Some(0));
+    let seen = seen.expect("the journal never said running while the command streamed");
+    assert!(
+        still_running,
+        "running was recorded only when the command had ended ({seen:?})"
+    );
+    let kinds: Vec<String> = h
+        .journal()
+        .events(&id)
+        .unwrap()
+        .into_iter()
+        .map(|e| e.kind)
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "accepted",
+            "authorized",
+            "dispatched",
+            "running",
+            "completed",
+            "delivered"
+        ],
+        "every transition, once, in order"
+    );
+}
+
 #[test]
 fn two_hundred_megabytes_stream_through_with_bounded_client_memory() {
     let h = Host::new();
