@@ -191,7 +191,20 @@ impl Journal {
             group: group::group_for(path, &anchor.path),
             anchor,
         };
-        j.init()?;
+        // Several processes opening a new journal at once can be told "database is locked"
+        // at once (SQLite does not wait for the switch to WAL or a schema change in every
+        // case; seen about once in 300 concurrent first opens). Creating the schema is
+        // idempotent, so try again, briefly and boundedly, before giving up.
+        let mut tries = 0u64;
+        loop {
+            match j.init() {
+                Err(JournalError::Sqlite { source, .. }) if is_busy(&source) && tries < 40 => {
+                    tries += 1;
+                    std::thread::sleep(Duration::from_millis(5 * tries.min(20)));
+                }
+                r => break r?,
+            }
+        }
         Ok(j)
     }
 
@@ -940,6 +953,14 @@ pub struct SessionView {
     /// `None` while running, or when the process died without saying so.
     pub ended_at: Option<String>,
     pub executions: u64,
+}
+
+/// SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock.
+fn is_busy(e: &rusqlite::Error) -> bool {
+    matches!(
+        e.sqlite_error_code(),
+        Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked)
+    )
 }
 
 /// Move `anchor` to a committed event; a failure is logged, never returned (see

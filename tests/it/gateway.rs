@@ -86,7 +86,9 @@ fn threads_in_one_process_racing_the_journal_make_one_execution() {
             let path = path.clone();
             let barrier = barrier.clone();
             std::thread::spawn(move || {
-                let mut j = Journal::open(&path).unwrap();
+                // Every thread reaches the barrier, even one whose open fails, so a failure
+                // fails the test instead of leaving the others waiting for ever.
+                let opened = Journal::open(&path);
                 let id = ExecutionId::generate();
                 let rec = cairn::journal::ExecutionRecord {
                     id: id.clone(),
@@ -112,6 +114,7 @@ fn threads_in_one_process_racing_the_journal_make_one_execution() {
                     intent: json!({}),
                 };
                 barrier.wait();
+                let mut j = opened.unwrap();
                 match j
                     .accept_or_match(
                         &rec,
