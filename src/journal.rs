@@ -1463,8 +1463,10 @@ mod tests {
             .map(|id| {
                 let (path, barrier) = (path.clone(), barrier.clone());
                 std::thread::spawn(move || {
-                    let mut j = Journal::open(&path).unwrap();
+                    // every thread reaches the barrier, whatever its open gave
+                    let opened = Journal::open(&path);
                     barrier.wait();
+                    let mut j = opened.unwrap();
                     let r = rec(id.as_str());
                     j.accept(&r, accepted_evidence(&r)).unwrap();
                     let missing = ExecutionId::parse(&format!("{id}_missing")).unwrap();
