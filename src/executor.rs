@@ -223,6 +223,16 @@ pub struct Executor {
     secrets: std::collections::HashMap<String, Vec<u8>>,
 }
 
+/// Leave out of `held` the transitions that would move an execution's state backwards: while
+/// they waited, another process (an `attach` of the same execution) recorded its result. A
+/// `running` after `completed` would make the journal say it is running again. Notes stay;
+/// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
+fn drop_overtaken(held: &mut Vec<(String, Option<State>, serde_json::Value)>, now: Option<State>) {
+    if now.is_some_and(State::has_result) {
+        held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
+    }
+}
+
 fn digest(cmd: &[u8]) -> String {
     hex::encode(Sha256::digest(cmd))
 }
@@ -1759,8 +1769,14 @@ impl Executor {
     /// Commit the events `run` holds, if any.
     fn flush_held(&mut self, run: &mut Run) -> Result<(), ExecError> {
         if !run.held.is_empty() {
-            let held = std::mem::take(&mut run.held);
-            self.journal.append_all(&run.rec.id, held)?;
+            let mut held = std::mem::take(&mut run.held);
+            if held.iter().any(|(_, s, _)| s.is_some()) {
+                let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
+                drop_overtaken(&mut held, now);
+            }
+            if !held.is_empty() {
+                self.journal.append_all(&run.rec.id, held)?;
+            }
         }
         run.held_since = None;
         Ok(())
@@ -1923,4 +1939,51 @@ fn finish_text(f: &FinishRecord) -> String {
         u8::from(f.timed_out),
         u8::from(f.cancelled)
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn held(states: &[(&str, Option<State>)]) -> Vec<(String, Option<State>, serde_json::Value)> {
+        states
+            .iter()
+            .map(|(k, s)| (k.to_string(), *s, json!({})))
+            .collect()
+    }
+
+    fn kinds(h: &[(String, Option<State>, serde_json::Value)]) -> Vec<&str> {
+        h.iter().map(|(k, _, _)| k.as_str()).collect()
+    }
+
+    #[test]
+    fn held_transitions_overtaken_by_a_result_are_left_out() {
+        let mut h = held(&[("reconnected", None), ("running", Some(State::Running))]);
+        drop_overtaken(&mut h, Some(State::Completed));
+        assert_eq!(kinds(&h), ["reconnected"], "a note stays, running goes");
+        let mut h = held(&[("running", Some(State::Running))]);
+        drop_overtaken(&mut h, Some(State::Delivered));
+        assert!(h.is_empty());
+        // the run's own outcome in the same batch is kept whatever the journal says
+        let mut h = held(&[
+            ("running", Some(State::Running)),
+            ("completed", Some(State::Completed)),
+        ]);
+        drop_overtaken(&mut h, Some(State::Dispatched));
+        assert_eq!(kinds(&h), ["running", "completed"]);
+        // after a state without a result, a start seen on the host is new evidence
+        for now in [
+            State::Failed,
+            State::Unknown,
+            State::Interrupted,
+            State::Running,
+        ] {
+            let mut h = held(&[("running", Some(State::Running))]);
+            drop_overtaken(&mut h, Some(now));
+            assert_eq!(kinds(&h), ["running"], "after {now}");
+        }
+        let mut h = held(&[("authorized", Some(State::Authorized))]);
+        drop_overtaken(&mut h, None);
+        assert_eq!(kinds(&h), ["authorized"]);
+    }
 }
