@@ -107,15 +107,8 @@ fn wait_rusage(child: Child, t0: Instant, limit: Duration) -> (Option<i32>, Dura
     let pid = child.id() as libc::pid_t;
     let mut hwm: i64 = 0;
     loop {
-        if let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-            if let Some(kb) = st
-                .lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse::<i64>().ok())
-            {
-                hwm = hwm.max(kb);
-            }
+        if let Some(kb) = proc_status(&pid.to_string(), "VmHWM:") {
+            hwm = hwm.max(kb as i64);
         }
         let mut status: libc::c_int = 0;
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -137,6 +130,18 @@ fn wait_rusage(child: Child, t0: Instant, limit: Duration) -> (Option<i32>, Dura
         }
         std::thread::sleep(Duration::from_micros(500));
     }
+}
+
+/// The number after `key` (`VmHWM:`, `RssAnon:`, `Threads:` …) in `/proc/PID/status`.
+fn proc_status(pid: &str, key: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()?
+        .lines()
+        .find(|l| l.starts_with(key))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 fn sha_hex(b: &[u8]) -> String {
@@ -1244,14 +1249,8 @@ fn in_flight(
     }
     let peak = count("S") - count("E");
     // Where the memory is at that moment.
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
     let field = |k: &str| {
-        status
-            .lines()
-            .find(|l| l.starts_with(k))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .unwrap_or("?")
-            .to_owned()
+        proc_status(&pid.to_string(), k).map_or_else(|| "?".to_owned(), |v| v.to_string())
     };
     println!(
         "  in flight {n}: RssAnon {} kB, RssFile {} kB, threads {}",
@@ -1289,15 +1288,7 @@ fn in_flight(
 
 /// RssAnon growth per journal handle and per thread-with-runtime, 200 of each (KiB).
 fn component_rss(work: &Path) -> (u64, u64) {
-    fn anon() -> u64 {
-        std::fs::read_to_string("/proc/self/status")
-            .unwrap_or_default()
-            .lines()
-            .find(|l| l.starts_with("RssAnon:"))
-            .and_then(|l| l.split_whitespace().nth(1))
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    }
+    let anon = || proc_status("self", "RssAnon:").unwrap_or(0);
     const K: u64 = 200;
     let p = work.join("component.db");
     drop(Journal::open(&p).expect("open"));

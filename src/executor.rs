@@ -178,6 +178,19 @@ struct Reply {
     broken: Option<String>,
 }
 
+impl Reply {
+    /// The reply, unless the connection broke or the host reported an error.
+    fn checked(self) -> Result<Reply, ExecError> {
+        if let Some(b) = self.broken {
+            return Err(SshError::Disconnected(b).into());
+        }
+        if let Some(e) = self.errors.first() {
+            return Err(ExecError::Input(format!("the host reported: {e}")));
+        }
+        Ok(self)
+    }
+}
+
 /// The state of one execution while an operation drives it.
 struct Run {
     rec: ExecutionRecord,
@@ -1073,13 +1086,8 @@ impl Executor {
         };
         let reply = self
             .exec_op(ci, &op, &nonce, None, &mut run, &mut Discard)
-            .await?;
-        if let Some(b) = reply.broken {
-            return Err(SshError::Disconnected(b).into());
-        }
-        if let Some(e) = reply.errors.first() {
-            return Err(ExecError::Input(format!("the host reported: {e}")));
-        }
+            .await?
+            .checked()?;
         match reply.cancel.as_deref() {
             Some("absent") => {
                 // The host now holds a cancel flag for this ID: a dispatch still in flight
@@ -1125,13 +1133,8 @@ impl Executor {
         };
         let reply = self
             .exec_op(ci, &op, &nonce, None, &mut run, &mut Discard)
-            .await?;
-        if let Some(b) = reply.broken {
-            return Err(SshError::Disconnected(b).into());
-        }
-        if let Some(e) = reply.errors.first() {
-            return Err(ExecError::Input(format!("the host reported: {e}")));
-        }
+            .await?
+            .checked()?;
         Ok(reply.gc.unwrap_or_default())
     }
 
@@ -1281,10 +1284,6 @@ impl Executor {
                 .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()));
             let next = match hold_left {
                 None => exec.next().await,
-                Some(left) if left.is_zero() => {
-                    self.flush_held(run)?;
-                    continue;
-                }
                 Some(left) => match tokio::time::timeout(left, exec.next()).await {
                     Ok(r) => r,
                     Err(_) => {

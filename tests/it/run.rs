@@ -630,15 +630,8 @@ fn a_streaming_run_is_recorded_running_while_it_streams() {
         still_running,
         "running was recorded only when the command had ended ({seen:?})"
     );
-    let kinds: Vec<String> = h
-        .journal()
-        .events(&id)
-        .unwrap()
-        .into_iter()
-        .map(|e| e.kind)
-        .collect();
     assert_eq!(
-        kinds,
+        h.kinds("streaming"),
         [
             "accepted",
             "authorized",
