@@ -113,7 +113,6 @@ pub struct Status {
 }
 
 pub struct Journal {
-    conn: Connection,
     path: PathBuf,
     anchor: crate::audit::Anchor,
     /// Shared with every other handle on this file in this process (group commit).
@@ -177,20 +176,24 @@ impl Journal {
             refuse_shared_dir(dir).map_err(io)?;
         }
         let fresh = !path.exists();
-        let conn = Connection::open(path).map_err(|source| JournalError::Sqlite {
-            path: path.to_owned(),
-            source,
-        })?;
-        if fresh {
-            set_mode(path, 0o600);
-        }
         let anchor = crate::audit::Anchor::for_journal(path);
         let j = Journal {
-            conn,
             path: path.to_owned(),
             group: group::group_for(path, &anchor.path),
             anchor,
         };
+        // Another handle of this process checked this very file's schema: nothing to do, and
+        // no connection to open (operations lease the pool's).
+        if !fresh && j.group.checked(file_identity(path)) {
+            return Ok(j);
+        }
+        if fresh {
+            // Opening the first connection creates the file.
+            j.group.retarget(None);
+            drop(j.conn()?);
+            set_mode(path, 0o600);
+        }
+        j.group.retarget(file_identity(path));
         // Several processes opening a new journal at once can be told "database is locked"
         // at once (SQLite does not wait for the switch to WAL or a schema change in every
         // case; seen about once in 300 concurrent first opens). Creating the schema is
@@ -205,6 +208,7 @@ impl Journal {
                 r => break r?,
             }
         }
+        j.group.mark_checked(file_identity(path));
         Ok(j)
     }
 
@@ -219,27 +223,33 @@ impl Journal {
         }
     }
 
+    /// A SQLite connection for one operation (see [`group::Lease`]).
+    fn conn(&self) -> Result<group::Lease<'_>> {
+        self.group
+            .lease(&|| connect(&self.path))
+            .map_err(|e| self.err(e))
+    }
+
+    /// SQLite connections this process has opened to this journal file (all handles count):
+    /// as many as operations ran at once, not one per handle.
+    pub fn connections_opened(&self) -> u64 {
+        self.group.connections_opened()
+    }
+
     fn init(&self) -> Result<()> {
-        self.conn
-            .busy_timeout(Duration::from_secs(30))
-            .map_err(|e| self.err(e))?;
+        let c = self.conn()?;
         // journal_mode returns a row; WAL persists in the file once set.
-        let _mode: String = self
-            .conn
+        let _mode: String = c
             .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
             .map_err(|e| self.err(e))?;
-        self.conn
-            .execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")
-            .map_err(|e| self.err(e))?;
-        let version: i64 = self
-            .conn
+        let version: i64 = c
             .query_row("PRAGMA user_version", [], |r| r.get(0))
             .map_err(|e| self.err(e))?;
         match version {
-            0 => self.create_schema(),
+            0 => self.create_schema(&c),
             SCHEMA_VERSION => self
-                .add_intent_schema()
-                .and_then(|()| self.add_batch_schema()),
+                .add_intent_schema(&c)
+                .and_then(|()| self.add_batch_schema(&c)),
             found => Err(JournalError::Version {
                 path: self.path.clone(),
                 found,
@@ -247,10 +257,9 @@ impl Journal {
         }
     }
 
-    fn create_schema(&self) -> Result<()> {
-        self.conn
-            .execute_batch(
-                "BEGIN IMMEDIATE;
+    fn create_schema(&self, c: &Connection) -> Result<()> {
+        c.execute_batch(
+            "BEGIN IMMEDIATE;
                  CREATE TABLE IF NOT EXISTS executions (
                     id TEXT PRIMARY KEY,
                     created_at TEXT NOT NULL,
@@ -298,17 +307,17 @@ impl Journal {
                  );
                  PRAGMA user_version = 1;
                  COMMIT;",
-            )
-            .map_err(|e| self.err(e))?;
+        )
+        .map_err(|e| self.err(e))?;
         // The later parts of version 1 are created by the same steps that add them to a
         // journal made before them.
-        self.add_intent_schema()?;
-        self.add_batch_schema()
+        self.add_intent_schema(c)?;
+        self.add_batch_schema(c)
     }
 
     /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
     /// (not yet released); added to a journal made before them, in one transaction.
-    fn add_intent_schema(&self) -> Result<()> {
+    fn add_intent_schema(&self, c: &Connection) -> Result<()> {
         let ready = |c: &Connection| -> rusqlite::Result<(bool, bool)> {
             let cols: i64 = c.query_row(
                 "SELECT COUNT(*) FROM pragma_table_info('executions') WHERE name = 'fingerprint'",
@@ -322,14 +331,13 @@ impl Journal {
             )?;
             Ok((cols > 0, sess > 0))
         };
-        if ready(&self.conn).map_err(|e| self.err(e))? == (true, true) {
+        if ready(c).map_err(|e| self.err(e))? == (true, true) {
             return Ok(());
         }
-        self.conn
-            .execute_batch("BEGIN IMMEDIATE")
+        c.execute_batch("BEGIN IMMEDIATE")
             .map_err(|e| self.err(e))?;
         let r = (|| -> rusqlite::Result<()> {
-            let (has, _) = ready(&self.conn)?;
+            let (has, _) = ready(c)?;
             let columns = if has {
                 ""
             } else {
@@ -344,7 +352,7 @@ impl Journal {
                  ALTER TABLE executions ADD COLUMN session_id TEXT;
                  ALTER TABLE executions ADD COLUMN intent TEXT;"
             };
-            self.conn.execute_batch(&format!(
+            c.execute_batch(&format!(
                 "{columns}
                  CREATE INDEX IF NOT EXISTS executions_by_intent
                     ON executions(fingerprint, actor, scope, accepted_ms);
@@ -378,9 +386,9 @@ impl Journal {
             ))
         })();
         match r {
-            Ok(()) => self.conn.execute_batch("COMMIT").map_err(|e| self.err(e)),
+            Ok(()) => c.execute_batch("COMMIT").map_err(|e| self.err(e)),
             Err(e) => {
-                let _ = self.conn.execute_batch("ROLLBACK");
+                let _ = c.execute_batch("ROLLBACK");
                 Err(self.err(e))
             }
         }
@@ -426,7 +434,7 @@ impl Journal {
     fn commit(&mut self, req: group::Request) -> Result<Event> {
         let group = std::sync::Arc::clone(&self.group);
         group
-            .submit(req, &mut self.conn, &self.anchor)
+            .submit(req, &|| connect(&self.path), &self.anchor)
             .map_err(|f| match f {
                 group::Failure::Sqlite(source) => self.err(source),
                 group::Failure::LeaderLost => JournalError::Io {
@@ -446,7 +454,7 @@ impl Journal {
 
     pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
         let row = self
-            .conn
+            .conn()?
             .query_row(
                 "SELECT id, created_at, destination, host, port, user, command, command_digest,
                         remote_dir, timeout_secs, client FROM executions WHERE id = ?1",
@@ -492,8 +500,8 @@ impl Journal {
     }
 
     pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
-        let mut st = self
-            .conn
+        let lease = self.conn()?;
+        let mut st = lease
             .prepare_cached(
                 "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
                  WHERE execution_id = ?1 ORDER BY seq",
@@ -554,8 +562,8 @@ impl Journal {
     /// Executions, newest first, with their current state.
     pub fn list(&self) -> Result<Vec<(ExecutionRecord, Status)>> {
         let ids: Vec<String> = {
-            let mut st = self
-                .conn
+            let lease = self.conn()?;
+            let mut st = lease
                 .prepare("SELECT id FROM executions ORDER BY created_at DESC, id DESC")
                 .map_err(|e| self.err(e))?;
             let rows = st
@@ -580,7 +588,7 @@ impl Journal {
 
     pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
         let r = self
-            .conn
+            .conn()?
             .query_row(
                 "SELECT out_off, err_off FROM cursors WHERE execution_id = ?1",
                 [id.as_str()],
@@ -598,18 +606,22 @@ impl Journal {
     /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
     /// and a reattach then asks the host again from an earlier offset.
     pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
-        self.conn
+        let lease = self.conn()?;
+        lease
             .execute_batch("PRAGMA synchronous=NORMAL")
             .map_err(|e| self.err(e))?;
-        let r = self
-            .conn
+        let r = lease
             .prepare_cached(
                 "INSERT INTO cursors (execution_id, out_off, err_off) VALUES (?1, ?2, ?3)
                  ON CONFLICT(execution_id) DO UPDATE SET out_off = ?2, err_off = ?3",
             )
             .and_then(|mut st| st.execute(params![id.as_str(), out_off as i64, err_off as i64]));
-        // Every other write of this handle stays fully synchronous, whatever happened above.
-        let back = self.conn.execute_batch("PRAGMA synchronous=FULL");
+        // Every other write on this connection stays fully synchronous, whatever happened
+        // above: if that cannot be restored, the connection is closed rather than pooled.
+        let back = lease.execute_batch("PRAGMA synchronous=FULL");
+        if back.is_err() {
+            lease.discard();
+        }
         r.map_err(|e| self.err(e))?;
         back.map_err(|e| self.err(e))?;
         Ok(())
@@ -617,7 +629,7 @@ impl Journal {
 
     /// Forget the output cursors of delivered executions (progress, not evidence).
     pub fn prune_cursors(&self) -> Result<usize> {
-        self.conn
+        self.conn()?
             .execute(
                 "DELETE FROM cursors WHERE execution_id IN
                    (SELECT execution_id FROM events WHERE state = 'delivered')",
@@ -627,7 +639,7 @@ impl Journal {
     }
 
     pub fn host_epoch(&self, host_key: &str, remote_dir: &str) -> Result<Option<String>> {
-        self.conn
+        self.conn()?
             .query_row(
                 "SELECT epoch FROM host_epochs WHERE host_key = ?1 AND remote_dir = ?2",
                 [host_key, remote_dir],
@@ -638,7 +650,7 @@ impl Journal {
     }
 
     pub fn set_host_epoch(&self, host_key: &str, remote_dir: &str, epoch: &str) -> Result<()> {
-        self.conn
+        self.conn()?
             .execute(
                 "INSERT INTO host_epochs (host_key, remote_dir, epoch, seen_at) VALUES (?1, ?2, ?3, ?4)
                  ON CONFLICT(host_key, remote_dir) DO UPDATE SET epoch = ?3, seen_at = ?4",
@@ -718,8 +730,8 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
+        let mut lease = self.conn()?;
+        let tx = lease
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq)?;
         let rows: Vec<(String, String, i64, i64)> = {
@@ -787,7 +799,7 @@ impl Journal {
     /// The intent an execution was accepted with (`None` for one accepted without).
     pub fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
         let row = self
-            .conn
+            .conn()?
             .query_row(
                 "SELECT fingerprint, actor, scope, class, retention_secs, accepted_ms, session_id,
                         intent FROM executions WHERE id = ?1 AND fingerprint IS NOT NULL",
@@ -815,8 +827,8 @@ impl Journal {
 
     /// Executions created by a session.
     pub fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
-        let mut st = self
-            .conn
+        let lease = self.conn()?;
+        let mut st = lease
             .prepare("SELECT id FROM executions WHERE session_id = ?1 ORDER BY accepted_ms, id")
             .map_err(|e| self.err(e))?;
         let it = st
@@ -832,8 +844,8 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
+        let mut lease = self.conn()?;
+        let tx = lease
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq)?;
         tx.execute(
@@ -876,8 +888,8 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
+        let mut lease = self.conn()?;
+        let tx = lease
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq)?;
         let (seq, hash) =
@@ -890,8 +902,8 @@ impl Journal {
 
     /// Every session, newest first, with its end (the `ended` event) and execution count.
     pub fn sessions(&self) -> Result<Vec<SessionView>> {
-        let mut st = self
-            .conn
+        let lease = self.conn()?;
+        let mut st = lease
             .prepare(
                 "SELECT s.id, s.kind, s.actor, s.pid, s.client, s.started_at, s.detail,
                     (SELECT at FROM session_events e WHERE e.session_id = s.id AND e.kind = 'ended'
@@ -956,6 +968,28 @@ pub struct SessionView {
 }
 
 /// SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock.
+/// A new SQLite connection to the journal at `path`, set up as every operation expects: wait up
+/// to 30 s for another writer, every commit flushed (`synchronous=FULL`), foreign keys enforced.
+fn connect(path: &Path) -> rusqlite::Result<Connection> {
+    let c = Connection::open(path)?;
+    c.busy_timeout(Duration::from_secs(30))?;
+    c.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
+    Ok(c)
+}
+
+/// The journal file's (device, inode), to tell a file replaced at the same path from the one a
+/// handle of this process already checked.
+#[cfg(unix)]
+fn file_identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_identity(_: &Path) -> Option<(u64, u64)> {
+    None
+}
+
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
@@ -1316,10 +1350,11 @@ mod tests {
         let evs = j.events(&r.id).unwrap();
         assert_eq!(evs.len(), 2);
         assert!(j
-            .conn
+            .conn()
+            .unwrap()
             .execute("UPDATE events SET kind = 'x' WHERE seq = 1", [])
             .is_err());
-        assert!(j.conn.execute("DELETE FROM events", []).is_err());
+        assert!(j.conn().unwrap().execute("DELETE FROM events", []).is_err());
         assert!(j.accept(&r, serde_json::json!({})).is_err(), "duplicate ID");
         let st = j.status(&r.id).unwrap().unwrap();
         assert_eq!(st.state, State::Dispatched);
@@ -1409,6 +1444,44 @@ mod tests {
         assert_eq!(
             rfc3339_from_unix(951_782_400, 0),
             "2000-02-29T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn a_thousand_handles_share_a_few_connections() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut handles: Vec<Journal> = (0..1000).map(|_| Journal::open(&path).unwrap()).collect();
+        let r = rec("a1");
+        let id = r.id.clone();
+        handles[0].accept(&r, serde_json::json!({})).unwrap();
+        for j in handles.iter_mut().take(50) {
+            j.append(&id, "note", None, serde_json::json!({})).unwrap();
+            assert!(j.status(&id).unwrap().is_some());
+        }
+        // One connection served every handle, one operation at a time.
+        assert_eq!(handles[999].connections_opened(), 1);
+        assert_eq!(handles[999].events(&id).unwrap().len(), 51);
+    }
+
+    #[test]
+    fn a_journal_replaced_at_the_same_path_is_opened_afresh() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut a = Journal::open(&path).unwrap();
+        a.accept(&rec("a1"), serde_json::json!({})).unwrap();
+        // Replace the file while a handle (and its pooled connection) is alive.
+        std::fs::remove_file(&path).unwrap();
+        let _ = std::fs::remove_file(path.with_extension("db-wal"));
+        let _ = std::fs::remove_file(path.with_extension("db-shm"));
+        let b = Journal::open(&path).unwrap();
+        assert!(
+            b.list().unwrap().is_empty(),
+            "a new handle must see the new, empty file"
+        );
+        assert!(
+            a.list().unwrap().is_empty(),
+            "so must the old handle's next operation"
         );
     }
 

@@ -37,9 +37,8 @@ impl BatchRecord {
 
 impl Journal {
     /// Add the batch tables to a journal made before them (schema version 1 is unreleased).
-    pub(super) fn add_batch_schema(&self) -> Result<()> {
-        let have: i64 = self
-            .conn
+    pub(super) fn add_batch_schema(&self, c: &rusqlite::Connection) -> Result<()> {
+        let have: i64 = c
             .query_row(
                 "SELECT COUNT(*) FROM sqlite_master WHERE name = 'batch_members'",
                 [],
@@ -49,9 +48,8 @@ impl Journal {
         if have > 0 {
             return Ok(());
         }
-        self.conn
-            .execute_batch(
-                "BEGIN IMMEDIATE;
+        c.execute_batch(
+            "BEGIN IMMEDIATE;
                  CREATE TABLE IF NOT EXISTS batches (
                     id TEXT PRIMARY KEY,
                     created_at TEXT NOT NULL,
@@ -67,11 +65,11 @@ impl Journal {
                     PRIMARY KEY (batch_id, position)
                  );
                  COMMIT;",
-            )
-            .map_err(|e| {
-                let _ = self.conn.execute_batch("ROLLBACK");
-                self.err(e)
-            })
+        )
+        .map_err(|e| {
+            let _ = c.execute_batch("ROLLBACK");
+            self.err(e)
+        })
     }
 
     /// Record a batch and all its members in one transaction, before any dispatch.
@@ -88,8 +86,8 @@ impl Journal {
             path: path.clone(),
             source,
         };
-        let tx = self
-            .conn
+        let mut lease = self.conn()?;
+        let tx = lease
             .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
             .map_err(e)?;
         tx.execute(
@@ -111,7 +109,7 @@ impl Journal {
     /// One batch with its members, in order.
     pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
         let head = self
-            .conn
+            .conn()?
             .query_row(
                 "SELECT id, created_at, command, options, client FROM batches WHERE id = ?1",
                 params![id],
@@ -130,8 +128,8 @@ impl Journal {
         let Some((id, created_at, command, options, client)) = head else {
             return Ok(None);
         };
-        let mut st = self
-            .conn
+        let lease = self.conn()?;
+        let mut st = lease
             .prepare(
                 "SELECT position, destination, execution_id FROM batch_members
                  WHERE batch_id = ?1 ORDER BY position",
@@ -159,8 +157,8 @@ impl Journal {
 
     /// Every batch ID, oldest first.
     pub fn batch_ids(&self) -> Result<Vec<String>> {
-        let mut st = self
-            .conn
+        let lease = self.conn()?;
+        let mut st = lease
             .prepare("SELECT id FROM batches ORDER BY created_at, id")
             .map_err(|e| self.err(e))?;
         st.query_map([], |r| r.get(0))

@@ -86,6 +86,84 @@ pub(super) struct Group {
     changed: Condvar,
     transactions: AtomicU64,
     events: AtomicU64,
+    /// SQLite connections to this file not in use by any handle (see [`Lease`]).
+    idle: Mutex<Vec<Connection>>,
+    /// Which file the pooled connections are to.
+    file: Mutex<FileState>,
+    /// SQLite connections opened for this file in this process.
+    opened: AtomicU64,
+}
+
+/// The file (device, inode) at the journal's path as this process last saw it.
+#[derive(Clone, Copy, Default)]
+struct FileState {
+    identity: Option<(u64, u64)>,
+    /// How many times the file at the path changed: a connection leased before a change is not
+    /// pooled again.
+    generation: u64,
+    /// A handle checked (or made) this file's schema.
+    checked: bool,
+}
+
+/// Most idle SQLite connections kept per journal file; more are closed when returned.
+const IDLE_MAX: usize = 8;
+
+/// A SQLite connection lent to one journal operation. Handles own no connection: each operation
+/// leases one for its duration (its transaction, its cached statements), so a process holding a
+/// thousand handles on one journal (a gateway with a thousand executions in flight) holds only as
+/// many connections as operations run at once. Returned to the pool on drop, unless it was left
+/// inside a transaction or the file was replaced meanwhile.
+pub(super) struct Lease<'a> {
+    group: &'a Group,
+    conn: Option<Connection>,
+    generation: u64,
+}
+
+impl std::ops::Deref for Lease<'_> {
+    type Target = Connection;
+    fn deref(&self) -> &Connection {
+        self.conn
+            .as_ref()
+            .expect("a lease holds its connection until dropped")
+    }
+}
+
+impl std::ops::DerefMut for Lease<'_> {
+    fn deref_mut(&mut self) -> &mut Connection {
+        self.conn
+            .as_mut()
+            .expect("a lease holds its connection until dropped")
+    }
+}
+
+impl Lease<'_> {
+    /// Close this connection instead of pooling it (its settings could not be restored).
+    pub(super) fn discard(mut self) {
+        self.conn = None;
+    }
+}
+
+impl Drop for Lease<'_> {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.take() else { return };
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+            if !conn.is_autocommit() {
+                return;
+            }
+        }
+        if self.group.file_state().generation != self.generation {
+            return;
+        }
+        let mut idle = self
+            .group
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if idle.len() < IDLE_MAX {
+            idle.push(conn);
+        }
+    }
 }
 
 /// The group of the journal at `journal` with its anchor at `anchor`: shared by every handle on
@@ -108,6 +186,9 @@ pub(super) fn group_for(journal: &Path, anchor: &Path) -> Arc<Group> {
         changed: Condvar::new(),
         transactions: AtomicU64::new(0),
         events: AtomicU64::new(0),
+        idle: Mutex::new(Vec::new()),
+        file: Mutex::new(FileState::default()),
+        opened: AtomicU64::new(0),
     });
     reg.insert(key, Arc::downgrade(&g));
     g
@@ -141,6 +222,74 @@ impl Group {
         self.queue.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn file_state(&self) -> FileState {
+        *self.file.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether a handle of this process has checked the schema of the file `identity`.
+    pub(super) fn checked(&self, identity: Option<(u64, u64)>) -> bool {
+        let f = self.file_state();
+        identity.is_some() && f.identity == identity && f.checked
+    }
+
+    /// The file at the path is now `identity` (`None`: there is none yet). Connections to an
+    /// earlier file at the same path are closed and never pooled again; connections opened
+    /// while there was none are to this one.
+    pub(super) fn retarget(&self, identity: Option<(u64, u64)>) {
+        let mut f = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if f.identity == identity {
+            return;
+        }
+        if f.identity.is_some() {
+            f.generation += 1;
+            self.idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
+        }
+        f.identity = identity;
+        f.checked = false;
+    }
+
+    /// The schema of the file `identity` is checked: later handles need not check it again.
+    pub(super) fn mark_checked(&self, identity: Option<(u64, u64)>) {
+        let mut f = self.file.lock().unwrap_or_else(PoisonError::into_inner);
+        if identity.is_some() && f.identity == identity {
+            f.checked = true;
+        }
+    }
+
+    /// A connection for one operation: an idle one, else a new one from `open`.
+    pub(super) fn lease(
+        &self,
+        open: &dyn Fn() -> rusqlite::Result<Connection>,
+    ) -> rusqlite::Result<Lease<'_>> {
+        let generation = self.file_state().generation;
+        let pooled = self
+            .idle
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop();
+        let conn = match pooled {
+            Some(c) => c,
+            None => {
+                let c = open()?;
+                self.opened.fetch_add(1, Ordering::Relaxed);
+                c
+            }
+        };
+        Ok(Lease {
+            group: self,
+            conn: Some(conn),
+            generation,
+        })
+    }
+
+    /// SQLite connections opened for this file in this process so far.
+    pub(super) fn connections_opened(&self) -> u64 {
+        self.opened.load(Ordering::Relaxed)
+    }
+
     pub(super) fn stats(&self) -> GroupCommitStats {
         GroupCommitStats {
             transactions: self.transactions.load(Ordering::Relaxed),
@@ -149,8 +298,14 @@ impl Group {
     }
 
     /// Commit `req` together with whatever else is queued; return once it is committed (or has
-    /// failed). `conn` and `anchor` are the caller's, used only if the caller leads a batch.
-    pub(super) fn submit(&self, req: Request, conn: &mut Connection, anchor: &Anchor) -> Outcome {
+    /// failed). A caller that leads a batch leases a connection (`open` makes one if none is
+    /// idle) and writes with `anchor`; a caller that only waits holds no connection.
+    pub(super) fn submit(
+        &self,
+        req: Request,
+        open: &dyn Fn() -> rusqlite::Result<Connection>,
+        anchor: &Anchor,
+    ) -> Outcome {
         let mut q = self.lock();
         let ticket = q.next_ticket;
         q.next_ticket += 1;
@@ -163,14 +318,30 @@ impl Group {
                 // Taken requests belong to the active leader until their outcomes are published,
                 // so with no leader and no outcome, ours is still waiting: lead a batch.
                 q.leader = true;
+                drop(q);
+                let lease = self.lease(open);
+                q = self.lock();
+                let mut conn = match lease {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Without a connection this caller cannot lead: its own request fails,
+                        // the rest stay queued for their owners.
+                        q.leader = false;
+                        q.waiting.retain(|(t, _)| *t != ticket);
+                        drop(q);
+                        self.changed.notify_all();
+                        return Err(Failure::Sqlite(e));
+                    }
+                };
                 let (tickets, reqs): (Vec<u64>, Vec<Request>) = q.waiting.drain(..).unzip();
                 drop(q);
                 let leading = Leading {
                     group: self,
                     tickets,
                 };
-                let outcomes = self.write_batch(conn, anchor, &reqs);
+                let outcomes = self.write_batch(&mut conn, anchor, &reqs);
                 leading.publish(outcomes);
+                drop(conn);
                 q = self.lock();
                 continue;
             }
@@ -363,7 +534,7 @@ pub(super) mod tests {
             append("ex_ok", 4),
         ];
         let group = j.group.clone();
-        let out = group.write_batch(&mut j.conn, &j.anchor, &reqs);
+        let out = group.write_batch(&mut j.conn().unwrap(), &j.anchor, &reqs);
         let ok: Vec<bool> = out.iter().map(Result::is_ok).collect();
         assert_eq!(ok, [true, false, true, false, true]);
 
