@@ -306,6 +306,12 @@ pub struct ServerArgs {
     /// Marker directory on the host (relative to the account's home).
     #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = ".cairn")]
     pub remote_dir: String,
+    /// Executions in flight sharing one SSH connection to a host, each on a session channel of
+    /// its own. Keep it below the server's `MaxSessions` (OpenSSH: 10 by default); 1 gives every
+    /// execution a connection of its own.
+    #[arg(long, default_value_t = crate::ssh::pool::DEFAULT_PER_CONNECTION as u64,
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub channels_per_connection: u64,
     #[command(flatten)]
     pub approve: ApproveArgs,
     #[command(flatten)]
@@ -335,6 +341,9 @@ impl ServerArgs {
             remote_dir: self.remote_dir.clone(),
             session_id: None,
             transport: if kind == "mcp" { "mcp" } else { "jsonrpc" }.into(),
+            pool: Some(crate::ssh::pool::Pool::new(
+                self.channels_per_connection as usize,
+            )),
         }
     }
 }

@@ -224,7 +224,11 @@ pub struct Executor {
     pub journal: Journal,
     pub connect: ConnectOptions,
     pub patience: Patience,
-    conns: Vec<(String, Connection)>,
+    /// Connections this executor uses, with its claim when the connection is pooled.
+    conns: Vec<(String, Connection, Option<crate::ssh::pool::Lease>)>,
+    /// Connections shared with other executors of this process (`cairn serve`, `cairn mcp`);
+    /// `None`: this executor connects for itself.
+    pub pool: Option<std::sync::Arc<crate::ssh::pool::Pool>>,
     /// The intent fingerprint key file (default: `intent.key` next to the journal).
     pub intent_key_path: Option<std::path::PathBuf>,
     intent_key: Option<IntentKey>,
@@ -367,6 +371,7 @@ impl Executor {
             connect,
             patience,
             conns: Vec::new(),
+            pool: None,
             intent_key_path: None,
             intent_key: None,
             approver: Box::new(Allow {
@@ -1191,19 +1196,29 @@ impl Executor {
         if let Some(i) = self
             .conns
             .iter()
-            .position(|(k, c)| *k == key && !c.is_closed())
+            .position(|(k, c, _)| *k == key && !c.is_closed())
         {
             return Ok(i);
         }
-        self.conns.retain(|(k, _)| *k != key);
-        let c = Connection::connect(target, &self.connect).await?;
-        self.conns.push((key, c));
+        self.conns.retain(|(k, _, _)| *k != key);
+        let (c, lease) = match &self.pool {
+            Some(pool) => {
+                let (c, lease) = pool.get(target, &self.connect).await?;
+                (c, Some(lease))
+            }
+            None => (Connection::connect(target, &self.connect).await?, None),
+        };
+        self.conns.push((key, c, lease));
         Ok(self.conns.len() - 1)
     }
 
+    /// Stop using a connection that failed; a pooled one is given to nobody new.
     fn drop_connection(&mut self, idx: usize) {
         if idx < self.conns.len() {
-            self.conns.remove(idx);
+            let (_, _, lease) = self.conns.remove(idx);
+            if let Some(mut l) = lease {
+                l.retire();
+            }
         }
     }
 

@@ -2,7 +2,9 @@
 //! `cairn mcp` (Model Context Protocol): execute, status, output, attach, recover, review,
 //! resolve. Each call opens its own journal handle and executor and runs on its own thread
 //! with a current-thread runtime, so slow executions never block other calls; the journal's
-//! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest.
+//! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest. The
+//! calls share SSH connections (a [`crate::ssh::pool::Pool`], several executions per connection
+//! on channels of their own) and SQLite connections (leased per journal operation).
 //!
 //! Parameters and results are JSON; `docs/GATEWAYS.md` documents them.
 
@@ -40,6 +42,8 @@ pub struct GatewayConfig {
     pub session_id: Option<String>,
     /// Recorded as who the result was delivered to (`jsonrpc`, `mcp`).
     pub transport: String,
+    /// SSH connections shared by this server's executions (`None`: each connects for itself).
+    pub pool: Option<std::sync::Arc<crate::ssh::pool::Pool>>,
 }
 
 /// An error with a JSON-RPC code.
@@ -86,6 +90,7 @@ impl GatewayConfig {
         let mut ex = Executor::new(journal, self.connect.clone(), self.patience.clone());
         ex.intent_key_path = self.intent_key.clone();
         ex.session_id = self.session_id.clone();
+        ex.pool = self.pool.clone();
         ex.approver =
             crate::approve::from_flags(&self.approve, self.policy.as_deref(), &self.actor)
                 .map_err(GatewayError::params)?;

@@ -11,6 +11,7 @@
 mod auth;
 mod config;
 pub mod known_hosts;
+pub mod pool;
 mod stream;
 
 use std::collections::VecDeque;
@@ -270,6 +271,79 @@ impl SshError {
     }
 }
 
+impl SshError {
+    /// The same error again, for each of several callers that shared one attempt (a pooled
+    /// connect): same variant, so the same `is_transient` and the same message.
+    pub fn duplicate(&self) -> SshError {
+        let io = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
+        match self {
+            SshError::UnknownHostKey {
+                host,
+                file,
+                fingerprint,
+            } => SshError::UnknownHostKey {
+                host: host.clone(),
+                file: file.clone(),
+                fingerprint: fingerprint.clone(),
+            },
+            SshError::HostKeyChanged {
+                host,
+                file,
+                line,
+                fingerprint,
+            } => SshError::HostKeyChanged {
+                host: host.clone(),
+                file: file.clone(),
+                line: *line,
+                fingerprint: fingerprint.clone(),
+            },
+            SshError::HostKeyRevoked {
+                host,
+                file,
+                line,
+                fingerprint,
+            } => SshError::HostKeyRevoked {
+                host: host.clone(),
+                file: file.clone(),
+                line: *line,
+                fingerprint: fingerprint.clone(),
+            },
+            SshError::KnownHosts { file, source } => SshError::KnownHosts {
+                file: file.clone(),
+                source: io(source),
+            },
+            SshError::Connect { host, port, source } => SshError::Connect {
+                host: host.clone(),
+                port: *port,
+                source: io(source),
+            },
+            SshError::Timeout { what, after } => SshError::Timeout {
+                what,
+                after: *after,
+            },
+            SshError::Auth { user, host, tried } => SshError::Auth {
+                user: user.clone(),
+                host: host.clone(),
+                tried: tried.clone(),
+            },
+            SshError::EncryptedKey { path } => SshError::EncryptedKey { path: path.clone() },
+            SshError::Config {
+                file,
+                line,
+                message,
+            } => SshError::Config {
+                file: file.clone(),
+                line: *line,
+                message: message.clone(),
+            },
+            SshError::InvalidDestination(d) => SshError::InvalidDestination(d.clone()),
+            SshError::ChannelRefused(m) => SshError::ChannelRefused(m.clone()),
+            SshError::Disconnected(m) => SshError::Disconnected(m.clone()),
+            SshError::Protocol(m) => SshError::Protocol(m.clone()),
+        }
+    }
+}
+
 impl From<russh::Error> for SshError {
     fn from(e: russh::Error) -> Self {
         use russh::Error as E;
@@ -492,7 +566,9 @@ fn preferred_host_key_algs(recorded: &[Algorithm]) -> Vec<Algorithm> {
     first
 }
 
-/// An authenticated SSH connection.
+/// An authenticated SSH connection. Clones share it (a [`pool::Pool`] lends one to several
+/// executions); it closes when the last clone and the last [`Exec`] on it are dropped.
+#[derive(Clone)]
 pub struct Connection {
     handle: Arc<client::Handle<ClientHandler>>,
     shared: Arc<Shared>,

@@ -617,14 +617,21 @@ struct Rpc {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: mpsc::Receiver<String>,
+    /// Responses read while waiting for another one.
+    kept: Vec<Value>,
 }
 
 impl Rpc {
     fn start(h: &Host, reconnect_for: &str) -> Rpc {
+        Rpc::start_with(h, reconnect_for, &[])
+    }
+
+    fn start_with(h: &Host, reconnect_for: &str, extra: &[&str]) -> Rpc {
         let mut c = Command::new(BIN);
         c.arg("serve");
         h.conn_args(&mut c, reconnect_for);
         c.arg("--stdio").arg("--remote-dir").arg(&h.remote_dir);
+        c.args(extra);
         let mut child = c
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -645,6 +652,7 @@ impl Rpc {
             stdin: child.stdin.take(),
             child,
             lines: rx,
+            kept: Vec::new(),
         }
     }
 
@@ -663,6 +671,9 @@ impl Rpc {
 
     /// The response with this id (others are kept for later, in order).
     fn response(&mut self, id: &Value, limit: Duration) -> Value {
+        if let Some(i) = self.kept.iter().position(|v| &v["id"] == id) {
+            return self.kept.remove(i);
+        }
         let t0 = Instant::now();
         loop {
             let left = limit
@@ -674,6 +685,7 @@ impl Rpc {
             if &v["id"] == id {
                 return v;
             }
+            self.kept.push(v);
         }
     }
 
@@ -784,6 +796,81 @@ fn serve_stdio_executes_echoes_ids_and_pages_output() {
     let s = sessions.iter().find(|s| s.record.kind == "serve").unwrap();
     assert!(s.ended_at.is_some());
     assert_eq!(s.executions, 2);
+}
+
+/// Send `n` distinct execute requests at once (`cmd(i)`), then collect every response.
+fn execute_all(rpc: &mut Rpc, n: usize, cmd: impl Fn(usize) -> String) -> Vec<Value> {
+    for i in 0..n {
+        rpc.request(
+            json!(i),
+            "execute",
+            json!({"destination": "127.0.0.1", "command": cmd(i)}),
+        );
+    }
+    (0..n).map(|i| rpc.response(&json!(i), T)).collect()
+}
+
+#[test]
+fn serve_runs_executions_in_flight_on_shared_connections() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--channels-per-connection", "4"]);
+    // Twelve at once, each holding its channel for a second: three connections of four.
+    let rs = execute_all(&mut rpc, 12, |i| format!("{}sleep 1; echo n{i}", h.count()));
+    for (i, r) in rs.iter().enumerate() {
+        assert_eq!(r["result"]["state"], "completed", "{r}");
+        assert_eq!(r["result"]["exit_code"], 0, "{r}");
+        assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
+    }
+    assert_eq!(h.runs(), 12);
+    assert_eq!(h.proxy.connections(), 3, "12 executions, 4 per connection");
+    // The next execution to the same host reuses an idle connection: no connect at all.
+    let r = rpc.call(
+        json!("later"),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": "echo later"}),
+    );
+    assert_eq!(r["result"]["stdout"], "later\n", "{r}");
+    assert_eq!(h.proxy.connections(), 3);
+}
+
+#[test]
+fn executions_sharing_a_cut_connection_each_recover_and_none_runs_twice() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--channels-per-connection", "4"]);
+    for i in 0..8 {
+        rpc.request(
+            json!(i),
+            "execute",
+            json!({"destination": "127.0.0.1",
+                   "command": format!("{}sleep 2; echo n{i}; echo e{i} >&2", h.count())}),
+        );
+    }
+    wait_for("all eight started", T, || (h.runs() == 8).then_some(()));
+    assert_eq!(h.proxy.connections(), 2);
+    h.proxy.cut();
+    for i in 0..8 {
+        let r = rpc.response(&json!(i), T);
+        assert_eq!(r["result"]["state"], "completed", "{r}");
+        assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
+        assert_eq!(r["result"]["stderr"], format!("e{i}\n"), "{r}");
+        let id = ExecutionId::parse(r["result"]["execution_id"].as_str().unwrap()).unwrap();
+        let kinds: Vec<String> = h
+            .journal()
+            .events(&id)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert!(kinds.iter().any(|k| k == "connection-lost"), "{kinds:?}");
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "dispatched").count(),
+            1,
+            "{kinds:?}"
+        );
+    }
+    // Nobody ran twice, and the eight reattached over two new shared connections, not eight.
+    assert_eq!(h.runs(), 8);
+    assert_eq!(h.proxy.connections(), 4);
 }
 
 #[test]

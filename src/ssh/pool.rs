@@ -1,0 +1,235 @@
+//! Connections shared by the executions of one long-lived process (`cairn serve`, `cairn mcp`).
+//!
+//! Each execution in flight needs one session channel at a time, not a connection of its own. A
+//! [`Pool`] lends connections to executions, at most `per_connection` executions on one
+//! connection (OpenSSH's `MaxSessions` is 10 by default; the default of 8 leaves room for the
+//! channels of a finished execution still closing). Executions arriving together share the
+//! connect of the connection they are given: one TCP connect, handshake and authentication for
+//! up to `per_connection` of them, and one error for all of them if it fails.
+//!
+//! Connections run on one runtime thread of their own, so a connection outlives the execution
+//! (and the thread and runtime) that first asked for it. A connection an execution saw fail is
+//! retired: nobody new is given it, and it closes when its last user lets go. An idle connection
+//! is kept for the next execution to the same host for [`IDLE_FOR`], then closed.
+
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::{ConnectOptions, Connection, SshError, Target};
+
+/// How long an unused connection stays open for the next execution to its host.
+pub const IDLE_FOR: Duration = Duration::from_secs(60);
+
+/// Executions sharing one connection by default (below OpenSSH's default `MaxSessions` of 10).
+pub const DEFAULT_PER_CONNECTION: usize = 8;
+
+type Shared = Arc<tokio::sync::OnceCell<Result<Connection, Arc<SshError>>>>;
+
+struct Entry {
+    id: u64,
+    /// Everything that decides how the connection is made (host, port, user, keys, host-key
+    /// checking …): only an execution with the same target may share it.
+    key: String,
+    conn: Shared,
+    users: usize,
+    retired: bool,
+    idle_since: Option<Instant>,
+}
+
+#[derive(Default)]
+struct State {
+    next_id: u64,
+    entries: Vec<Entry>,
+    connects: u64,
+}
+
+/// Connections lent to executions; see the module documentation.
+pub struct Pool {
+    per_connection: usize,
+    state: Mutex<State>,
+}
+
+impl std::fmt::Debug for Pool {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pool")
+            .field("per_connection", &self.per_connection)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One execution's claim on a pooled connection; released on drop.
+pub struct Lease {
+    pool: Arc<Pool>,
+    id: u64,
+    retire: bool,
+}
+
+impl Lease {
+    /// This connection failed for its holder: give it to nobody new.
+    pub fn retire(&mut self) {
+        self.retire = true;
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        let mut st = self.pool.lock();
+        if let Some(e) = st.entries.iter_mut().find(|e| e.id == self.id) {
+            e.users = e.users.saturating_sub(1);
+            e.retired |= self.retire;
+            if e.users == 0 {
+                e.idle_since = Some(Instant::now());
+            }
+        }
+        // Retired connections close once nobody uses them (dropped outside the lock).
+        let gone = sweep(&mut st, Instant::now());
+        drop(st);
+        drop(gone);
+    }
+}
+
+/// Remove the entries nobody uses that are retired, closed or idle too long; returned so that
+/// they are dropped (and their connections closed) outside the lock.
+fn sweep(st: &mut State, now: Instant) -> Vec<Entry> {
+    let (gone, keep): (Vec<Entry>, Vec<Entry>) =
+        std::mem::take(&mut st.entries).into_iter().partition(|e| {
+            e.users == 0
+                && (e.retired
+                    || closed(&e.conn)
+                    || e.idle_since
+                        .is_some_and(|t| now.duration_since(t) >= IDLE_FOR))
+        });
+    st.entries = keep;
+    gone
+}
+
+fn closed(conn: &Shared) -> bool {
+    match conn.get() {
+        Some(Ok(c)) => c.is_closed(),
+        Some(Err(_)) => true,
+        None => false,
+    }
+}
+
+/// The runtime every pooled connection's SSH session runs on (one thread, for the life of the
+/// process).
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("cairn-ssh")
+            .enable_all()
+            .build()
+            .expect("a runtime for pooled SSH connections")
+    })
+}
+
+impl Pool {
+    /// A pool lending each connection to at most `per_connection` executions at once (at least 1).
+    pub fn new(per_connection: usize) -> Arc<Pool> {
+        Arc::new(Pool {
+            per_connection: per_connection.max(1),
+            state: Mutex::new(State::default()),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many connects this pool has started (for tests and the benchmark).
+    pub fn connects(&self) -> u64 {
+        self.lock().connects
+    }
+
+    /// How many connections are open or being opened.
+    pub fn connections(&self) -> usize {
+        self.lock().entries.len()
+    }
+
+    /// A connection to `target` with room for one more execution, and the claim on it.
+    pub async fn get(
+        self: &Arc<Self>,
+        target: &Target,
+        opts: &ConnectOptions,
+    ) -> Result<(Connection, Lease), SshError> {
+        let key = format!("{target:?}");
+        // A shared connection found closed on arrival is retired and another one tried: at
+        // most twice, then the fresh connect's own answer stands.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let (conn, mut lease) = self.claim(&key);
+            let made = conn
+                .get_or_init(|| async {
+                    self.lock().connects += 1;
+                    let (t, o) = (target.clone(), opts.clone());
+                    match runtime()
+                        .spawn(async move { Connection::connect(&t, &o).await })
+                        .await
+                    {
+                        Ok(r) => r.map_err(Arc::new),
+                        Err(e) => Err(Arc::new(SshError::Disconnected(format!(
+                            "the connecting task ended: {e}"
+                        )))),
+                    }
+                })
+                .await;
+            match made {
+                Ok(c) if !c.is_closed() => return Ok((c.clone(), lease)),
+                Ok(c) => {
+                    lease.retire();
+                    if tries >= 3 {
+                        return Err(SshError::Disconnected(
+                            c.disconnect_reason()
+                                .unwrap_or_else(|| "connection closed".into()),
+                        ));
+                    }
+                }
+                Err(e) => {
+                    lease.retire();
+                    return Err(e.duplicate());
+                }
+            }
+        }
+    }
+
+    /// Claim a place on a connection for `key` with room, or on a new one (not yet connected).
+    fn claim(self: &Arc<Self>, key: &str) -> (Shared, Lease) {
+        let mut st = self.lock();
+        let gone = sweep(&mut st, Instant::now());
+        let free = st.entries.iter_mut().find(|e| {
+            e.key == key && !e.retired && e.users < self.per_connection && !closed(&e.conn)
+        });
+        let (id, conn) = match free {
+            Some(e) => {
+                e.users += 1;
+                e.idle_since = None;
+                (e.id, e.conn.clone())
+            }
+            None => {
+                st.next_id += 1;
+                let id = st.next_id;
+                let conn: Shared = Default::default();
+                st.entries.push(Entry {
+                    id,
+                    key: key.to_owned(),
+                    conn: conn.clone(),
+                    users: 1,
+                    retired: false,
+                    idle_since: None,
+                });
+                (id, conn)
+            }
+        };
+        drop(st);
+        drop(gone);
+        let lease = Lease {
+            pool: self.clone(),
+            id,
+            retire: false,
+        };
+        (conn, lease)
+    }
+}
