@@ -144,6 +144,45 @@ fn proc_status(pid: &str, key: &str) -> Option<u64> {
         .ok()
 }
 
+/// Where a process's resident anonymous memory is, from /proc/PID/smaps: thread stacks (the 2 MiB
+/// mappings Rust gives each thread, counted by what they touched), the main heap, and the other
+/// anonymous mappings (malloc's per-thread arenas and large allocations). KiB each.
+fn anon_breakdown(pid: &str) -> Option<(u64, u64, u64, usize)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/smaps")).ok()?;
+    let (mut stacks, mut heap, mut other, mut n_stacks) = (0, 0, 0, 0);
+    let mut kind = None;
+    for line in text.lines() {
+        let first = line.split_whitespace().next().unwrap_or("");
+        if first.contains('-') && !first.ends_with(':') {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (a, b) = first.split_once('-')?;
+            let size = (u64::from_str_radix(b, 16).ok()? - u64::from_str_radix(a, 16).ok()?) / 1024;
+            kind = match (f.get(1).copied(), f.get(5).copied()) {
+                (_, Some("[heap]")) => Some(1),
+                (Some("rw-p"), None) if size == 2048 => Some(0),
+                (Some("rw-p"), None) => Some(2),
+                _ => None,
+            };
+            if kind == Some(0) {
+                n_stacks += 1;
+            }
+        } else if let (Some(k), Some(rest)) = (kind, line.strip_prefix("Rss:")) {
+            let kb: u64 = rest
+                .trim()
+                .trim_end_matches("kB")
+                .trim()
+                .parse()
+                .unwrap_or(0);
+            match k {
+                0 => stacks += kb,
+                1 => heap += kb,
+                _ => other += kb,
+            }
+        }
+    }
+    Some((stacks, heap, other, n_stacks))
+}
+
 fn sha_hex(b: &[u8]) -> String {
     hex::encode(Sha256::digest(b))
 }
@@ -1132,13 +1171,15 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
         rss200 as f64 / 1024.0
     ));
     // What one execution's share is made of, measured in this process: a journal handle, and
-    // a thread with a current-thread runtime (what `cairn serve` gives each request).
+    // a thread with a current-thread runtime (what `cairn serve` gave each request before its
+    // executions became tasks).
     let (journal_kib, thread_kib) = component_rss(work);
     t.note(format!(
-        "6 per-execution parts measured in-process: a journal handle (SQLite connection, one \
-         query) {journal_kib} KiB; a thread with a current-thread tokio runtime {thread_kib} \
-         KiB; the rest of an execution's share in `cairn serve` is its SSH connection (russh \
-         session and buffers) and the request's own state"
+        "6 per-execution parts measured in-process: a journal handle {journal_kib} KiB (handles \
+         lease the file's pooled SQLite connections per operation); a thread with a \
+         current-thread tokio runtime {thread_kib} KiB, which `cairn serve` no longer spends per \
+         execution: executions are tasks on 8 threads, and each SSH connection carries up to 8 \
+         of them (`--channels-per-connection`)"
     ));
     // CAIRN_BENCH_INFLIGHT=N,M,… (default 100,1000): executions in flight in one process.
     let sizes: Vec<usize> = std::env::var("CAIRN_BENCH_INFLIGHT")
@@ -1146,11 +1187,11 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
         .map(|v| v.split(',').filter_map(|x| x.trim().parse().ok()).collect())
         .unwrap_or_else(|| vec![100, 1000]);
     for n in sizes {
-        let (rss, peak, d, ok, code) = in_flight(bin, sshd, work, n);
+        let (rss, peak, d, ok, code, sockets) = in_flight(bin, sshd, work, n);
         t.row(
             &format!(
                 "6 peak RSS of one `cairn serve --stdio` process with {n} executions in flight \
-                 (one loopback sshd, one SSH connection per execution)"
+                 (one loopback sshd; {sockets} SSH connections at the peak)"
             ),
             format!(
                 "{:.1} MiB ({:.0} KiB per execution)",
@@ -1173,7 +1214,7 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
 
 // ---------------------------------------------------------------- 6b. executions in flight
 
-/// One `cairn serve --stdio` process (the gateway interface: each request on its own thread)
+/// One `cairn serve --stdio` process (the gateway interface: executions as tasks on a few threads)
 /// given N `execute` requests at once against the bench sshd, each command holding until every
 /// one of them has started, so that N executions are in flight in that process at once. (Each
 /// command differs by a trailing comment: the same command on the same host by the same actor
@@ -1184,7 +1225,7 @@ fn in_flight(
     sshd: &support::TestSshd,
     work: &Path,
     n: usize,
-) -> (i64, usize, Duration, usize, Option<i32>) {
+) -> (i64, usize, Duration, usize, Option<i32>, usize) {
     use std::io::{BufRead, Write as _};
     let dir = work.join(format!("inflight-{n}"));
     std::fs::create_dir_all(&dir).unwrap();
@@ -1194,7 +1235,19 @@ fn in_flight(
     let mk = Command::new("mkfifo").arg(&go).status().expect("mkfifo");
     assert!(mk.success(), "mkfifo {}", go.display());
     let t0 = Instant::now();
-    let mut child = Command::new(bin)
+    // CAIRN_BENCH_SERVE_WRAP="heaptrack -o FILE" (say) runs the server under a profiler; the
+    // RSS figures are then the profiler's.
+    let wrap = std::env::var("CAIRN_BENCH_SERVE_WRAP").unwrap_or_default();
+    let mut words = wrap.split_whitespace();
+    let mut child = match words.next() {
+        Some(w) => {
+            let mut c = Command::new(w);
+            c.args(words).arg(bin);
+            c
+        }
+        None => Command::new(bin),
+    };
+    let mut child = child
         .args(["serve", "--stdio"])
         .arg("--journal")
         .arg(dir.join("journal.db"))
@@ -1252,8 +1305,25 @@ fn in_flight(
     let field = |k: &str| {
         proc_status(&pid.to_string(), k).map_or_else(|| "?".to_owned(), |v| v.to_string())
     };
+    let parts = anon_breakdown(&pid.to_string()).map_or_else(
+        || "?".to_owned(),
+        |(st, h, o, k)| {
+            format!("{k} thread stacks {st} kB, main heap {h} kB, other anonymous {o} kB")
+        },
+    );
+    // Its sockets are its SSH connections (stdin, stdout and the journal are not sockets).
+    let sockets = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| {
+                    std::fs::read_link(e.path())
+                        .is_ok_and(|l| l.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        })
+        .unwrap_or(0);
     println!(
-        "  in flight {n}: RssAnon {} kB, RssFile {} kB, threads {}",
+        "  in flight {n}: RssAnon {} kB ({parts}), RssFile {} kB, threads {}, sockets {sockets}",
         field("RssAnon:"),
         field("RssFile:"),
         field("Threads:")
@@ -1283,7 +1353,7 @@ fn in_flight(
     drop(stdin);
     let (code, d, rss) = wait_rusage(child, t0, Duration::from_secs(300));
     let ok = reader.join().unwrap_or(0);
-    (rss, peak, d, ok, code)
+    (rss, peak, d, ok, code, sockets)
 }
 
 /// RssAnon growth per journal handle and per thread-with-runtime, 200 of each (KiB).

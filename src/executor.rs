@@ -1225,11 +1225,9 @@ impl Executor {
     async fn hello(&mut self, ci: usize, dir: &str) -> Result<Hello, String> {
         let nonce = marker::new_nonce();
         let cmd = marker::invocation(&Op::Hello, dir, &nonce);
-        let mut exec = self.conns[ci]
-            .1
-            .exec(cmd.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
+        let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
+        drop(cmd);
+        let mut exec = exec.map_err(|e| e.to_string())?;
         let _ = exec.close_stdin().await;
         let mut demux = StderrDemux::new(&nonce);
         let mut hello = None;
@@ -1273,7 +1271,11 @@ impl Executor {
     ) -> Result<Reply, ExecError> {
         let cmd = marker::invocation(op, &run.rec.remote_dir, nonce);
         let mut reply = Reply::default();
-        let mut exec = match self.conns[ci].1.exec(cmd.as_bytes()).await {
+        let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
+        // The invocation carries the whole host script (about 23 KiB): not kept while the
+        // command runs (a gateway has a thousand of these in flight).
+        drop(cmd);
+        let mut exec = match exec {
             Ok(e) => e,
             Err(e) => {
                 reply.broken = Some(e.to_string());

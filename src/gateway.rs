@@ -288,6 +288,16 @@ pub fn execute(
     p: ExecuteParams,
     correlation_id: Option<String>,
 ) -> GResult<(Value, Option<ExecutionId>)> {
+    block_on(execute_async(cfg, p, correlation_id))
+}
+
+/// [`execute`] as a future, for a server that runs many on one thread (`cairn serve`). Its
+/// journal writes block the thread for their commit.
+pub async fn execute_async(
+    cfg: &GatewayConfig,
+    p: ExecuteParams,
+    correlation_id: Option<String>,
+) -> GResult<(Value, Option<ExecutionId>)> {
     let class = p
         .class
         .as_deref()
@@ -327,7 +337,7 @@ pub fn execute(
         cap: INLINE_OUTPUT_CAP,
         ..Capture::default()
     };
-    let o = block_on(ex.execute(req, intent, &mut cap))?;
+    let o = ex.execute(req, intent, &mut cap).await?;
     let id = ExecutionId::parse(&o.execution_id).ok();
     let deliverable = o.state.has_result().then_some(id).flatten();
     Ok((outcome_value(&o, Some(&cap)), deliverable))
@@ -446,6 +456,15 @@ pub fn attach(
     params: &Value,
     correlation_id: Option<String>,
 ) -> GResult<(Value, Option<ExecutionId>)> {
+    block_on(attach_async(cfg, params, correlation_id))
+}
+
+/// [`attach`] as a future (see [`execute_async`]).
+pub async fn attach_async(
+    cfg: &GatewayConfig,
+    params: &Value,
+    correlation_id: Option<String>,
+) -> GResult<(Value, Option<ExecutionId>)> {
     let id = parse_id(params)?;
     let mut ex = cfg.executor()?;
     if let Some(c) = correlation_id {
@@ -462,7 +481,7 @@ pub fn attach(
         cap: INLINE_OUTPUT_CAP,
         ..Capture::default()
     };
-    let o = block_on(ex.attach_replay(&id, &mut cap))?;
+    let o = ex.attach_replay(&id, &mut cap).await?;
     let deliverable = o.state.has_result().then_some(id);
     Ok((outcome_value(&o, Some(&cap)), deliverable))
 }

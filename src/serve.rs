@@ -1,9 +1,9 @@
 //! `cairn serve --stdio`: JSON-RPC 2.0 on stdin/stdout, one JSON message per line.
 //!
 //! Methods (params and results in `docs/GATEWAYS.md`): `execute`, `status`, `output`,
-//! `attach`, `recover`, `review`, `resolve`. Requests are handled concurrently, each on its
-//! own thread; responses are written whole, one per line, in completion order, and carry the
-//! request's `id`. The `id` is the caller's correlation ID: `execute` and `attach` record it
+//! `attach`, `recover`, `review`, `resolve`. Requests are handled concurrently: `execute` and
+//! `attach` as tasks on a few worker threads, the others each on a thread of its own. Responses
+//! are written whole, one per line, in completion order, and carry the request's `id`. The `id` is the caller's correlation ID: `execute` and `attach` record it
 //! as a journal event on the execution, and it never enters the intent fingerprint, so a
 //! retried request with a new `id` and the same intent attaches to the same execution.
 //!
@@ -85,10 +85,119 @@ pub fn handle(
             data: None,
         }),
     };
+    respond(id, r)
+}
+
+/// The response to a request answered with `r`, and the execution whose result it delivers.
+fn respond(
+    id: &Value,
+    r: Result<(Value, Option<ExecutionId>), GatewayError>,
+) -> (Value, Option<ExecutionId>) {
     match r {
         Ok((v, deliver)) => (json!({"jsonrpc": "2.0", "id": id, "result": v}), deliver),
         Err(e) => (error(id, &e), None),
     }
+}
+
+/// Whether a method waits for an execution (and so runs as a task on a [`Workers`] thread).
+fn waits(method: &str) -> bool {
+    matches!(method, "execute" | "attach")
+}
+
+/// [`handle`] for the methods that wait for an execution, as a future.
+async fn handle_waiting(
+    cfg: &GatewayConfig,
+    method: &str,
+    params: Value,
+    id: &Value,
+) -> (Value, Option<ExecutionId>) {
+    let corr = correlation(id);
+    let r = match method {
+        "execute" => match serde_json::from_value::<gateway::ExecuteParams>(params) {
+            Ok(p) => gateway::execute_async(cfg, p, corr).await,
+            Err(e) => Err(GatewayError::params(format!("execute: {e}"))),
+        },
+        _ => gateway::attach_async(cfg, &params, corr).await,
+    };
+    respond(id, r)
+}
+
+/// A request that waits for an execution, made into its future on the worker thread.
+type Job = Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> + Send>;
+
+/// How many threads run the executions in flight of one server.
+const WORKER_THREADS: usize = 8;
+
+/// The threads that run `execute` and `attach` requests as tasks: a thousand executions in
+/// flight are a thousand futures on a few threads, not a thousand threads (each with its stack
+/// and malloc arena). A journal write blocks its thread's tasks until it commits; with several
+/// threads, the writes of different threads share a commit (group commit). Quick requests
+/// (`status`, `output` …) keep a short-lived thread each.
+struct Workers {
+    queues: Vec<tokio::sync::mpsc::UnboundedSender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    next: usize,
+}
+
+impl Workers {
+    fn start(n: usize) -> Workers {
+        let (mut queues, mut threads) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+            queues.push(tx);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("cairn-exec-{i}"))
+                    .spawn(move || worker(rx))
+                    .expect("a worker thread"),
+            );
+        }
+        Workers {
+            queues,
+            threads,
+            next: 0,
+        }
+    }
+
+    fn submit(&mut self, job: Job) {
+        let i = self.next % self.queues.len();
+        self.next = self.next.wrapping_add(1);
+        if let Err(e) = self.queues[i].send(job) {
+            // The worker is gone (it panicked): run the job on a thread of its own.
+            let job = e.0;
+            std::thread::spawn(move || {
+                gateway::block_on(tokio::task::LocalSet::new().run_until(job()))
+            });
+        }
+    }
+
+    /// Wait for every request taken to be answered.
+    fn finish(self) {
+        drop(self.queues);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One worker thread: run each job as a local task until the queue closes and all have ended.
+fn worker(mut rx: tokio::sync::mpsc::UnboundedReceiver<Job>) {
+    let local = tokio::task::LocalSet::new();
+    gateway::block_on(local.run_until(async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                job = rx.recv() => match job {
+                    Some(job) => {
+                        tasks.spawn_local(job());
+                    }
+                    None => break,
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }));
 }
 
 /// One decoded request line of `cairn serve --stdio`.
@@ -155,6 +264,7 @@ pub fn serve(
         }
     });
     let mut workers = Vec::new();
+    let mut waiting = Workers::start(WORKER_THREADS);
     let mut n = 0;
     for line in input.lines() {
         let Ok(line) = line else { break };
@@ -171,6 +281,18 @@ pub fn serve(
         };
         let cfg = cfg.clone();
         let tx = tx.clone();
+        if waits(&method) {
+            waiting.submit(Box::new(move || {
+                Box::pin(async move {
+                    let shown = id.clone().unwrap_or(Value::Null);
+                    let (resp, deliver) = handle_waiting(&cfg, &method, params, &shown).await;
+                    if id.is_some() {
+                        let _ = tx.send((resp, deliver));
+                    }
+                })
+            }));
+            continue;
+        }
         workers.push(std::thread::spawn(move || {
             let shown = id.clone().unwrap_or(Value::Null);
             let (resp, deliver) = handle(&cfg, &method, params, &shown);
@@ -184,6 +306,7 @@ pub fn serve(
     for w in workers {
         let _ = w.join();
     }
+    waiting.finish();
     drop(tx);
     let _ = writer.join();
     n

@@ -798,31 +798,42 @@ fn serve_stdio_executes_echoes_ids_and_pages_output() {
     assert_eq!(s.executions, 2);
 }
 
-/// Send `n` distinct execute requests at once (`cmd(i)`), then collect every response.
-fn execute_all(rpc: &mut Rpc, n: usize, cmd: impl Fn(usize) -> String) -> Vec<Value> {
+#[test]
+fn serve_runs_executions_in_flight_on_shared_connections_and_a_few_threads() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--channels-per-connection", "8"]);
+    // Forty at once, each holding its channel until all have started: five connections of
+    // eight, and far fewer threads than executions (they are tasks, not threads).
+    let go = h.sshd.dir().join("go");
+    let n = 40;
     for i in 0..n {
         rpc.request(
             json!(i),
             "execute",
-            json!({"destination": "127.0.0.1", "command": cmd(i)}),
+            json!({"destination": "127.0.0.1", "command": format!(
+                "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo n{i}", h.count(), go.display())}),
         );
     }
-    (0..n).map(|i| rpc.response(&json!(i), T)).collect()
-}
-
-#[test]
-fn serve_runs_executions_in_flight_on_shared_connections() {
-    let h = Host::new();
-    let mut rpc = Rpc::start_with(&h, "60s", &["--channels-per-connection", "4"]);
-    // Twelve at once, each holding its channel for a second: three connections of four.
-    let rs = execute_all(&mut rpc, 12, |i| format!("{}sleep 1; echo n{i}", h.count()));
-    for (i, r) in rs.iter().enumerate() {
+    wait_for("all forty started", T, || (h.runs() == n).then_some(()));
+    let threads: usize = fs::read_to_string(format!("/proc/{}/status", rpc.child.id()))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    fs::write(&go, "").unwrap();
+    assert!(
+        threads < 30,
+        "{threads} threads for {n} executions in flight"
+    );
+    for i in 0..n {
+        let r = rpc.response(&json!(i), T);
         assert_eq!(r["result"]["state"], "completed", "{r}");
         assert_eq!(r["result"]["exit_code"], 0, "{r}");
         assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
     }
-    assert_eq!(h.runs(), 12);
-    assert_eq!(h.proxy.connections(), 3, "12 executions, 4 per connection");
+    assert_eq!(h.runs(), n);
+    assert_eq!(h.proxy.connections(), 5, "40 executions, 8 per connection");
     // The next execution to the same host reuses an idle connection: no connect at all.
     let r = rpc.call(
         json!("later"),
@@ -830,7 +841,7 @@ fn serve_runs_executions_in_flight_on_shared_connections() {
         json!({"destination": "127.0.0.1", "command": "echo later"}),
     );
     assert_eq!(r["result"]["stdout"], "later\n", "{r}");
-    assert_eq!(h.proxy.connections(), 3);
+    assert_eq!(h.proxy.connections(), 5);
 }
 
 #[test]
