@@ -978,7 +978,7 @@ fn recovery(
     let mut fresh_lib = Vec::new();
     let mut fresh_bin = Vec::new();
     let target = sshd.target_via(proxy.port(), &kh);
-    for _ in 0..5 {
+    for _ in 0..9 {
         fresh_lib.push(rt.block_on(async {
             let t0 = Instant::now();
             let c = Connection::connect(&target, &sshd.opts())
@@ -994,7 +994,7 @@ fn recovery(
     let (mut after_accept, mut wait_accept) = (Vec::new(), Vec::new());
     let (mut known, mut codes) = (Vec::new(), Vec::new());
     let watch = Journal::open(&journal).expect("open the recovery journal");
-    for _ in 0..4 {
+    for _ in 0..8 {
         proxy.set_refuse(false);
         let id = cairn::ExecutionId::generate();
         let mut child = run_as("sleep 0.4; echo done", Some(&id))
@@ -1048,7 +1048,7 @@ fn recovery(
         .and_then(|l| l.into_iter().next())
         .map(|(r, _)| r.id);
     if let Some(id) = last {
-        for _ in 0..5 {
+        for _ in 0..9 {
             fresh_probe.push(rt.block_on(async {
                 let t0 = Instant::now();
                 let c = Connection::connect(&target, &sshd.opts())

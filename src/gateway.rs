@@ -1,7 +1,8 @@
 //! The gateway-facing operations shared by `cairn serve --stdio` (JSON-RPC 2.0) and
 //! `cairn mcp` (Model Context Protocol): execute, status, output, attach, recover, review,
-//! resolve. Each call opens its own journal handle and executor and runs on its own thread
-//! with a current-thread runtime, so slow executions never block other calls; the journal's
+//! resolve. Each call opens its own journal handle and executor; the synchronous forms run it on
+//! a current-thread runtime of their own (one thread per call), and `execute_async` /
+//! `attach_async` let `cairn serve` run many as tasks on a few threads. The journal's
 //! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest. The
 //! calls share SSH connections (a [`crate::ssh::pool::Pool`], several executions per connection
 //! on channels of their own) and SQLite connections (leased per journal operation).
