@@ -128,10 +128,22 @@ fn runtime() -> &'static tokio::runtime::Runtime {
 impl Pool {
     /// A pool lending each connection to at most `per_connection` executions at once (at least 1).
     pub fn new(per_connection: usize) -> Arc<Pool> {
-        Arc::new(Pool {
+        let pool = Arc::new(Pool {
             per_connection: per_connection.max(1),
             state: Mutex::new(State::default()),
-        })
+        });
+        // Close idle connections on time even when no execution comes to trigger a sweep; ends
+        // with the pool.
+        let weak = Arc::downgrade(&pool);
+        runtime().spawn(async move {
+            loop {
+                tokio::time::sleep(IDLE_FOR / 4).await;
+                let Some(pool) = weak.upgrade() else { break };
+                let gone = sweep(&mut pool.lock(), Instant::now());
+                drop(gone);
+            }
+        });
+        pool
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
