@@ -125,6 +125,83 @@ impl GatewayConfig {
     }
 }
 
+/// A request that waits for an execution, made into its future on the worker thread.
+pub type Job = Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> + Send>;
+
+/// How many threads run the executions in flight of one server.
+pub const WORKER_THREADS: usize = 8;
+
+/// The threads that run `execute` and `attach` requests as tasks: a thousand executions in
+/// flight are a thousand futures on a few threads, not a thousand threads (each with its stack
+/// and malloc arena). A journal write blocks its thread's tasks until it commits; with several
+/// threads, the writes of different threads share a commit (group commit). Quick requests
+/// (`status`, `output` …) keep a short-lived thread each. `cairn mcp` runs its `run_command`
+/// calls on them too.
+pub struct Workers {
+    queues: Vec<tokio::sync::mpsc::UnboundedSender<Job>>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+    next: std::sync::atomic::AtomicUsize,
+}
+
+impl Workers {
+    pub fn start(n: usize) -> Workers {
+        let (mut queues, mut threads) = (Vec::new(), Vec::new());
+        for i in 0..n {
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
+            queues.push(tx);
+            threads.push(
+                std::thread::Builder::new()
+                    .name(format!("cairn-exec-{i}"))
+                    .spawn(move || worker(rx))
+                    .expect("a worker thread"),
+            );
+        }
+        Workers {
+            queues,
+            threads,
+            next: Default::default(),
+        }
+    }
+
+    /// Run `job`'s future as a task on one of the threads (round robin).
+    pub fn submit(&self, job: Job) {
+        let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % self.queues.len();
+        if let Err(e) = self.queues[i].send(job) {
+            // The worker is gone (it panicked): run the job on a thread of its own.
+            let job = e.0;
+            std::thread::spawn(move || block_on(tokio::task::LocalSet::new().run_until(job())));
+        }
+    }
+
+    /// Wait for every job taken to end.
+    pub fn finish(self) {
+        drop(self.queues);
+        for t in self.threads {
+            let _ = t.join();
+        }
+    }
+}
+
+/// One worker thread: run each job as a local task until the queue closes and all have ended.
+fn worker(mut rx: tokio::sync::mpsc::UnboundedReceiver<Job>) {
+    let local = tokio::task::LocalSet::new();
+    block_on(local.run_until(async move {
+        let mut tasks = tokio::task::JoinSet::new();
+        loop {
+            tokio::select! {
+                job = rx.recv() => match job {
+                    Some(job) => {
+                        tasks.spawn_local(job());
+                    }
+                    None => break,
+                },
+                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            }
+        }
+        while tasks.join_next().await.is_some() {}
+    }));
+}
+
 /// Run an executor future on a fresh current-thread runtime (the executor's futures are not
 /// `Send`; this keeps them on one thread).
 pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {

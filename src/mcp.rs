@@ -61,6 +61,8 @@ pub struct OutputParams {
 #[derive(Clone)]
 pub struct CairnMcp {
     cfg: GatewayConfig,
+    /// `run_command` calls run as tasks on these threads (as `cairn serve`'s `execute`).
+    workers: std::sync::Arc<gateway::Workers>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -110,6 +112,7 @@ impl CairnMcp {
     pub fn new(cfg: GatewayConfig) -> Self {
         CairnMcp {
             cfg,
+            workers: std::sync::Arc::new(gateway::Workers::start(gateway::WORKER_THREADS)),
             tool_router: Self::tool_router(),
         }
     }
@@ -130,7 +133,23 @@ impl CairnMcp {
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
         let corr = correlation(&ctx.id);
-        let r = blocking(move || gateway::execute(&cfg, p, Some(corr))).await;
+        // A task on a worker thread: if the client cancels the call, the execution still runs
+        // to its recorded outcome; only the answer (and so `delivered`) is dropped.
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.workers.submit(Box::new(move || {
+            Box::pin(async move {
+                let _ = tx.send(gateway::execute_async(&cfg, p, Some(corr)).await);
+            })
+        }));
+        let r = rx.await.unwrap_or_else(|_| {
+            Err(GatewayError {
+                code: -32603,
+                message: "internal error: the execution's task ended without an answer; its \
+                          journal record says what happened"
+                    .into(),
+                data: None,
+            })
+        });
         Ok(match r {
             Ok((v, deliver)) => {
                 // Not delivered if the client cancelled the call (or is gone: the process

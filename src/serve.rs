@@ -99,7 +99,8 @@ fn respond(
     }
 }
 
-/// Whether a method waits for an execution (and so runs as a task on a [`Workers`] thread).
+/// Whether a method waits for an execution (and so runs as a task on a [`gateway::Workers`]
+/// thread).
 fn waits(method: &str) -> bool {
     matches!(method, "execute" | "attach")
 }
@@ -120,84 +121,6 @@ async fn handle_waiting(
         _ => gateway::attach_async(cfg, &params, corr).await,
     };
     respond(id, r)
-}
-
-/// A request that waits for an execution, made into its future on the worker thread.
-type Job = Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>> + Send>;
-
-/// How many threads run the executions in flight of one server.
-const WORKER_THREADS: usize = 8;
-
-/// The threads that run `execute` and `attach` requests as tasks: a thousand executions in
-/// flight are a thousand futures on a few threads, not a thousand threads (each with its stack
-/// and malloc arena). A journal write blocks its thread's tasks until it commits; with several
-/// threads, the writes of different threads share a commit (group commit). Quick requests
-/// (`status`, `output` …) keep a short-lived thread each.
-struct Workers {
-    queues: Vec<tokio::sync::mpsc::UnboundedSender<Job>>,
-    threads: Vec<std::thread::JoinHandle<()>>,
-    next: usize,
-}
-
-impl Workers {
-    fn start(n: usize) -> Workers {
-        let (mut queues, mut threads) = (Vec::new(), Vec::new());
-        for i in 0..n {
-            let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<Job>();
-            queues.push(tx);
-            threads.push(
-                std::thread::Builder::new()
-                    .name(format!("cairn-exec-{i}"))
-                    .spawn(move || worker(rx))
-                    .expect("a worker thread"),
-            );
-        }
-        Workers {
-            queues,
-            threads,
-            next: 0,
-        }
-    }
-
-    fn submit(&mut self, job: Job) {
-        let i = self.next % self.queues.len();
-        self.next = self.next.wrapping_add(1);
-        if let Err(e) = self.queues[i].send(job) {
-            // The worker is gone (it panicked): run the job on a thread of its own.
-            let job = e.0;
-            std::thread::spawn(move || {
-                gateway::block_on(tokio::task::LocalSet::new().run_until(job()))
-            });
-        }
-    }
-
-    /// Wait for every request taken to be answered.
-    fn finish(self) {
-        drop(self.queues);
-        for t in self.threads {
-            let _ = t.join();
-        }
-    }
-}
-
-/// One worker thread: run each job as a local task until the queue closes and all have ended.
-fn worker(mut rx: tokio::sync::mpsc::UnboundedReceiver<Job>) {
-    let local = tokio::task::LocalSet::new();
-    gateway::block_on(local.run_until(async move {
-        let mut tasks = tokio::task::JoinSet::new();
-        loop {
-            tokio::select! {
-                job = rx.recv() => match job {
-                    Some(job) => {
-                        tasks.spawn_local(job());
-                    }
-                    None => break,
-                },
-                Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
-            }
-        }
-        while tasks.join_next().await.is_some() {}
-    }));
 }
 
 /// One decoded request line of `cairn serve --stdio`.
@@ -264,7 +187,7 @@ pub fn serve(
         }
     });
     let mut workers = Vec::new();
-    let mut waiting = Workers::start(WORKER_THREADS);
+    let waiting = gateway::Workers::start(gateway::WORKER_THREADS);
     let mut n = 0;
     for line in input.lines() {
         let Ok(line) = line else { break };

@@ -815,12 +815,7 @@ fn serve_runs_executions_in_flight_on_shared_connections_and_a_few_threads() {
         );
     }
     wait_for("all forty started", T, || (h.runs() == n).then_some(()));
-    let threads: usize = fs::read_to_string(format!("/proc/{}/status", rpc.child.id()))
-        .unwrap()
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap();
+    let threads = threads_of(rpc.child.id());
     fs::write(&go, "").unwrap();
     assert!(
         threads < 30,
@@ -952,6 +947,11 @@ fn serve_reports_unknown_plainly_and_lists_it_for_review() {
 // ----- cairn mcp ---------------------------------------------------------------------------
 
 async fn mcp_client(h: &Host) -> rmcp::service::RunningService<rmcp::RoleClient, ()> {
+    mcp_client_pid(h).await.0
+}
+
+/// An MCP client of a new `cairn mcp` process, and that process's PID.
+async fn mcp_client_pid(h: &Host) -> (rmcp::service::RunningService<rmcp::RoleClient, ()>, u32) {
     use rmcp::ServiceExt;
     let mut c = h.cairn("mcp");
     c.arg("--remote-dir").arg(&h.remote_dir);
@@ -961,10 +961,63 @@ async fn mcp_client(h: &Host) -> rmcp::service::RunningService<rmcp::RoleClient,
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn cairn mcp");
-    tokio::time::timeout(T, ().serve(transport))
+    let pid = transport.id().expect("the server's PID");
+    let client = tokio::time::timeout(T, ().serve(transport))
         .await
         .expect("MCP initialize in time")
-        .expect("MCP initialize")
+        .expect("MCP initialize");
+    (client, pid)
+}
+
+/// The number of threads of process `pid`.
+fn threads_of(pid: u32) -> usize {
+    fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mcp_calls_in_flight_share_connections_and_a_few_threads() {
+    use rmcp::model::CallToolRequestParams;
+    let h = Host::new();
+    let (client, pid) = mcp_client_pid(&h).await;
+    let client = std::sync::Arc::new(client);
+    let go = h.sshd.dir().join("go");
+    let n = 40;
+    let mut calls = Vec::new();
+    for i in 0..n {
+        let cmd = format!(
+            "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo m{i}",
+            h.count(),
+            go.display()
+        );
+        let c = client.clone();
+        calls.push(tokio::spawn(async move {
+            let p = CallToolRequestParams::new("run_command")
+                .with_arguments(args(json!({"destination": "127.0.0.1", "command": cmd})));
+            tokio::time::timeout(T, c.call_tool(p)).await
+        }));
+    }
+    let hh = &h;
+    tokio::task::block_in_place(|| wait_for("all started", T, || (hh.runs() == n).then_some(())));
+    let threads = threads_of(pid);
+    fs::write(&go, "").unwrap();
+    assert!(threads < 30, "{threads} threads for {n} calls in flight");
+    for (i, c) in calls.into_iter().enumerate() {
+        let r = c
+            .await
+            .unwrap()
+            .expect("answered in time")
+            .expect("tools/call");
+        let v = r.structured_content.clone().expect("structured content");
+        assert_eq!(v["state"], "completed", "{v}");
+        assert_eq!(v["stdout"], format!("m{i}\n"), "{v}");
+    }
+    assert_eq!(h.runs(), n);
+    assert_eq!(h.proxy.connections(), 5, "40 calls, 8 per connection");
 }
 
 fn args(v: Value) -> serde_json::Map<String, Value> {
