@@ -978,17 +978,21 @@ fn recovery(
     let mut fresh_lib = Vec::new();
     let mut fresh_bin = Vec::new();
     let target = sshd.target_via(proxy.port(), &kh);
-    for _ in 0..9 {
-        fresh_lib.push(rt.block_on(async {
+    // A fresh connect and one plain exec of `cmd`, timed to the exec's end.
+    let connect_exec = |cmd: &str| {
+        rt.block_on(async {
             let t0 = Instant::now();
             let c = Connection::connect(&target, &sshd.opts())
                 .await
                 .expect("connect via proxy");
-            plain(&c, "true").await;
+            plain(&c, cmd).await;
             let d = t0.elapsed();
             c.close().await;
             d
-        }));
+        })
+    };
+    for _ in 0..9 {
+        fresh_lib.push(connect_exec("true"));
         fresh_bin.push(timed(run("true")).0);
     }
     let (mut after_accept, mut wait_accept) = (Vec::new(), Vec::new());
@@ -1048,25 +1052,19 @@ fn recovery(
         .and_then(|l| l.into_iter().next())
         .map(|(r, _)| r.id);
     if let Some(id) = last {
+        let op = Op::Watch {
+            id: &id,
+            out_off: 0,
+            err_off: 0,
+            wait: false,
+        };
         for _ in 0..9 {
-            fresh_probe.push(rt.block_on(async {
-                let t0 = Instant::now();
-                let c = Connection::connect(&target, &sshd.opts())
-                    .await
-                    .expect("connect via proxy");
-                let op = Op::Watch {
-                    id: &id,
-                    out_off: 0,
-                    err_off: 0,
-                    wait: false,
-                };
-                let nonce = cairn::marker::new_nonce();
-                let cmd = cairn::marker::invocation(&op, &remote.to_string_lossy(), &nonce);
-                plain(&c, &cmd).await;
-                let d = t0.elapsed();
-                c.close().await;
-                d
-            }));
+            let nonce = cairn::marker::new_nonce();
+            fresh_probe.push(connect_exec(&cairn::marker::invocation(
+                &op,
+                &remote.to_string_lossy(),
+                &nonce,
+            )));
         }
     }
     let (fl, fb) = (median(&fresh_lib), median(&fresh_bin));

@@ -1,8 +1,8 @@
 //! The gateway-facing operations shared by `cairn serve --stdio` (JSON-RPC 2.0) and
 //! `cairn mcp` (Model Context Protocol): execute, status, output, attach, recover, review,
-//! resolve. Each call opens its own journal handle and executor; the synchronous forms run it on
-//! a current-thread runtime of their own (one thread per call), and `execute_async` /
-//! `attach_async` let `cairn serve` run many as tasks on a few threads. The journal's
+//! resolve. Each call opens its own journal handle and executor; the quick ones run it on a
+//! current-thread runtime of their own, and `execute` / `attach` are futures that the servers
+//! run as tasks on a few threads ([`Workers`]). The journal's
 //! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest. The
 //! calls share SSH connections (a [`crate::ssh::pool::Pool`], several executions per connection
 //! on channels of their own) and SQLite connections (leased per journal operation).
@@ -360,18 +360,10 @@ fn parse_retention(v: &Value) -> GResult<Duration> {
     }
 }
 
-/// `execute`: run (or attach to) an operation; waits for the outcome unless `detach`.
-pub fn execute(
-    cfg: &GatewayConfig,
-    p: ExecuteParams,
-    correlation_id: Option<String>,
-) -> GResult<(Value, Option<ExecutionId>)> {
-    block_on(execute_async(cfg, p, correlation_id))
-}
-
-/// [`execute`] as a future, for a server that runs many on one thread (`cairn serve`). Its
-/// journal writes block the thread for their commit.
-pub async fn execute_async(
+/// `execute`: run (or attach to) an operation; waits for the outcome unless `detach`. A future
+/// that a server runs with many others on one thread ([`Workers`]); its journal writes block the
+/// thread for their commit.
+pub async fn execute(
     cfg: &GatewayConfig,
     p: ExecuteParams,
     correlation_id: Option<String>,
@@ -528,17 +520,8 @@ pub fn output(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
     }))
 }
 
-/// `attach`: stream (collect) from the start, wait for the outcome.
-pub fn attach(
-    cfg: &GatewayConfig,
-    params: &Value,
-    correlation_id: Option<String>,
-) -> GResult<(Value, Option<ExecutionId>)> {
-    block_on(attach_async(cfg, params, correlation_id))
-}
-
-/// [`attach`] as a future (see [`execute_async`]).
-pub async fn attach_async(
+/// `attach`: stream (collect) from the start, wait for the outcome (a future, as [`execute`]).
+pub async fn attach(
     cfg: &GatewayConfig,
     params: &Value,
     correlation_id: Option<String>,

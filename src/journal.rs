@@ -175,7 +175,8 @@ impl Journal {
             }
             refuse_shared_dir(dir).map_err(io)?;
         }
-        let fresh = !path.exists();
+        let mut identity = file_identity(path);
+        let fresh = identity.is_none() && !path.exists();
         let anchor = crate::audit::Anchor::for_journal(path);
         let j = Journal {
             path: path.to_owned(),
@@ -184,7 +185,7 @@ impl Journal {
         };
         // Another handle of this process checked this very file's schema: nothing to do, and
         // no connection to open (operations lease the pool's).
-        if !fresh && j.group.checked(file_identity(path)) {
+        if !fresh && j.group.checked(identity) {
             return Ok(j);
         }
         if fresh {
@@ -192,8 +193,9 @@ impl Journal {
             j.group.retarget(None);
             drop(j.conn()?);
             set_mode(path, 0o600);
+            identity = file_identity(path);
         }
-        j.group.retarget(file_identity(path));
+        j.group.retarget(identity);
         // Several processes opening a new journal at once can be told "database is locked"
         // at once (SQLite does not wait for the switch to WAL or a schema change in every
         // case; seen about once in 300 concurrent first opens). Creating the schema is
@@ -208,7 +210,7 @@ impl Journal {
                 r => break r?,
             }
         }
-        j.group.mark_checked(file_identity(path));
+        j.group.mark_checked(identity);
         Ok(j)
     }
 

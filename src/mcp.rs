@@ -138,7 +138,7 @@ impl CairnMcp {
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.workers.submit(Box::new(move || {
             Box::pin(async move {
-                let _ = tx.send(gateway::execute_async(&cfg, p, Some(corr)).await);
+                let _ = tx.send(gateway::execute(&cfg, p, Some(corr)).await);
             })
         }));
         let r = rx.await.unwrap_or_else(|_| {

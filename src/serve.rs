@@ -59,20 +59,19 @@ fn correlation(id: &Value) -> Option<String> {
 }
 
 /// Handle one request; the value to answer and the execution whose result it delivers.
+/// (`execute` and `attach` run on a runtime of their own here; `serve` runs them as tasks.)
 pub fn handle(
     cfg: &GatewayConfig,
     method: &str,
     params: Value,
     id: &Value,
 ) -> (Value, Option<ExecutionId>) {
-    let corr = correlation(id);
+    if waits(method) {
+        return gateway::block_on(handle_waiting(cfg, method, params, id));
+    }
     let r: Result<(Value, Option<ExecutionId>), GatewayError> = match method {
-        "execute" => serde_json::from_value::<gateway::ExecuteParams>(params)
-            .map_err(|e| GatewayError::params(format!("execute: {e}")))
-            .and_then(|p| gateway::execute(cfg, p, corr)),
         "status" => gateway::status(cfg, &params).map(|v| (v, None)),
         "output" => gateway::output(cfg, &params).map(|v| (v, None)),
-        "attach" => gateway::attach(cfg, &params, corr),
         "recover" => gateway::recover(cfg, &params).map(|v| (v, None)),
         "review" => gateway::review(cfg).map(|v| (v, None)),
         "resolve" => gateway::resolve(cfg, &params).map(|v| (v, None)),
@@ -115,10 +114,10 @@ async fn handle_waiting(
     let corr = correlation(id);
     let r = match method {
         "execute" => match serde_json::from_value::<gateway::ExecuteParams>(params) {
-            Ok(p) => gateway::execute_async(cfg, p, corr).await,
+            Ok(p) => gateway::execute(cfg, p, corr).await,
             Err(e) => Err(GatewayError::params(format!("execute: {e}"))),
         },
-        _ => gateway::attach_async(cfg, &params, corr).await,
+        _ => gateway::attach(cfg, &params, corr).await,
     };
     respond(id, r)
 }

@@ -40,7 +40,6 @@ struct Entry {
 struct State {
     next_id: u64,
     entries: Vec<Entry>,
-    connects: u64,
 }
 
 /// Connections lent to executions; see the module documentation.
@@ -150,16 +149,6 @@ impl Pool {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// How many connects this pool has started (for tests and the benchmark).
-    pub fn connects(&self) -> u64 {
-        self.lock().connects
-    }
-
-    /// How many connections are open or being opened.
-    pub fn connections(&self) -> usize {
-        self.lock().entries.len()
-    }
-
     /// A connection to `target` with room for one more execution, and the claim on it.
     pub async fn get(
         self: &Arc<Self>,
@@ -175,7 +164,6 @@ impl Pool {
             let (conn, mut lease) = self.claim(&key);
             let made = conn
                 .get_or_init(|| async {
-                    self.lock().connects += 1;
                     let (t, o) = (target.clone(), opts.clone());
                     match runtime()
                         .spawn(async move { Connection::connect(&t, &o).await })

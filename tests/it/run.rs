@@ -13,6 +13,16 @@ use cairn::State;
 
 use crate::support::host::*;
 
+/// The journal events of a run that completes and is delivered, in order.
+const HAPPY_PATH: [&str; 6] = [
+    "accepted",
+    "authorized",
+    "dispatched",
+    "running",
+    "completed",
+    "delivered",
+];
+
 fn numbered(prefix: &str, n: usize) -> String {
     (0..n).map(|i| format!("{prefix} {i}\n")).collect()
 }
@@ -41,19 +51,7 @@ fn runs_a_command_and_exits_with_its_status() {
     assert_eq!(h.runs(), 1);
     let id = h.started_id().unwrap();
     assert_eq!(h.state(&id), State::Delivered);
-    let kinds = h.kinds(&id);
-    assert_eq!(
-        kinds,
-        [
-            "accepted",
-            "authorized",
-            "dispatched",
-            "running",
-            "completed",
-            "delivered"
-        ],
-        "journal events"
-    );
+    assert_eq!(h.kinds(&id), HAPPY_PATH, "journal events");
 }
 
 #[test]
@@ -632,14 +630,7 @@ fn a_streaming_run_is_recorded_running_while_it_streams() {
     );
     assert_eq!(
         h.kinds("streaming"),
-        [
-            "accepted",
-            "authorized",
-            "dispatched",
-            "running",
-            "completed",
-            "delivered"
-        ],
+        HAPPY_PATH,
         "every transition, once, in order"
     );
 }
