@@ -1,0 +1,66 @@
+# floor.sh DIR TOTAL K: the cheapest work any POSIX sh implementation of the marker contract
+# must do for TOTAL dispatches of `true`, K at a time, timed on the host as one exec. It is
+# deliberately optimistic, so that a rate it cannot reach is out of reach for the real protocol:
+# - no request is read and no reply written (the SSH channel costs nothing here);
+# - K dispatches share ONE start guard `ln` (POSIX `ln FILE... DIR`), ONE `sync` of their
+#   started records and names, ONE `wc` of their outputs, ONE `sync` of their finish records,
+#   ONE `ln` of those into place and ONE `sync` of the directory;
+# - each command costs only what the contract cannot share: a fork (the supervisor must learn
+#   its exit status), `setsid` (its own session, for cancel and timeouts) and the login shell
+#   that runs it; the supervisor waits for them in order instead of a waiter per command.
+# Prints "TOTAL START END" (seconds since the epoch, from GNU date +%s.%N) when done.
+d=$1 n=$2 k=$3
+set -f
+rm -rf "$d"
+mkdir -p "$d/x" "$d/s" || exit 1
+printf 'true\n' >"$d/cmd"
+t0=$(date +%s.%N)
+i=0
+while [ "$i" -lt "$n" ]; do
+	set --
+	j=0
+	while [ "$j" -lt "$k" ]; do
+		f=$d/s/e$i.$j
+		printf 'v=1 id=e%s.%s len=5 sup_pid=%s\n' "$i" "$j" "$$" >"$f.start"
+		: >"$f.out"
+		: >"$f.err"
+		set -- "$@" "$f"
+		j=$((j + 1))
+	done
+	s=
+	for f; do s="$s $f.start"; done
+	# shellcheck disable=SC2086 # the list of staged records (noglob is on)
+	ln $s "$d/x/" || exit 1
+	# shellcheck disable=SC2086
+	sync $s "$d/x" || exit 1
+	p=
+	for f; do
+		(
+			cd "${HOME:-/}" || exit 126
+			# shellcheck disable=SC2016 # expanded by the login shell
+			exec setsid /bin/sh -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
+		) &
+		p="$p $!"
+	done
+	for q in $p; do
+		wait "$q" || exit 1
+	done
+	w=
+	for f; do w="$w $f.out $f.err"; done
+	# shellcheck disable=SC2086
+	wc -c $w >/dev/null || exit 1
+	r=
+	for f; do
+		printf 'v=1 status=0 out=0 err=0\n' >"$f.done"
+		r="$r $f.done"
+	done
+	# shellcheck disable=SC2086
+	sync $r || exit 1
+	# shellcheck disable=SC2086
+	ln $r "$d/x/" || exit 1
+	sync "$d/x" || exit 1
+	i=$((i + k))
+done
+t1=$(date +%s.%N)
+rm -rf "$d"
+echo "$n $t0 $t1"
