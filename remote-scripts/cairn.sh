@@ -11,8 +11,10 @@ S=
 B=
 BOOT=
 
-# protocol line on stderr
-p() { printf '%s %s\n' "$B" "$*" >&2; }
+# protocol line: on stderr, except in a session (one framed stream on stdout)
+PF=2
+[ "$MODE" = session ] && PF=1
+p() { printf '%s %s\n' "$B" "$*" >&"$PF"; }
 
 # B error TEXT, with newlines turned into spaces
 e() {
@@ -133,6 +135,39 @@ nap() {
 	sleep "$1" &
 	NP=$!
 	wait $NP
+}
+
+# watchdog: with TO > 0, started in the background just before the command: TERM to its
+# process group after TO seconds (touching F/timedout), KILL 5 s later
+watchdog() {
+	NP=
+	trap 'kl TERM "$NP"; exit 0' TERM
+	nap "$TO"
+	read -r g _ <"$F/pgid" || exit 0
+	true >"$F/timedout"
+	kg TERM "$g"
+	nap 5
+	kg KILL "$g"
+}
+
+# command: run in a subshell (exits with the command's status). Own session, cwd $HOME,
+# default HUP/PIPE; the command file CF is read by the login shell sh. Its PID is recorded
+# before the cancel flag is checked (cancel writes the flag, then reads the PID).
+command_() {
+	read -r PS </proc/self/stat
+	q=${PS%% *}
+	pss
+	echo "$q $STIME" >"$F/pgid"
+	[ -e "$F.cancel" ] && exit 130
+	trap - HUP PIPE
+	cd "${HOME:-/}" || exit 126
+	CAIRN_EXECUTION_ID=$ID
+	CAIRN_COMMAND_FILE=$CF
+	export CAIRN_EXECUTION_ID CAIRN_COMMAND_FILE
+	[ -z "$SEC" ] || eval "$SEC"
+	unset SEC
+	# shellcheck disable=SC2016 # expanded by the login shell, from its environment
+	exec setsid "$sh" -c '. "$CAIRN_COMMAND_FILE"' <"/dev/null" >"$F/out" 2>"$F/err"
 }
 
 # rest FILE OFFSET [SIZE]: send FILE from OFFSET up to SIZE (default: its current size);
@@ -278,12 +313,13 @@ supervise) { [ $# -eq 8 ] || { [ $# -eq 9 ] && num "$9"; }; } && num "$5" && hex
 watch) [ $# -eq 7 ] && num "$5" && num "$6" && bit "$7" ;;
 cancel) [ $# -eq 5 ] && num "$5" ;;
 gc) [ $# -eq 5 ] && num "$4" && num "$5" ;;
+session) [ $# -eq 3 ] ;;
 *) false ;;
 esac || die "bad arguments for mode '$MODE'"
 ID=$4
 NONCE=$3
 case $MODE in
-hello | gc) ID= ;;
+hello | gc | session) ID= ;;
 *)
 	case $ID in '' | *[!A-Za-z0-9_-]*) die "bad execution ID" ;; esac
 	[ ${#ID} -le 128 ] || die "bad execution ID"
@@ -370,36 +406,11 @@ if [ "$MODE" = supervise ]; then
 	exec >/dev/null 2>&1
 	w=
 	if [ "$TO" -gt 0 ]; then
-		(
-			NP=
-			trap 'kl TERM "$NP"; exit 0' TERM
-			nap "$TO"
-			read -r g _ <"$F/pgid" || exit 0
-			true >"$F/timedout"
-			kg TERM "$g"
-			nap 5
-			kg KILL "$g"
-		) &
+		watchdog &
 		w=$!
 	fi
-	# The command: own session, cwd $HOME, default HUP/PIPE. Its PID is recorded
-	# before the cancel flag is checked (cancel writes the flag, then reads the PID).
-	(
-		read -r PS </proc/self/stat
-		q=${PS%% *}
-		pss
-		echo "$q $STIME" >"$F/pgid"
-		[ -e "$F.cancel" ] && exit 130
-		trap - HUP PIPE
-		cd "${HOME:-/}" || exit 126
-		CAIRN_EXECUTION_ID=$ID
-		CAIRN_COMMAND_FILE=$F/cmd
-		export CAIRN_EXECUTION_ID CAIRN_COMMAND_FILE
-		[ -z "$SEC" ] || eval "$SEC"
-		unset SEC
-		# shellcheck disable=SC2016 # expanded by the login shell, from its environment
-		exec setsid "$sh" -c '. "$CAIRN_COMMAND_FILE"' <"/dev/null" >"$F/out" 2>"$F/err"
-	)
+	CF=$F/cmd
+	(command_)
 	c=$?
 	if [ -n "$w" ]; then
 		kl TERM "$w"
@@ -479,7 +490,12 @@ dispatch)
 		S=$T/$ID.$$
 		run mkdir "$S"
 		# exactly LEN bytes from stdin, or refuse (a cut connection gives fewer)
-		m=$(head -c "$LEN" 2>&1 >"$S/cmd") || die "$m"
+		if [ "$SL" -gt 0 ]; then
+			# the secrets follow on stdin: not one byte more (busybox's head reads ahead)
+			m=$(dd bs=1 count="$LEN" 2>&1 of="$S/cmd") || die "$m"
+		else
+			m=$(head -c "$LEN" 2>&1 >"$S/cmd") || die "$m"
+		fi
 		size "$S/cmd"
 		[ "$Z" = "$LEN" ] || die "stdin ended after $Z of $LEN bytes"
 		# the stage; done.tmp reserves the space of the finish record (on failure, again
@@ -626,9 +642,9 @@ gc)
 		num "$fa" || continue
 		a=$((NOW - fa))
 		if [ "$a" -ge "$5" ]; then
-			rm -rf "$i" && rm -f "$i.cancel" "$f" && rm -f "$i.start" && nt=$((nt + 1))
+			rm -rf "$i" && rm -f "$i.cancel" "$i.cmd" "$f" && rm -f "$i.start" && nt=$((nt + 1))
 		elif [ "$a" -ge "$4" ] && [ -d "$i" ]; then
-			rm -rf "$i" && no=$((no + 1))
+			rm -rf "$i" && rm -f "$i.cmd" && no=$((no + 1))
 		fi
 	done
 	for f in "$X"/*.start; do
@@ -639,6 +655,306 @@ gc)
 	find "$T" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null
 	fsync "$X"
 	p gc "removed_output=$no removed_tombstones=$nt unfinished=$nk"
+	;;
+session)
+	# One long-lived exec per connection that starts many dispatches, sharing the guard `ln`,
+	# the flushes and the size count of those that arrive together (PROTOCOL.md, Session).
+	command -v setsid >/dev/null || die "setsid: command not found"
+	sh=${SHELL:-/bin/sh}
+	[ -x "$sh" ] || die "login shell $sh is not executable"
+	if [ ! -d "${HOME:-/}" ] || [ ! -x "${HOME:-/}" ]; then
+		die "cannot cd to home ${HOME:-/}"
+	fi
+	# this shell is the supervisor of every command it starts: its PID and start time go
+	# into their started records
+	pst $$ || die "cannot read /proc/$$/stat"
+	SST=$STIME
+	trap '' HUP PIPE
+	I=$T/s$$
+	Q=$T/s$$.q
+	K=$T/s$$.k
+	rm -rf "$I" "$Q" "$K"
+	run mkdir "$I"
+	run mkfifo "$Q" "$K"
+	# Q: every event for this shell, one line each (requests from the reader, exit statuses
+	# from the waiters); K: the reader waits here until a batch has been taken
+	exec 4<>"$Q" 5<>"$K" 3<&0
+	rm -f "$Q" "$K"
+	# (an asynchronous list gets /dev/null as stdin unless it is given one: fd 3 is ours)
+	(
+		# the reader: requests from stdin, checked, command bytes into I/ID.cmd
+		n=0
+		while read -r k a b c d x; do
+			case $k in
+			d)
+				case $a in '' | *[!A-Za-z0-9_-]*) break ;; esac
+				if [ ${#a} -gt 128 ] || ! num "$b" || ! hex "$c" 64 || ! num "$d" || [ -n "$x" ]; then
+					break
+				fi
+				n=$((n + 1))
+				[ "$n" -le 64 ] || break
+				# exactly b bytes: dd bs=1 (busybox's head reads ahead from a pipe)
+				if [ -e "$I/$a.cmd" ]; then
+					dd bs=1 count="$b" of=/dev/null 2>/dev/null
+					f=x
+				else
+					dd bs=1 count="$b" of="$I/$a.cmd" 2>/dev/null
+					f=r
+				fi
+				# the line after the bytes: a cut connection gives fewer bytes and no "e"
+				if ! read -r t || [ "$t" != e ]; then
+					[ "$f" = r ] && rm -f "$I/$a.cmd"
+					echo q >&4
+					exit 0
+				fi
+				echo "$f $a $b $c $d" >&4
+				;;
+			g)
+				echo g >&4
+				n=0
+				read -r _ <&5 || break
+				;;
+			*) break ;;
+			esac
+		done
+		# EOF, or a request that is not well-formed: nothing more is read
+		if [ -n "$k" ]; then
+			echo "q a request line was not well-formed; nothing more is read" >&4
+		else
+			echo q >&4
+		fi
+	) <&3 >/dev/null 2>&1 &
+	exec </dev/null 3<&-
+	# R: requests of the batch being gathered (ID:LEN:DIGEST:TIMEOUT); W: finished commands
+	# (ID:STATUS); N: commands running; Z: the reader has stopped
+	R='' W='' N=0 Z='' G='' SN='' nb=0
+	# ask I (each ID) to answer: error, verdict, start (if any), end
+	answer() {
+		[ -n "$3" ] && p "=$1" error "$3"
+		p "=$1" verdict "$2"
+		if [ "$2" != refused ] && read -r l 2>/dev/null <"$X/$1.start"; then
+			p "=$1" start "$l"
+		fi
+		[ "$2" = started ] || p "=$1" end
+	}
+	# refuse the whole batch with the tool's message
+	refuse() {
+		for r in $R; do
+			i=${r%%:*}
+			rm -f "$I/$i.cmd"
+			answer "$i" refused "$1"
+		done
+		rm -rf "$SB"
+	}
+	# the batch in R: stage, cross the guards with one ln, move into place with one mv, one
+	# flush, then start each command under a waiter
+	batch() {
+		nb=$((nb + 1))
+		SB=$I.b$nb
+		set --
+		for r in $R; do set -- "$@" "$SB/${r%%:*}"; done
+		m=$(mkdir "$SB" "$@" 2>&1) || {
+			refuse "$m"
+			return
+		}
+		# the stage of each; its finish record's space reserved now (a full disk later
+		# cannot stop it being written)
+		for f; do
+			{ true >"$f/out" && true >"$f/err" && printf '%512s\n' '' >"$f/${f##*/}.done"; } 2>/dev/null || {
+				refuse "cannot write in $f (disk full?)"
+				return
+			}
+		done
+		set --
+		for r in $R; do set -- "$@" "$SB/${r%%:*}/wake"; done
+		m=$(mkfifo "$@" 2>&1) || {
+			refuse "$m"
+			return
+		}
+		now
+		set --
+		for r in $R; do
+			i=${r%%:*} v=${r#*:}
+			l=${v%%:*} v=${v#*:}
+			put "$SB/$i.start" "v=1 id=$i len=$l digest=${v%%:*} epoch=$E boot=$BOOT sup_pid=$$ sup_start=$SST started_at=$NOW timeout=${v#*:}" 2>/dev/null || {
+				refuse "cannot write $SB/$i.start"
+				return
+			}
+			set -- "$@" "$SB/$i.start"
+		done
+		# THE start guards: exclusive links of the complete started records; a name that
+		# exists fails and the others still go in (each is checked below)
+		m=$(ln "$@" "$X/" 2>&1)
+		set --
+		S_=''
+		for r in $R; do
+			i=${r%%:*}
+			# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
+			if [ "$SB/$i.start" -ef "$X/$i.start" ]; then
+				S_="$S_ $r"
+				set -- "$@" "$SB/$i" "$I/$i.cmd"
+			elif [ -e "$X/$i.start" ]; then
+				rm -f "$I/$i.cmd"
+				answer "$i" exists
+			else
+				rm -f "$I/$i.cmd"
+				answer "$i" refused "$m"
+			fi
+		done
+		[ $# -gt 0 ] && m=$(mv "$@" "$X/" 2>&1)
+		set --
+		R=''
+		for r in $S_; do
+			i=${r%%:*}
+			if [ -d "$X/$i" ] && [ -e "$X/$i.cmd" ]; then
+				R="$R $r"
+				set -- "$@" "$X/$i.start"
+			else
+				# nothing ran: give the guard back rather than leave a start we cannot honour
+				rm -rf "${X:?}/$i" "$X/$i.cmd" "$X/$i.start" "$I/$i.cmd"
+				answer "$i" refused "$m"
+			fi
+		done
+		# one flush for every record and name before anything runs
+		[ $# -gt 0 ] && fsync "$@" "$X"
+		for r in $R; do
+			answer "${r%%:*}" started
+		done
+		for r in $R; do
+			ID=${r%%:*} TO=${r##*:}
+			F=$X/$ID CF=$X/$ID.cmd SEC=''
+			(
+				# the waiter: the command's exit status, with its own PID for the reaping
+				read -r PS </proc/self/stat
+				wp=${PS%% *}
+				w=
+				if [ "$TO" -gt 0 ]; then
+					watchdog &
+					w=$!
+				fi
+				(
+					# the session's queues are not the command's business
+					exec 4>&- 5>&-
+					command_
+				)
+				c=$?
+				if [ -n "$w" ]; then
+					kl TERM "$w"
+					wait "$w"
+				fi
+				echo "f $ID $c $wp" >&4
+			) </dev/null >/dev/null 2>&1 &
+			N=$((N + 1))
+		done
+		rm -rf "$SB"
+	}
+	# the commands in W have exited: one wc for their sizes, their finish records written in
+	# place, one flush, one ln into place, one flush of the names; then answer each
+	finish() {
+		set --
+		for r in $W; do set -- "$@" "$X/${r%%:*}/out" "$X/${r%%:*}/err"; done
+		m=$(wc -c "$@" 2>/dev/null)
+		now
+		set --
+		for r in $W; do
+			ID=${r%%:*} c=${r#*:}
+			F=$X/$ID
+			# "N path" lines in order (busybox pads N with spaces)
+			o='' z=''
+			l=${m%%"$NL"*}
+			m=${m#*"$NL"}
+			l=${l#"${l%%[! ]*}"}
+			[ "${l#* }" = "$F/out" ] && o=${l%% *}
+			l=${m%%"$NL"*}
+			m=${m#*"$NL"}
+			l=${l#"${l%%[! ]*}"}
+			[ "${l#* }" = "$F/err" ] && z=${l%% *}
+			if ! num "$o" || ! num "$z"; then
+				size "$F/out" && o=$Z && size "$F/err" && z=$Z
+			fi
+			t=0 k=0
+			[ -e "$F/timedout" ] && t=1
+			[ -e "$F.cancel" ] && k=1
+			printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
+				"$ID" "$c" "$NOW" "$o" "$z" "$t" "$k" 1<>"$F/$ID.done"
+			set -- "$@" "$F/$ID.done"
+		done
+		fsync "$@"
+		ln "$@" "$X/" 2>/dev/null
+		fsync "$X"
+		for r in $W; do
+			ID=${r%%:*}
+			F=$X/$ID
+			n=$NL$NL$NL$NL
+			n=$n$n$n$n
+			printf '%s' "$n$n$n$n" 1<>"$F/wake"
+			d=
+			read -r d <"$F.done"
+			o=0 z=0
+			for kv in $d; do
+				case $kv in
+				out=*) o=${kv#*=} ;;
+				err=*) z=${kv#*=} ;;
+				esac
+			done
+			# output up to 1 MiB a stream goes inline, framed by its length; beyond
+			# that the client reads it with watch
+			if num "$o" && [ "$o" -gt 0 ] && [ "$o" -le 1048576 ]; then
+				p "=$ID" out "$o"
+				head -c "$o" "$F/out"
+			else
+				o=0
+			fi
+			if num "$z" && [ "$z" -gt 0 ] && [ "$z" -le 1048576 ]; then
+				p "=$ID" err "$z"
+				head -c "$z" "$F/err"
+			else
+				z=0
+			fi
+			p "=$ID" sizes "out=$o err=$z"
+			[ -n "$d" ] && p "=$ID" 'done' "$d"
+			p "=$ID" end
+			N=$((N - 1))
+		done
+		W=''
+	}
+	while :; do
+		if [ -n "$Z" ] && [ "$N" -eq 0 ] && [ -z "$SN" ]; then
+			break
+		fi
+		read -r k a b c d <&4 || break
+		case $k in
+		r) R="$R $a:$b:$c:$d" ;;
+		x) e "execution $a is already in this session" ;;
+		g) G=1 ;;
+		f)
+			W="$W $a:$b"
+			wait "$c" 2>/dev/null
+			;;
+		q)
+			Z=1
+			[ -n "$a" ] && e "$a $b $c $d"
+			;;
+		s) SN='' ;;
+		esac
+		# Take what is queued now as one batch: a sentinel through our own queue comes back
+		# after every line written before it.
+		if [ "$k" != s ]; then
+			[ -n "$SN" ] || {
+				echo s >&4
+				SN=1
+			}
+			continue
+		fi
+		[ -n "$W" ] && finish
+		if [ -n "$G" ]; then
+			[ -n "$R" ] && batch
+			R='' G=''
+			echo k >&5
+		fi
+	done
+	# requests never followed by "g" were not started
+	rm -rf "$I"
 	;;
 esac
 p end

@@ -35,7 +35,15 @@ cx() {
 	local in=$1
 	shift
 	# shellcheck disable=SC2086,SC2016
-	timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" "$@" <"$in" >"$W/o" 2>"$W/e"
+	if [ -n "${PIPE:-}" ]; then
+		# stdin a pipe, as over SSH (a file would let a tool seek back what it read ahead)
+		# shellcheck disable=SC2086,SC2016
+		# shellcheck disable=SC2002 # the pipe is the point
+		cat "$in" | timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" "$@" >"$W/o" 2>"$W/e"
+	else
+		# shellcheck disable=SC2086,SC2016
+		timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" "$@" <"$in" >"$W/o" 2>"$W/e"
+	fi
 	RC=$?
 	perl -0777 -e '$b = shift; $_ = <STDIN>; open P, ">", shift; open R, ">", shift;
 		print P "$1\n" while /\Q$b\E ([^\n]*)\n/g; s/\Q$b\E[^\n]*\n//g; print R $_' \
@@ -49,6 +57,13 @@ ended() { [ "$(tail -n 1 "$W/p")" = end ]; }
 same() { printf '%b' "$2" >"$W/exp" && cmp -s "$W/exp" "$1"; }
 field() { sed -n "s/^$1 .*\<$2=\([^ ]*\).*/\1/p" "$W/p" | head -n 1; }
 mkcmd() { printf '%s' "$1" >"$W/cmd.$2"; echo "$W/cmd.$2"; }
+# a session request for ID with command TEXT and TIMEOUT (default 0)
+sreq() { printf 'd %s %s %s %s\n%se\n' "$1" "$(printf '%s' "$2" | wc -c)" "$DG" "${3:-0}" "$2"; }
+# sline TEXT: the session printed protocol line TEXT (on stdout)
+sline() { grep -aqxF -- "$B $1" "$W/o"; }
+# frame ID out|err: the bytes the session framed for ID's stream
+frame() {
+	perl -0777 -e '$b = shift; $k = shift; $_ = <STDIN>; while (/\Q$b\E \Q$k\E (\d+)\n/g) { print substr($_, pos($_), $1) }' "$B" "=$1 $2" <"$W/o"; }
 
 run_shell() {
 	case $SHN in
@@ -207,6 +222,51 @@ run_shell() {
 	check "bad number (leading zero) refused" eval 'has "verdict refused" && [ ! -e "$X/g1.start" ]'
 	cx /dev/null hello .cairn NOTANONCE
 	check "bad nonce: plain refusal" eval '[ "$RC" = 2 ] && grep -q "bad nonce" "$W/e"'
+
+	# secrets after the command, through a pipe: the dispatcher must not read past the command
+	printf 'echo "$CAIRN_T"' >"$W/sc"
+	printf "export CAIRN_T='s3cret'\n" >"$W/ss"
+	cat "$W/sc" "$W/ss" >"$W/scs"
+	PIPE=1 cx "$W/scs" dispatch .cairn "$NONCE" sec1 "$(wc -c <"$W/sc")" "$DG" 0 1 "$(wc -c <"$W/ss")"
+	check "secrets through a pipe: the command gets them" eval 'has "verdict started" && same "$W/o" "s3cret\n" && ended'
+
+	# session: one exec, many dispatches
+	{
+		sreq s1 'printf "o\000x"; printf e >&2; exit 4'
+		sreq s2 'echo x >>"$HOME/scount"'
+		sreq c1 'echo never'
+		echo g
+		sreq s2 'echo x >>"$HOME/scount"'
+		sreq s3 'sleep 5' 1
+		echo g
+	} >"$W/sin"
+	t0=$(ms)
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	check "session: hello first, end last" eval 'head -n 1 "$W/o" | grep -qF "$B hello v=1 " && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ "$RC" = 0 ]'
+	check "session: s1 started, exact stdout and stderr bytes, status 4" eval 'sline "=s1 verdict started" && [ "$(frame s1 out | od -An -c | tr -d " ")" = "o\\0x" ] && [ "$(frame s1 err)" = e ] && grep -aq "$B =s1 done v=1 id=s1 status=4 .* out=3 err=1 " "$W/o" && sline "=s1 end"'
+	check "session: a crossed guard (earlier dispatch c1, s2 again) is not started again" eval 'sline "=c1 verdict exists" && [ "$(grep -ac "$B =s2 verdict exists" "$W/o")" = 1 ] && [ "$(wc -l <"$HOME/scount")" = 1 ] && [ ! -e "$X/c1.cmd" ]'
+	check "session: records in place, the session shell as supervisor" eval 'grep -q "^v=1 id=s1 status=4 " "$X/s1.done" && grep -q "sup_pid=[0-9]" "$X/s1.start" && [ "$(cat "$X/s1.cmd")" = "printf \"o\\000x\"; printf e >&2; exit 4" ] && [ -d "$X/s1" ]'
+	check "session: timeout enforced (TERM after 1 s)" eval 'grep -aq "$B =s3 done v=1 id=s3 status=143 .* timed_out=1 " "$W/o" && [ $(($(ms) - t0)) -lt 4500 ]'
+	check "session: nothing left in tmp" eval '[ -z "$(ls "$HOME/.cairn/tmp" | grep "^s")" ]'
+	{
+		sreq s4 'true'
+		printf 'd s5 10 %s 0\nabc' "$DG"
+	} >"$W/sin"
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	check "session: a request cut inside its command, or never confirmed by g, is not started" eval '[ ! -e "$X/s5.start" ] && [ ! -e "$X/s4.start" ] && ! grep -aq "=s[45] " "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ -z "$(ls "$HOME/.cairn/tmp" | grep "^s")" ]'
+	printf 'd ../x 4 %s 0\ntruee\ng\n' "$DG" >"$W/sin"
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	check "session: a bad request line stops the session, nothing started" eval 'grep -aq "$B error a request line was not well-formed" "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ ! -e "$HOME/.cairn/x.start" ]'
+	{
+		i=0
+		while [ $i -lt 40 ]; do
+			sreq "m$i" 'echo x >>"$HOME/mcount"; echo "$CAIRN_EXECUTION_ID"'
+			i=$((i + 1))
+			[ $((i % 8)) = 0 ] && echo g
+		done
+	} >"$W/sin"
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	check "session: 40 dispatches in 5 batches, each ran once with its own output" eval '[ "$(wc -l <"$HOME/mcount")" = 40 ] && [ "$(grep -ac "$B =m[0-9]* done .* status=0 " "$W/o")" = 40 ] && [ "$(frame m17 out)" = m17 ]'
 
 	sleep 2.5
 	r=$(pgrep -af "$ROOT/$SHN" | grep -v pgrep)
