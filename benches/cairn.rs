@@ -252,6 +252,57 @@ async fn floor_rate(conn: &Connection, dir: &str, total: usize, k: usize, c: usi
     n / (end - start)
 }
 
+/// Marked dispatches of `true` per second through one host session on `conn`, `n` in flight
+/// (each caller sends its next dispatch when the previous one has ended), `total` in all.
+async fn session_rate(conn: &Connection, dir: &str, n: usize, total: usize) -> f64 {
+    use cairn::session::{Event, HostSession, Request};
+    let sess = HostSession::start(
+        conn.clone(),
+        dir.to_owned(),
+        &tokio::runtime::Handle::current(),
+    );
+    let one = |sess: Arc<HostSession>| async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Request {
+            id: ExecutionId::generate(),
+            digest: sha_hex(b"true"),
+            timeout_secs: 0,
+            command: b"true".to_vec(),
+            events: tx,
+        };
+        assert!(sess.dispatch(req).is_ok(), "session ended");
+        let mut done = false;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Line(Ok(Line::Done(f))) => done = f.status == 0,
+                Event::Line(Ok(Line::End)) => break,
+                Event::Line(Ok(_)) | Event::Stdout(_) | Event::Stderr(_) => {}
+                other => panic!("host session: {other:?}"),
+            }
+        }
+        assert!(
+            done,
+            "a dispatch through the session ended without its finish record"
+        );
+    };
+    // warm-up: the session's exec, hello and marker home
+    one(sess.clone()).await;
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let s = sess.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..total / n {
+                one(s.clone()).await;
+            }
+        }));
+    }
+    for h in tasks {
+        h.await.expect("task");
+    }
+    (total / n * n) as f64 / t0.elapsed().as_secs_f64()
+}
+
 /// What a marked exec returned.
 struct Marked {
     to_end: Duration,
@@ -986,9 +1037,22 @@ fn throughput(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection
         };
         let p = run(false, 10 * n);
         let m = run(true, 3 * n);
+        let sess = rt.block_on(session_rate(conn, dir, n, 10 * n));
         let p2 = run(false, 10 * n);
         let base = (p + p2) / 2.0;
         let r = ratio(m, base);
+        let rs = ratio(sess, base);
+        t.row(
+            &format!(
+                "3 throughput, {n} in flight on one connection, through the host session \
+                 (`--host-session`)"
+            ),
+            format!("{sess:.0} marked dispatches/s"),
+            format!("{base:.0} plain execs/s"),
+            format!("{:.0}%", rs * 100.0),
+            "≥ 70%",
+            yes(rs >= 0.7),
+        );
         t.row(
             &format!("3 throughput, {n} in flight on one connection"),
             format!("{m:.0} marked dispatches/s"),

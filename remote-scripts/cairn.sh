@@ -683,30 +683,49 @@ session)
 	# (an asynchronous list gets /dev/null as stdin unless it is given one: fd 3 is ours)
 	(
 		# the reader: requests from stdin, checked, command bytes into I/ID.cmd
+		# rd FILE: the next l lines of stdin into FILE (false if a write failed)
+		rd() {
+			{
+				w_=0
+				while [ "$l" -gt 0 ] && IFS= read -r t; do
+					l=$((l - 1))
+					if [ "$l" = 0 ] && [ "$u" = 1 ]; then
+						printf '%s' "$t" || w_=1
+					else
+						printf '%s\n' "$t" || w_=1
+					fi
+				done
+				[ "$w_" = 0 ]
+			} >"$1"
+		}
 		n=0
-		while read -r k a b c d x; do
+		while read -r k a b c d l u x; do
 			case $k in
 			d)
 				case $a in '' | *[!A-Za-z0-9_-]*) break ;; esac
-				if [ ${#a} -gt 128 ] || ! num "$b" || ! hex "$c" 64 || ! num "$d" || [ -n "$x" ]; then
+				if [ ${#a} -gt 128 ] || ! num "$b" || ! hex "$c" 64 || ! num "$d" || ! num "$l" || ! bit "$u" || [ -n "$x" ]; then
 					break
 				fi
 				n=$((n + 1))
 				[ "$n" -le 64 ] || break
-				# exactly b bytes: dd bs=1 (busybox's head reads ahead from a pipe)
+				# an ID twice in one session: the client is confused; stop rather than guess
 				if [ -e "$I/$a.cmd" ]; then
-					dd bs=1 count="$b" of=/dev/null 2>/dev/null
-					f=x
-				else
-					dd bs=1 count="$b" of="$I/$a.cmd" 2>/dev/null
-					f=r
+					echo "q execution $a was sent twice in one session; nothing more is read" >&4
+					exit 0
 				fi
-				# the line after the bytes: a cut connection gives fewer bytes and no "e"
-				if ! read -r t || [ "$t" != e ]; then
-					[ "$f" = r ] && rm -f "$I/$a.cmd"
+				# the command: l lines, read by the shell itself (no process); with u=1 the
+				# last newline was added for the transfer and is not part of the command
+				f=r
+				rd "$I/$a.cmd" 2>/dev/null || f=w
+				# (a file that could not be opened: read the lines all the same)
+				[ "$l" -gt 0 ] && [ "$f" = w ] && rd /dev/null
+				# then the line "e": a cut connection gives fewer lines and no "e"
+				if [ "$l" != 0 ] || ! read -r t || [ "$t" != e ]; then
+					rm -f "$I/$a.cmd"
 					echo q >&4
 					exit 0
 				fi
+				[ "$f" = w ] && rm -f "$I/$a.cmd"
 				echo "$f $a $b $c $d" >&4
 				;;
 			g)
@@ -744,16 +763,19 @@ session)
 			rm -f "$I/$i.cmd"
 			answer "$i" refused "$1"
 		done
-		rm -rf "$SB"
 	}
 	# the batch in R: stage, cross the guards with one ln, move into place with one mv, one
 	# flush, then start each command under a waiter
 	batch() {
 		nb=$((nb + 1))
-		SB=$I.b$nb
+		# stages live under I/b, cleared every 64 batches (one rm, not one a batch)
+		if [ $((nb % 64)) = 0 ]; then
+			rm -rf "$I/b"
+		fi
+		SB=$I/b/$nb
 		set --
 		for r in $R; do set -- "$@" "$SB/${r%%:*}"; done
-		m=$(mkdir "$SB" "$@" 2>&1) || {
+		m=$(mkdir -p "$SB" "$@" 2>&1) || {
 			refuse "$m"
 			return
 		}
@@ -846,7 +868,6 @@ session)
 			) </dev/null >/dev/null 2>&1 &
 			N=$((N + 1))
 		done
-		rm -rf "$SB"
 	}
 	# the commands in W have exited: one wc for their sizes, their finish records written in
 	# place, one flush, one ln into place, one flush of the names; then answer each
@@ -925,7 +946,7 @@ session)
 		read -r k a b c d <&4 || break
 		case $k in
 		r) R="$R $a:$b:$c:$d" ;;
-		x) e "execution $a is already in this session" ;;
+		w) answer "$a" refused "cannot store the command in $I (disk full?)" ;;
 		g) G=1 ;;
 		f)
 			W="$W $a:$b"

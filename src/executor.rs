@@ -229,6 +229,9 @@ pub struct Executor {
     /// Connections shared with other executors of this process (`cairn serve`, `cairn mcp`);
     /// `None`: this executor connects for itself.
     pub pool: Option<std::sync::Arc<crate::ssh::pool::Pool>>,
+    /// Dispatch through the pooled connection's host session (`--host-session`; see
+    /// [`crate::session`]) when the dispatch allows it. Needs `pool`.
+    pub host_session: bool,
     /// The intent fingerprint key file (default: `intent.key` next to the journal).
     pub intent_key_path: Option<std::path::PathBuf>,
     intent_key: Option<IntentKey>,
@@ -244,6 +247,14 @@ pub struct Executor {
 /// they waited, another process (an `attach` of the same execution) recorded its result. A
 /// `running` after `completed` would make the journal say it is running again. Notes stay;
 /// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
+/// A held `running` waits at most HOLD_RUNNING (from when it was seen, however much output
+/// streams meanwhile) for the outcome to share its transaction: how long it may still wait.
+fn hold_left(run: &Run) -> Option<Duration> {
+    run.held_since
+        .filter(|_| !run.held.is_empty())
+        .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()))
+}
+
 fn drop_overtaken(held: &mut Vec<(String, Option<State>, serde_json::Value)>, now: Option<State>) {
     if now.is_some_and(State::has_result) {
         held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
@@ -372,6 +383,7 @@ impl Executor {
             patience,
             conns: Vec::new(),
             pool: None,
+            host_session: false,
             intent_key_path: None,
             intent_key: None,
             approver: Box::new(Allow {
@@ -1293,13 +1305,7 @@ impl Executor {
         let mut demux = StderrDemux::new(nonce);
         let mut pieces = Vec::new();
         loop {
-            // A held `running` waits at most HOLD_RUNNING (from when it was seen, however
-            // much output streams meanwhile) for the outcome to share its transaction.
-            let hold_left = run
-                .held_since
-                .filter(|_| !run.held.is_empty())
-                .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()));
-            let next = match hold_left {
+            let next = match hold_left(run) {
                 None => exec.next().await,
                 Some(left) => match tokio::time::timeout(left, exec.next()).await {
                     Ok(r) => r,
@@ -1318,24 +1324,12 @@ impl Executor {
                 }
             };
             match ev {
-                ExecEvent::Stdout(d) => {
-                    if run.out_off < NO_BYTES {
-                        sink.stdout(&d)?;
-                        run.out_off += d.len() as u64;
-                        self.save_cursor(run, false);
-                    }
-                }
+                ExecEvent::Stdout(d) => self.take_output(run, sink, &d, false)?,
                 ExecEvent::Stderr(d) => {
                     demux.feed(&d, &mut pieces);
                     for p in pieces.drain(..) {
                         match p {
-                            Piece::Stderr(s) => {
-                                if run.err_off < NO_BYTES {
-                                    sink.stderr(&s)?;
-                                    run.err_off += s.len() as u64;
-                                    self.save_cursor(run, false);
-                                }
-                            }
+                            Piece::Stderr(s) => self.take_output(run, sink, &s, true)?,
                             Piece::Line(Ok(line)) => self.on_line(line, run, &mut reply)?,
                             Piece::Line(Err(e)) => reply.bad.push(e),
                         }
@@ -1344,6 +1338,97 @@ impl Executor {
                 ExecEvent::ExitStatus(_) | ExecEvent::ExitSignal(_) => {}
             }
         }
+        self.reply_over(run, reply)
+    }
+
+    /// A dispatch through the connection's host session; the same reply as [`Self::exec_op`]
+    /// gives for a `dispatch` exec. `None`: the session never sent it (dispatch it on an exec).
+    async fn session_op(
+        &mut self,
+        sess: &crate::session::HostSession,
+        run: &mut Run,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Option<Reply>, ExecError> {
+        use crate::session::{Event, Request};
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Request {
+            id: run.rec.id.clone(),
+            digest: run.rec.command_digest.clone(),
+            timeout_secs: run.rec.timeout_secs,
+            command: run.rec.command.clone(),
+            events: tx,
+        };
+        if sess.dispatch(req).is_err() {
+            return Ok(None);
+        }
+        let mut reply = Reply::default();
+        loop {
+            let next = match hold_left(run) {
+                None => rx.recv().await,
+                Some(left) => match tokio::time::timeout(left, rx.recv()).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.flush_held(run)?;
+                        continue;
+                    }
+                },
+            };
+            match next {
+                // (only ever the first event: a request the session never sent)
+                Some(Event::Unavailable(why)) if reply.hello.is_none() => {
+                    tracing::debug!("host session unavailable ({why}); dispatching on an exec");
+                    return Ok(None);
+                }
+                Some(Event::Unavailable(why) | Event::Broken(why)) => {
+                    reply.broken = Some(why);
+                    break;
+                }
+                None => {
+                    reply.broken = Some("the host session went away".into());
+                    break;
+                }
+                Some(Event::Stdout(d)) => self.take_output(run, sink, &d, false)?,
+                Some(Event::Stderr(d)) => self.take_output(run, sink, &d, true)?,
+                Some(Event::Line(Ok(line))) => {
+                    let end = line == Line::End;
+                    self.on_line(line, run, &mut reply)?;
+                    if end {
+                        break;
+                    }
+                }
+                Some(Event::Line(Err(e))) => reply.bad.push(e),
+            }
+        }
+        self.reply_over(run, reply).map(Some)
+    }
+
+    /// Command output received: to the sink, unless this run does not want the bytes.
+    fn take_output(
+        &mut self,
+        run: &mut Run,
+        sink: &mut dyn OutputSink,
+        d: &[u8],
+        stderr: bool,
+    ) -> Result<(), ExecError> {
+        let off = if stderr {
+            &mut run.err_off
+        } else {
+            &mut run.out_off
+        };
+        if *off < NO_BYTES {
+            *off += d.len() as u64;
+            if stderr {
+                sink.stderr(d)?;
+            } else {
+                sink.stdout(d)?;
+            }
+            self.save_cursor(run, false);
+        }
+        Ok(())
+    }
+
+    /// The reply has ended (or broken): settle what it held.
+    fn reply_over(&mut self, run: &mut Run, mut reply: Reply) -> Result<Reply, ExecError> {
         if !reply.ended && reply.broken.is_none() {
             reply.broken = Some("the reply ended before its last line (connection lost?)".into());
         }
@@ -1629,10 +1714,32 @@ impl Executor {
                         secrets_len: secrets.len(),
                     }
                 };
-                let mut command = run.rec.command.clone();
-                command.extend_from_slice(&secrets);
-                self.exec_op(ci, &op, &nonce, Some(&command), run, sink)
-                    .await?
+                // Through the connection's host session when it can carry this dispatch.
+                let session = match &self.conns[ci].2 {
+                    Some(lease)
+                        if self.host_session
+                            && secrets.is_empty()
+                            && !detach
+                            && run.rec.command.len() <= crate::session::MAX_COMMAND
+                            && marker::session_can_carry(&run.rec.command) =>
+                    {
+                        Some(lease.session(&self.conns[ci].1, &run.rec.remote_dir))
+                    }
+                    _ => None,
+                };
+                let via_session = match session {
+                    Some(s) => self.session_op(&s, run, sink).await?,
+                    None => None,
+                };
+                match via_session {
+                    Some(reply) => reply,
+                    None => {
+                        let mut command = run.rec.command.clone();
+                        command.extend_from_slice(&secrets);
+                        self.exec_op(ci, &op, &nonce, Some(&command), run, sink)
+                            .await?
+                    }
+                }
             } else {
                 let idc = run.rec.id.clone();
                 let op = Op::Watch {

@@ -45,6 +45,8 @@ pub struct GatewayConfig {
     pub transport: String,
     /// SSH connections shared by this server's executions (`None`: each connects for itself).
     pub pool: Option<std::sync::Arc<crate::ssh::pool::Pool>>,
+    /// Dispatch through host sessions (`--host-session`; needs `pool`).
+    pub host_session: bool,
 }
 
 /// An error with a JSON-RPC code.
@@ -92,6 +94,7 @@ impl GatewayConfig {
         ex.intent_key_path = self.intent_key.clone();
         ex.session_id = self.session_id.clone();
         ex.pool = self.pool.clone();
+        ex.host_session = self.host_session && self.pool.is_some();
         ex.approver =
             crate::approve::from_flags(&self.approve, self.policy.as_deref(), &self.actor)
                 .map_err(GatewayError::params)?;

@@ -43,6 +43,7 @@ pub mod mcp;
 pub mod recovery;
 pub mod review;
 pub mod serve;
+pub mod session;
 pub mod ssh;
 pub mod state;
 

@@ -110,6 +110,9 @@ pub enum Op<'a> {
         output_age_secs: u64,
         tombstone_age_secs: u64,
     },
+    /// A long-lived exec that starts many dispatches, batched (see [`SessionDemux`] and
+    /// `remote-scripts/PROTOCOL.md`, Session).
+    Session,
 }
 
 /// The exec string for `op` against marker home `dir`, with `nonce`.
@@ -117,6 +120,7 @@ pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
     let b = |v: bool| if v { "1" } else { "0" }.to_string();
     let (mode, args): (&str, Vec<String>) = match op {
         Op::Hello => ("hello", vec![]),
+        Op::Session => ("session", vec![]),
         Op::Dispatch {
             id,
             len,
@@ -468,6 +472,148 @@ impl StderrDemux {
     }
 }
 
+/// One dispatch request of a session: its header line, the command as whole lines (a newline
+/// added after a last line without one, flagged so that the host leaves it out), and the line
+/// after them that proves they all arrived (`e`). A batch of these is followed by `g\n`. The
+/// host reads the lines with the shell's `read`, so a command with a NUL byte cannot go this
+/// way (see [`session_can_carry`]).
+pub fn session_request(
+    id: &ExecutionId,
+    digest: &str,
+    timeout_secs: u64,
+    command: &[u8],
+) -> Vec<u8> {
+    let open = !command.is_empty() && !command.ends_with(b"\n");
+    let lines = command.iter().filter(|&&b| b == b'\n').count() + usize::from(open);
+    let mut v = format!(
+        "d {id} {} {digest} {timeout_secs} {lines} {}\n",
+        command.len(),
+        u8::from(open)
+    )
+    .into_bytes();
+    v.extend_from_slice(command);
+    if open {
+        v.push(b'\n');
+    }
+    v.extend_from_slice(b"e\n");
+    v
+}
+
+/// Whether a session can carry `command` byte for byte (no NUL byte: the host's `read` would
+/// drop it).
+pub fn session_can_carry(command: &[u8]) -> bool {
+    !command.contains(&0)
+}
+
+/// What a session's stdout carries.
+#[derive(Debug, PartialEq, Eq)]
+pub enum SessionItem {
+    /// A line about the session itself (`hello`, `error`, `end`).
+    Session(Result<Line, String>),
+    /// A line about one execution of the session.
+    For(String, Result<Line, String>),
+    /// Output bytes of one execution (stdout when `stderr` is false).
+    Output {
+        id: String,
+        stderr: bool,
+        data: Vec<u8>,
+    },
+    /// The stream is not what the protocol says; nothing after this can be trusted.
+    Broken(String),
+}
+
+/// Splits a session's stdout: protocol lines `B KIND …` (the session) and `B =ID KIND …`
+/// (one execution), and output frames `B =ID out N` / `B =ID err N` followed by exactly N
+/// bytes. Everything must be one of these: anything else breaks the stream.
+pub struct SessionDemux {
+    boundary: Vec<u8>,
+    buf: Vec<u8>,
+    /// Inside an output frame: (ID, stderr?, bytes still to come).
+    frame: Option<(String, bool, usize)>,
+    broken: bool,
+}
+
+impl SessionDemux {
+    pub fn new(nonce: &str) -> Self {
+        SessionDemux {
+            boundary: format!("@@cairn-{nonce}@@ ").into_bytes(),
+            buf: Vec::new(),
+            frame: None,
+            broken: false,
+        }
+    }
+
+    pub fn feed(&mut self, data: &[u8], out: &mut Vec<SessionItem>) {
+        if self.broken {
+            return;
+        }
+        self.buf.extend_from_slice(data);
+        let mut at = 0;
+        loop {
+            if let Some((id, stderr, left)) = &mut self.frame {
+                let take = (*left).min(self.buf.len() - at);
+                if take > 0 {
+                    out.push(SessionItem::Output {
+                        id: id.clone(),
+                        stderr: *stderr,
+                        data: self.buf[at..at + take].to_vec(),
+                    });
+                    at += take;
+                    *left -= take;
+                }
+                if *left > 0 {
+                    break;
+                }
+                self.frame = None;
+                continue;
+            }
+            let rest = &self.buf[at..];
+            let Some(nl) = rest.iter().position(|&b| b == b'\n') else {
+                if rest.len() > MAX_LINE {
+                    self.fail(out, "session protocol line too long".into());
+                    return;
+                }
+                break;
+            };
+            if !rest.starts_with(&self.boundary) {
+                let shown = String::from_utf8_lossy(&rest[..nl.min(80)]).into_owned();
+                self.fail(out, format!("session stream out of step at {shown:?}"));
+                return;
+            }
+            let text = String::from_utf8_lossy(&rest[self.boundary.len()..nl]).into_owned();
+            at += nl + 1;
+            let Some(tagged) = text.strip_prefix('=') else {
+                out.push(SessionItem::Session(parse_line(&text)));
+                continue;
+            };
+            let (id, line) = tagged.split_once(' ').unwrap_or((tagged, ""));
+            if ExecutionId::parse(id).is_err() {
+                self.fail(out, format!("session line for a malformed ID {id:?}"));
+                return;
+            }
+            let (kind, n) = line.split_once(' ').unwrap_or((line, ""));
+            if kind == "out" || kind == "err" {
+                match n.parse::<usize>() {
+                    Ok(n) => self.frame = Some((id.to_owned(), kind == "err", n)),
+                    Err(_) => {
+                        self.fail(out, format!("bad output frame length {n:?}"));
+                        return;
+                    }
+                }
+                continue;
+            }
+            out.push(SessionItem::For(id.to_owned(), parse_line(line)));
+        }
+        self.buf.drain(..at);
+    }
+
+    fn fail(&mut self, out: &mut Vec<SessionItem>, why: String) {
+        self.broken = true;
+        self.buf.clear();
+        out.push(SessionItem::Broken(why));
+    }
+}
+
 fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
     if needle.is_empty() || hay.len() < needle.len() {
         return None;
@@ -543,6 +689,77 @@ mod tests {
             assert!(matches!(&lines[1], Line::Done(f) if f.status == 3 && f.err == 2));
             assert_eq!(lines[2], Line::End);
         }
+    }
+
+    #[test]
+    fn session_stream_splits_lines_and_frames_at_any_chunking() {
+        let mut all = b("hello v=1 epoch=e1 boot=b/1 now=5");
+        all.extend(b("=a1 verdict started"));
+        all.extend(b("=a1 out 5"));
+        all.extend_from_slice(b"x\n\0@@");
+        all.extend(b("=a1 err 0"));
+        all.extend(b(
+            "=a1 done v=1 id=a1 status=3 finished_at=9 out=5 err=0 timed_out=0 cancelled=0",
+        ));
+        all.extend(b("=a1 end"));
+        all.extend(b("end"));
+        for size in [1, 2, 3, 7, 50, all.len()] {
+            let mut d = SessionDemux::new(N);
+            let mut items = Vec::new();
+            for c in all.chunks(size) {
+                d.feed(c, &mut items);
+            }
+            let mut out = Vec::new();
+            let mut kinds = Vec::new();
+            for i in items {
+                match i {
+                    SessionItem::Output { id, stderr, data } => {
+                        assert_eq!((id.as_str(), stderr), ("a1", false));
+                        out.extend(data);
+                    }
+                    SessionItem::For(id, l) => kinds.push(format!("{id}:{:?}", l.unwrap())),
+                    SessionItem::Session(l) => kinds.push(format!("{:?}", l.unwrap())),
+                    SessionItem::Broken(w) => panic!("broken at chunk {size}: {w}"),
+                }
+            }
+            assert_eq!(out, b"x\n\0@@", "chunk {size}");
+            assert_eq!(kinds.len(), 5, "chunk {size}: {kinds:?}");
+            assert!(kinds[1].starts_with("a1:Verdict"));
+            assert!(kinds[2].starts_with("a1:Done"));
+            assert_eq!(kinds[4], "End");
+        }
+    }
+
+    #[test]
+    fn a_session_stream_out_of_step_is_broken_not_guessed() {
+        for bad in [
+            b"stray bytes\n".to_vec(),
+            b("=../x verdict started"),
+            b("=a1 out many"),
+        ] {
+            let mut d = SessionDemux::new(N);
+            let mut items = Vec::new();
+            d.feed(&bad, &mut items);
+            d.feed(&b("=a1 end"), &mut items);
+            assert_eq!(items.len(), 1, "{items:?}");
+            assert!(matches!(items[0], SessionItem::Broken(_)));
+        }
+    }
+
+    #[test]
+    fn a_session_request_carries_the_command_bytes_exactly() {
+        let id = ExecutionId::parse("r1").unwrap();
+        assert_eq!(
+            session_request(&id, "ab", 7, b"a\nb'\\"),
+            b"d r1 5 ab 7 2 1\na\nb'\\\ne\n"
+        );
+        assert_eq!(
+            session_request(&id, "ab", 0, b"x\n\n"),
+            b"d r1 3 ab 0 2 0\nx\n\ne\n"
+        );
+        assert_eq!(session_request(&id, "ab", 0, b""), b"d r1 0 ab 0 0 0\ne\n");
+        assert!(!session_can_carry(b"a\0b"));
+        assert!(session_can_carry("é\r\n".as_bytes()));
     }
 
     #[test]

@@ -58,7 +58,21 @@ same() { printf '%b' "$2" >"$W/exp" && cmp -s "$W/exp" "$1"; }
 field() { sed -n "s/^$1 .*\<$2=\([^ ]*\).*/\1/p" "$W/p" | head -n 1; }
 mkcmd() { printf '%s' "$1" >"$W/cmd.$2"; echo "$W/cmd.$2"; }
 # a session request for ID with command TEXT and TIMEOUT (default 0)
-sreq() { printf 'd %s %s %s %s\n%se\n' "$1" "$(printf '%s' "$2" | wc -c)" "$DG" "${3:-0}" "$2"; }
+# (the text has no newline: one line, flagged as without its own newline)
+sreq() { printf 'd %s %s %s %s 1 1\n%s\ne\n' "$1" "$(printf '%s' "$2" | wc -c)" "$DG" "${3:-0}" "$2"; }
+# sreqf ID FILE: a session request for the command in FILE, byte for byte
+sreqf() {
+	local n u=0
+	n=$(tr -cd '\n' <"$2" | wc -c)
+	if [ -s "$2" ] && [ "$(tail -c 1 "$2" | od -An -c | tr -d ' ')" != '\n' ]; then
+		u=1
+		n=$((n + 1))
+	fi
+	printf 'd %s %s %s 0 %s %s\n' "$1" "$(wc -c <"$2")" "$DG" "$n" "$u"
+	cat "$2"
+	[ "$u" = 1 ] && echo
+	echo e
+}
 # sline TEXT: the session printed protocol line TEXT (on stdout)
 sline() { grep -aqxF -- "$B $1" "$W/o"; }
 # frame ID out|err: the bytes the session framed for ID's stream
@@ -250,13 +264,31 @@ run_shell() {
 	check "session: nothing left in tmp" eval '[ -z "$(ls "$HOME/.cairn/tmp" | grep "^s")" ]'
 	{
 		sreq s4 'true'
-		printf 'd s5 10 %s 0\nabc' "$DG"
+		printf 'd s5 10 %s 0 3 0\nabc\n' "$DG"
 	} >"$W/sin"
 	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
 	check "session: a request cut inside its command, or never confirmed by g, is not started" eval '[ ! -e "$X/s5.start" ] && [ ! -e "$X/s4.start" ] && ! grep -aq "=s[45] " "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ -z "$(ls "$HOME/.cairn/tmp" | grep "^s")" ]'
-	printf 'd ../x 4 %s 0\ntruee\ng\n' "$DG" >"$W/sin"
+	printf 'd ../x 4 %s 0 1 1\ntrue\ne\ng\n' "$DG" >"$W/sin"
 	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
 	check "session: a bad request line stops the session, nothing started" eval 'grep -aq "$B error a request line was not well-formed" "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ ! -e "$HOME/.cairn/x.start" ]'
+	# commands byte for byte: a last line without a newline, blank lines, backslashes, tabs,
+	# leading spaces, quotes, non-ASCII (each prints its own command file)
+	printf 'cat "$CAIRN_COMMAND_FILE"\n#  lead\t\\\\ back \\n '"'"'q'"'"' "d" \303\251 $x' >"$W/y1"
+	printf 'cat "$CAIRN_COMMAND_FILE"\n\n  \n#\\\n' >"$W/y2"
+	printf 'printf ""' >"$W/y3"
+	: >"$W/y4"
+	{
+		sreqf y1 "$W/y1"
+		sreqf y2 "$W/y2"
+		sreqf y3 "$W/y3"
+		sreqf y4 "$W/y4"
+		echo g
+	} >"$W/sin"
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	for id in y1 y2 y3 y4; do
+		check "session: command $id stored and run byte for byte" eval 'cmp -s "$X/$id.cmd" "$W/$id" && grep -aq "$B =$id done v=1 id=$id status=0 " "$W/o"'
+	done
+	check "session: a command's output is its command file, exactly" eval 'frame y1 out >"$W/f1" && cmp -s "$W/f1" "$W/y1" && frame y2 out >"$W/f2" && cmp -s "$W/f2" "$W/y2"'
 	{
 		i=0
 		while [ $i -lt 40 ]; do

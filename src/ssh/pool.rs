@@ -34,6 +34,8 @@ struct Entry {
     users: usize,
     retired: bool,
     idle_since: Option<Instant>,
+    /// Host sessions on this connection, one per marker home (`--host-session`).
+    sessions: Vec<(String, Arc<crate::session::HostSession>)>,
 }
 
 #[derive(Default)]
@@ -67,6 +69,28 @@ impl Lease {
     /// This connection failed for its holder: give it to nobody new.
     pub fn retire(&mut self) {
         self.retire = true;
+    }
+
+    /// The host session on this lease's connection `conn` for marker home `dir`, started on
+    /// first use (and again if the last one ended). It lives as long as the connection's entry.
+    pub fn session(&self, conn: &Connection, dir: &str) -> Arc<crate::session::HostSession> {
+        let mut st = self.pool.lock();
+        let Some(e) = st.entries.iter_mut().find(|e| e.id == self.id) else {
+            // (cannot happen while the lease lives) a session of its own, ended with its holder
+            return crate::session::HostSession::start(
+                conn.clone(),
+                dir.to_owned(),
+                runtime().handle(),
+            );
+        };
+        e.sessions.retain(|(_, s)| !s.is_dead());
+        if let Some((_, s)) = e.sessions.iter().find(|(d, _)| d == dir) {
+            return s.clone();
+        }
+        let s =
+            crate::session::HostSession::start(conn.clone(), dir.to_owned(), runtime().handle());
+        e.sessions.push((dir.to_owned(), s.clone()));
+        s
     }
 }
 
@@ -219,6 +243,7 @@ impl Pool {
                     users: 1,
                     retired: false,
                     idle_since: None,
+                    sessions: Vec::new(),
                 });
                 (id, conn)
             }

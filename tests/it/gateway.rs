@@ -879,6 +879,178 @@ fn executions_sharing_a_cut_connection_each_recover_and_none_runs_twice() {
     assert_eq!(h.proxy.connections(), 4);
 }
 
+/// Runs one request of `serve` to completion and returns its execution ID.
+fn id_of(r: &Value) -> ExecutionId {
+    ExecutionId::parse(r["result"]["execution_id"].as_str().expect("execution_id")).unwrap()
+}
+
+#[test]
+fn host_sessions_start_executions_in_batches_once_each_with_exact_bytes() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(
+        &h,
+        "60s",
+        &["--host-session", "--channels-per-connection", "32"],
+    );
+    let n = 40;
+    for i in 0..n {
+        // quotes, a newline, non-ASCII, stderr and a status of its own for each
+        let cmd = format!(
+            "{}printf '%s\\n' \"it's n{i} — ü\"\necho 'e{i}\"' >&2; exit {}",
+            h.count(),
+            i % 4
+        );
+        rpc.request(
+            json!(i),
+            "execute",
+            json!({"destination": "127.0.0.1", "command": cmd}),
+        );
+    }
+    for i in 0..n {
+        let r = rpc.response(&json!(i), T);
+        assert_eq!(r["result"]["state"], "completed", "{r}");
+        assert_eq!(r["result"]["exit_code"], i % 4, "{r}");
+        assert_eq!(r["result"]["stdout"], format!("it's n{i} — ü\n"), "{r}");
+        assert_eq!(r["result"]["stderr"], format!("e{i}\"\n"), "{r}");
+        let id = id_of(&r);
+        // the session's layout (x/ID.cmd), and the session shell as its supervisor
+        let cmd = fs::read_to_string(h.x().join(format!("{id}.cmd"))).expect("x/ID.cmd");
+        assert!(cmd.ends_with(&format!("exit {}", i % 4)), "{cmd:?}");
+        let kinds = h.kinds(id.as_str());
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "dispatched").count(),
+            1,
+            "{kinds:?}"
+        );
+        assert!(!kinds.iter().any(|k| k == "connection-lost"), "{kinds:?}");
+    }
+    assert_eq!(h.runs(), n);
+    // 40 executions, 32 per connection: two connections, each with one session exec
+    assert_eq!(h.proxy.connections(), 2);
+    let sups: std::collections::BTreeSet<String> = fs::read_dir(h.x())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".start"))
+        .map(|e| {
+            let rec = fs::read_to_string(e.path()).unwrap();
+            rec.split(' ')
+                .find(|kv| kv.starts_with("sup_pid="))
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert!(
+        sups.len() <= 2,
+        "{} supervisors for {n} executions on two sessions",
+        sups.len()
+    );
+}
+
+#[test]
+fn a_host_session_cut_mid_flight_recovers_each_execution_and_none_runs_twice() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    for i in 0..8 {
+        rpc.request(
+            json!(i),
+            "execute",
+            json!({"destination": "127.0.0.1",
+                   "command": format!("{}sleep 2; echo n{i}; echo e{i} >&2", h.count())}),
+        );
+    }
+    wait_for("all eight started", T, || (h.runs() == 8).then_some(()));
+    assert_eq!(h.proxy.connections(), 1);
+    h.proxy.cut();
+    for i in 0..8 {
+        let r = rpc.response(&json!(i), T);
+        assert_eq!(r["result"]["state"], "completed", "{r}");
+        assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
+        assert_eq!(r["result"]["stderr"], format!("e{i}\n"), "{r}");
+        let kinds = h.kinds(id_of(&r).as_str());
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "connection-lost").count(),
+            1,
+            "{kinds:?}"
+        );
+        assert_eq!(
+            kinds.iter().filter(|k| *k == "dispatched").count(),
+            1,
+            "{kinds:?}"
+        );
+    }
+    // nobody ran twice; the session shell outlived its channel and recorded every finish
+    assert_eq!(h.runs(), 8);
+    let done = fs::read_dir(h.x())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".done"))
+        .count();
+    assert_eq!(done, 8);
+}
+
+#[test]
+fn a_killed_host_session_leaves_its_executions_interrupted_not_guessed() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "3s", &["--host-session"]);
+    for i in 0..3 {
+        rpc.request(
+            json!(i),
+            "execute",
+            json!({"destination": "127.0.0.1",
+                   "command": format!("{}sleep 3; echo n{i}", h.count())}),
+        );
+    }
+    wait_for("all three started", T, || (h.runs() == 3).then_some(()));
+    // the supervisor of all three: the session shell named in their started records
+    let id = h.wait_started();
+    let rec = h.start_record(&id);
+    let pid: i32 = rec
+        .split(' ')
+        .find_map(|kv| kv.strip_prefix("sup_pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(Command::new("kill")
+        .arg("-KILL")
+        .arg(pid.to_string())
+        .status()
+        .unwrap()
+        .success());
+    for i in 0..3 {
+        let r = rpc.response(&json!(i), T);
+        // the commands ran (once) and may well have finished, but with nobody left to
+        // record how, the host cannot say: interrupted, for review; never "completed"
+        assert_eq!(r["result"]["state"], "interrupted", "{r}");
+        assert!(r["result"]["exit_code"].is_null(), "{r}");
+    }
+    assert_eq!(h.runs(), 3);
+}
+
+#[test]
+fn a_host_session_result_beyond_its_inline_limit_is_read_with_watch() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    // 1.5 MiB: more than a session sends inline
+    let r = rpc.call(
+        json!(1),
+        "execute",
+        json!({"destination": "127.0.0.1",
+               "command": format!("{}head -c 1572864 /dev/zero | tr '\\0' x; echo tail >&2", h.count())}),
+    );
+    assert_eq!(r["result"]["state"], "completed", "{r}");
+    let out = r["result"]["stdout"].as_str().unwrap_or_default();
+    let trunc = &r["result"]["output_truncated"];
+    assert!(
+        out.len() == 1572864
+            || (trunc == true && out.len() >= 65536 && !out.contains(|c| c != 'x')),
+        "{} bytes, truncated {trunc}",
+        out.len()
+    );
+    assert_eq!(r["result"]["stderr"], "tail\n", "{r}");
+    assert!(h.x().join(format!("{}.cmd", id_of(&r))).exists());
+    assert_eq!(h.runs(), 1);
+}
+
 #[test]
 fn serve_retry_with_a_new_id_after_the_gateway_died_attaches_to_the_first_execution() {
     let h = Host::new();
