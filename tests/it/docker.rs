@@ -504,6 +504,92 @@ fn disk_full_during_the_run_reports_only_what_was_seen(fl: Flavour) {
     ));
 }
 
+/// `cairn serve --host-session` on this host flavour: a dozen executions through the host's
+/// session shell each run once with their own bytes and status; the host then reboots under
+/// two that are still running: both `interrupted`, neither run again.
+fn host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted(fl: Flavour) {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(t) = Case::start("host_session", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let mut serve = c.cmd("serve");
+    serve
+        .args(["--stdio", "--host-session"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = serve.spawn().expect("spawn cairn serve");
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON-RPC line");
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let tag = unique_id("hs");
+    let quick = format!("/root/count-{tag}");
+    let long = format!("/root/long-{tag}");
+    let mut send = |id: usize, cmd: String| {
+        let req = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+            "params": {"destination": "h1", "command": cmd}});
+        writeln!(stdin, "{req}").unwrap();
+    };
+    for i in 0..10 {
+        send(
+            i,
+            format!(
+                "echo x >> {quick}; printf '%s\\n' \"q{i} 'ü'\"; echo e{i} >&2; exit {}",
+                i % 3
+            ),
+        );
+    }
+    let mut got = BTreeMap::new();
+    while got.len() < 10 {
+        let v = rx
+            .recv_timeout(Duration::from_secs(90))
+            .expect("a response");
+        got.insert(v["id"].as_u64().unwrap() as usize, v);
+    }
+    for (i, v) in &got {
+        let r = &v["result"];
+        assert_eq!(r["state"], "completed", "{v}");
+        assert_eq!(r["exit_code"], (i % 3) as u64, "{v}");
+        assert_eq!(s(&r["stdout"]), format!("q{i} 'ü'\n"), "{v}");
+        assert_eq!(s(&r["stderr"]), format!("e{i}\n"), "{v}");
+        // through the session: its command file is x/ID.cmd
+        assert!(
+            h.exists("h1", &marker(s(&r["execution_id"]), ".cmd")),
+            "{v}"
+        );
+    }
+    assert_eq!(h.count("h1", &quick), 10);
+    for i in 10..12 {
+        send(i, format!("echo x >> {long}; sleep 60; echo {i}"));
+    }
+    h.wait_file("h1", &long, Duration::from_secs(30));
+    sleep(Duration::from_millis(1500));
+    assert_eq!(h.count("h1", &long), 2);
+    h.fault(&["reboot", "h1"]);
+    for _ in 10..12 {
+        let v = rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a response");
+        let r = &v["result"];
+        assert_eq!(r["state"], "interrupted", "{v}");
+        assert!(r["exit_code"].is_null(), "{v}");
+        assert!(s(&r["reason"]).contains("reboot"), "{v}");
+    }
+    drop(stdin);
+    let _ = wait_within(child, Duration::from_secs(30));
+    assert_eq!(h.count("h1", &long), 2, "never run again");
+}
+
 macro_rules! on_both_flavours {
     ($($name:ident),* $(,)?) => {
         mod ash {
@@ -523,6 +609,7 @@ on_both_flavours!(
     hung_host_is_unknown_at_the_deadline_then_recover_finds_the_truth,
     disk_full_before_the_start_is_failed_with_the_hosts_error,
     disk_full_during_the_run_reports_only_what_was_seen,
+    host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted,
 );
 
 // ------------------------------------------------------------------------------ the campaign

@@ -1052,6 +1052,58 @@ fn a_host_session_result_beyond_its_inline_limit_is_read_with_watch() {
 }
 
 #[test]
+fn a_host_session_enforces_timeouts_and_honours_cancel() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    let beat = h.sshd.dir().join("beat");
+    rpc.request(
+        json!("t"),
+        "execute",
+        json!({"destination": "127.0.0.1", "timeout_secs": 1,
+               "command": format!("{}sleep 30", h.count())}),
+    );
+    rpc.request(
+        json!("c"),
+        "execute",
+        json!({"destination": "127.0.0.1",
+               "command": format!("{}(while :; do touch '{}'; sleep 0.1; done) & sleep 60",
+                                  h.count(), beat.display())}),
+    );
+    let t0 = Instant::now();
+    let r = rpc.response(&json!("t"), T);
+    assert_eq!(r["result"]["state"], "completed", "{r}");
+    assert_eq!(r["result"]["timed_out"], true, "{r}");
+    assert!(r["result"]["exit_code"] != 0, "{r}");
+    assert!(t0.elapsed() < Duration::from_secs(15), "{:?}", t0.elapsed());
+    wait_for("the second command to run", T, || {
+        beat.exists().then_some(())
+    });
+    // the session's supervisor is alive: cancel from another process signals the group
+    let id = fs::read_dir(h.x())
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().into_string().ok())
+        .filter_map(|n| n.strip_suffix(".start").map(str::to_owned))
+        .find(|id| !h.x().join(format!("{id}.done")).exists())
+        .expect("the running execution");
+    let c = h.cairn("cancel").args([&id, "--json"]).output().unwrap();
+    let v: Value = serde_json::from_slice(&c.stdout).unwrap_or_else(|_| panic!("{c:?}"));
+    assert_eq!(v["state"], "cancelled", "{v}");
+    let r = rpc.response(&json!("c"), T);
+    assert_eq!(r["result"]["execution_id"], id.as_str(), "{r}");
+    assert!(r["result"]["exit_code"] != 0, "{r}");
+    let done = fs::read_to_string(h.x().join(format!("{id}.done"))).unwrap();
+    assert!(done.contains("cancelled=1"), "{done}");
+    fs::remove_file(&beat).ok();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        !beat.exists(),
+        "a process of the cancelled group is still running"
+    );
+    assert_eq!(h.runs(), 2);
+}
+
+#[test]
 fn serve_retry_with_a_new_id_after_the_gateway_died_attaches_to_the_first_execution() {
     let h = Host::new();
     let cmd = format!("{}sleep 1.5; echo done-once", h.count());
