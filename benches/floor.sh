@@ -7,7 +7,8 @@
 #   ONE `ln` of those into place and ONE `sync` of the directory;
 # - each command costs only what the contract cannot share: a fork (the supervisor must learn
 #   its exit status), `setsid` (its own session, for cancel and timeouts) and the login shell
-#   that runs it; the supervisor waits for them in order instead of a waiter per command.
+#   that runs it (as for the plain exec it is compared with); the supervisor waits for them in
+#   start order, which a real one cannot (commands end in any order: it needs a waiter each).
 # Prints "TOTAL START END" (seconds since the epoch, from GNU date +%s.%N) when done.
 d=$1 n=$2 k=$3
 set -f
@@ -38,7 +39,7 @@ while [ "$i" -lt "$n" ]; do
 		(
 			cd "${HOME:-/}" || exit 126
 			# shellcheck disable=SC2016 # expanded by the login shell
-			exec setsid /bin/sh -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
+			exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
 		) &
 		p="$p $!"
 	done

@@ -656,6 +656,8 @@ gc)
 	fsync "$X"
 	p gc "removed_output=$no removed_tombstones=$nt unfinished=$nk"
 	;;
+# SESSION ARM BEGINS: sent only with the session mode (the client leaves it out of every
+# other exec, which keeps them small)
 session)
 	# One long-lived exec per connection that starts many dispatches, sharing the guard `ln`,
 	# the flushes and the size count of those that arrive together (PROTOCOL.md, Session).
@@ -977,5 +979,6 @@ session)
 	# requests never followed by "g" were not started
 	rm -rf "$I"
 	;;
+# SESSION ARM ENDS
 esac
 p end

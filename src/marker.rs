@@ -18,22 +18,37 @@ pub const PROTOCOL_VERSION: &str = "1";
 /// The host side, embedded at build time.
 pub const SCRIPT_SOURCE: &str = include_str!("../remote-scripts/cairn.sh");
 
-/// The script as sent: comment-only and blank lines removed (they are for people reading the
-/// file, not for the wire). Code lines never carry trailing comments, so this is safe.
+/// The script as sent for every mode but `session`: comment-only and blank lines removed (they
+/// are for people reading the file, not for the wire; code lines never carry trailing
+/// comments, so this is safe), and without the session mode's arm (a third of the script).
 pub fn script() -> &'static str {
     static S: OnceLock<String> = OnceLock::new();
-    S.get_or_init(|| {
-        let mut out = String::with_capacity(SCRIPT_SOURCE.len());
-        for line in SCRIPT_SOURCE.lines() {
-            let t = line.trim_start();
-            if t.is_empty() || t.starts_with('#') {
-                continue;
-            }
-            out.push_str(t);
-            out.push('\n');
+    S.get_or_init(|| wire(false))
+}
+
+/// The script as sent for the `session` mode: all of it, comments removed.
+pub fn session_script() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| wire(true))
+}
+
+fn wire(session: bool) -> String {
+    let mut out = String::with_capacity(SCRIPT_SOURCE.len());
+    let mut in_arm = false;
+    for line in SCRIPT_SOURCE.lines() {
+        let t = line.trim_start();
+        if t.starts_with("# SESSION ARM BEGINS") {
+            in_arm = true;
+        } else if t.starts_with("# SESSION ARM ENDS") {
+            in_arm = false;
         }
-        out
-    })
+        if t.is_empty() || t.starts_with('#') || (in_arm && !session) {
+            continue;
+        }
+        out.push_str(t);
+        out.push('\n');
+    }
+    out
 }
 
 /// Quote bytes for a POSIX shell: `'…'`, with `'` written as `'\''`.
@@ -178,9 +193,13 @@ pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
             vec![output_age_secs.to_string(), tombstone_age_secs.to_string()],
         ),
     };
-    let mut s = String::with_capacity(script().len() + 256);
+    let text = match op {
+        Op::Session => session_script(),
+        _ => script(),
+    };
+    let mut s = String::with_capacity(text.len() + 256);
     s.push_str("exec /bin/sh -c 'eval \"$1\"' cairn ");
-    s.push_str(&shell_quote(script()));
+    s.push_str(&shell_quote(text));
     for a in [mode.to_string(), dir.to_string(), nonce.to_string()]
         .into_iter()
         .chain(args)
@@ -789,6 +808,17 @@ mod tests {
     #[test]
     fn the_wire_script_has_no_comment_lines() {
         assert!(!script().lines().any(|l| l.starts_with('#')));
+        assert!(!session_script().lines().any(|l| l.starts_with('#')));
+    }
+
+    #[test]
+    fn only_the_session_exec_carries_the_session_arm() {
+        assert!(session_script().contains("\nsession)\n"));
+        assert!(!script().contains("\nsession)\n"));
+        assert!(script().len() * 10 < session_script().len() * 8, "{}", script().len());
+        // both are whole scripts: the case statement still closes
+        assert!(script().contains("\nesac\np end\n"));
+        assert!(session_script().contains("\nesac\np end\n"));
     }
 
     #[test]
