@@ -815,7 +815,11 @@ mod tests {
     fn only_the_session_exec_carries_the_session_arm() {
         assert!(session_script().contains("\nsession)\n"));
         assert!(!script().contains("\nsession)\n"));
-        assert!(script().len() * 10 < session_script().len() * 8, "{}", script().len());
+        assert!(
+            script().len() * 10 < session_script().len() * 8,
+            "{}",
+            script().len()
+        );
         // both are whole scripts: the case statement still closes
         assert!(script().contains("\nesac\np end\n"));
         assert!(session_script().contains("\nesac\np end\n"));
