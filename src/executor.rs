@@ -243,10 +243,6 @@ pub struct Executor {
     secrets: std::collections::HashMap<String, Vec<u8>>,
 }
 
-/// Leave out of `held` the transitions that would move an execution's state backwards: while
-/// they waited, another process (an `attach` of the same execution) recorded its result. A
-/// `running` after `completed` would make the journal say it is running again. Notes stay;
-/// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
 /// A held `running` waits at most HOLD_RUNNING (from when it was seen, however much output
 /// streams meanwhile) for the outcome to share its transaction: how long it may still wait.
 fn hold_left(run: &Run) -> Option<Duration> {
@@ -255,6 +251,10 @@ fn hold_left(run: &Run) -> Option<Duration> {
         .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()))
 }
 
+/// Leave out of `held` the transitions that would move an execution's state backwards: while
+/// they waited, another process (an `attach` of the same execution) recorded its result. A
+/// `running` after `completed` would make the journal say it is running again. Notes stay;
+/// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
 fn drop_overtaken(held: &mut Vec<(String, Option<State>, serde_json::Value)>, now: Option<State>) {
     if now.is_some_and(State::has_result) {
         held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
@@ -1416,12 +1416,13 @@ impl Executor {
             &mut run.out_off
         };
         if *off < NO_BYTES {
-            *off += d.len() as u64;
+            // (counted once the sink has them: the offset is what was delivered)
             if stderr {
                 sink.stderr(d)?;
             } else {
                 sink.stdout(d)?;
             }
+            *off += d.len() as u64;
             self.save_cursor(run, false);
         }
         Ok(())
