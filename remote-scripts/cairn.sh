@@ -68,6 +68,12 @@ now() {
 		NOW=$(date +%s)
 	fi
 }
+# wake: wake the watchers of F (a read-write open of the fifo never blocks)
+wake() {
+	n=$NL$NL$NL$NL
+	n=$n$n$n$n
+	printf '%s' "$n$n$n$n" 1<>"$F/wake"
+}
 # size FILE: sets Z (busybox wc may pad with spaces)
 size() { Z=$(wc -c <"$1") && Z=${Z##*[!0-9]}; }
 
@@ -442,10 +448,7 @@ if [ "$MODE" = supervise ]; then
 	if [ -n "$FS" ] && pst "$FP" && [ "$STIME" = "$FS" ]; then
 		kl TERM "$FP"
 	fi
-	# wake watchers (read-write open of the fifo never blocks)
-	n=$NL$NL$NL$NL
-	n=$n$n$n$n
-	printf '%s' "$n$n$n$n" 1<>"$F/wake"
+	wake
 	exit 0
 fi
 
@@ -874,6 +877,7 @@ session)
 	# the commands in W have exited: one wc for their sizes, their finish records written in
 	# place, one flush, one ln into place, one flush of the names; then answer each
 	finish() {
+		D_=''
 		set --
 		for r in $W; do set -- "$@" "$X/${r%%:*}/out" "$X/${r%%:*}/err"; done
 		m=$(wc -c "$@" 2>/dev/null)
@@ -898,8 +902,10 @@ session)
 			t=0 k=0
 			[ -e "$F/timedout" ] && t=1
 			[ -e "$F.cancel" ] && k=1
-			printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
-				"$ID" "$c" "$NOW" "$o" "$z" "$t" "$k" 1<>"$F/$ID.done"
+			d="v=1 id=$ID status=$c finished_at=$NOW out=$o err=$z timed_out=$t cancelled=$k"
+			printf '%s\n' "$d" 1<>"$F/$ID.done"
+			# kept for the answers below: "OUT ERR RECORD", one line each, in W's order
+			D_="$D_$o $z $d$NL"
 			set -- "$@" "$F/$ID.done"
 		done
 		fsync "$@"
@@ -908,18 +914,13 @@ session)
 		for r in $W; do
 			ID=${r%%:*}
 			F=$X/$ID
-			n=$NL$NL$NL$NL
-			n=$n$n$n$n
-			printf '%s' "$n$n$n$n" 1<>"$F/wake"
-			d=
-			read -r d <"$F.done"
-			o=0 z=0
-			for kv in $d; do
-				case $kv in
-				out=*) o=${kv#*=} ;;
-				err=*) z=${kv#*=} ;;
-				esac
-			done
+			wake
+			l=${D_%%"$NL"*}
+			D_=${D_#*"$NL"}
+			o=${l%% *} l=${l#* }
+			z=${l%% *} d=${l#* }
+			# (a record whose name did not go into place is not reported)
+			[ -e "$F.done" ] || d=""
 			# output up to 1 MiB a stream goes inline, framed by its length; beyond
 			# that the client reads it with watch
 			if num "$o" && [ "$o" -gt 0 ] && [ "$o" -le 1048576 ]; then

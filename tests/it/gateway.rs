@@ -839,10 +839,9 @@ fn serve_runs_executions_in_flight_on_shared_connections_and_a_few_threads() {
     assert_eq!(h.proxy.connections(), 5);
 }
 
-#[test]
-fn executions_sharing_a_cut_connection_each_recover_and_none_runs_twice() {
-    let h = Host::new();
-    let mut rpc = Rpc::start_with(&h, "60s", &["--channels-per-connection", "4"]);
+/// Eight executions of `sleep 2` in flight on `conns` connections; the proxy cuts them. Each
+/// completes with its own stdout and stderr; returns the journal's event kinds of each.
+fn eight_cut_mid_run(h: &Host, rpc: &mut Rpc, conns: usize) -> Vec<Vec<String>> {
     for i in 0..8 {
         rpc.request(
             json!(i),
@@ -852,21 +851,24 @@ fn executions_sharing_a_cut_connection_each_recover_and_none_runs_twice() {
         );
     }
     wait_for("all eight started", T, || (h.runs() == 8).then_some(()));
-    assert_eq!(h.proxy.connections(), 2);
+    assert_eq!(h.proxy.connections(), conns);
     h.proxy.cut();
-    for i in 0..8 {
-        let r = rpc.response(&json!(i), T);
-        assert_eq!(r["result"]["state"], "completed", "{r}");
-        assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
-        assert_eq!(r["result"]["stderr"], format!("e{i}\n"), "{r}");
-        let id = ExecutionId::parse(r["result"]["execution_id"].as_str().unwrap()).unwrap();
-        let kinds: Vec<String> = h
-            .journal()
-            .events(&id)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.kind)
-            .collect();
+    (0..8)
+        .map(|i| {
+            let r = rpc.response(&json!(i), T);
+            assert_eq!(r["result"]["state"], "completed", "{r}");
+            assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
+            assert_eq!(r["result"]["stderr"], format!("e{i}\n"), "{r}");
+            h.kinds(r["result"]["execution_id"].as_str().unwrap())
+        })
+        .collect()
+}
+
+#[test]
+fn executions_sharing_a_cut_connection_each_recover_and_none_runs_twice() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--channels-per-connection", "4"]);
+    for kinds in eight_cut_mid_run(&h, &mut rpc, 2) {
         assert!(kinds.iter().any(|k| k == "connection-lost"), "{kinds:?}");
         assert_eq!(
             kinds.iter().filter(|k| *k == "dispatched").count(),
@@ -950,23 +952,7 @@ fn host_sessions_start_executions_in_batches_once_each_with_exact_bytes() {
 fn a_host_session_cut_mid_flight_recovers_each_execution_and_none_runs_twice() {
     let h = Host::new();
     let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
-    for i in 0..8 {
-        rpc.request(
-            json!(i),
-            "execute",
-            json!({"destination": "127.0.0.1",
-                   "command": format!("{}sleep 2; echo n{i}; echo e{i} >&2", h.count())}),
-        );
-    }
-    wait_for("all eight started", T, || (h.runs() == 8).then_some(()));
-    assert_eq!(h.proxy.connections(), 1);
-    h.proxy.cut();
-    for i in 0..8 {
-        let r = rpc.response(&json!(i), T);
-        assert_eq!(r["result"]["state"], "completed", "{r}");
-        assert_eq!(r["result"]["stdout"], format!("n{i}\n"), "{r}");
-        assert_eq!(r["result"]["stderr"], format!("e{i}\n"), "{r}");
-        let kinds = h.kinds(id_of(&r).as_str());
+    for kinds in eight_cut_mid_run(&h, &mut rpc, 1) {
         assert_eq!(
             kinds.iter().filter(|k| *k == "connection-lost").count(),
             1,
