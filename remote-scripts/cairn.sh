@@ -675,6 +675,9 @@ session)
 	pst $$ || die "cannot read /proc/$$/stat"
 	SST=$STIME
 	trap '' HUP PIPE
+	# fsyncfs DIR FILE...: flush the file system that holds DIR (one syncfs, one device flush,
+	# where a file system without a journal pays one for every file), or else these files
+	fsyncfs() { sync -f "$1" 2>/dev/null || fsync "$@"; }
 	I=$T/s$$
 	Q=$T/s$$.q
 	K=$T/s$$.k
@@ -750,9 +753,33 @@ session)
 	) <&3 >/dev/null 2>&1 &
 	exec </dev/null 3<&-
 	# R: requests of the batch being gathered (ID:LEN:DIGEST:TIMEOUT); W: finished commands
-	# (ID:STATUS); N: commands running; Z: the reader has stopped
-	R='' W='' N=0 Z='' G='' SN='' nb=0
-	# ask I (each ID) to answer: error, verdict, start (if any), end
+	# (ID:STATUS); N: commands started and not yet answered; P: helpers running beside this
+	# shell; FH: a finish helper is running; Z: the reader has stopped
+	R='' W='' N=0 P=0 Z='' G='' SN='' nb=0 nf=0 p_='' FH=''
+	# This shell only reads events, answers and starts waiters: the batch's files, links and
+	# flushes, and a finish group's count, records, links and flushes, each run in a helper
+	# subshell beside it, which reports back through the same queue, one short line per
+	# execution (a write of at most PIPE_BUF bytes to a fifo is never interleaved):
+	#   v ID VERDICT [MESSAGE]   the batch helper: exists, or refused (nothing ran)
+	#   a ID TIMEOUT             the batch helper, after the flush: ID's guard is ours, on disk
+	#   y N                      the batch helper N has ended
+	#   o ID OUT ERR RECORD      the finish helper, after its flushes: ID's record is in place
+	#   z N                      the finish helper N has ended
+	# tell ID VERDICT MESSAGE: one line, at most 1 KiB, to this shell's queue
+	tell() {
+		m_=$3
+		while :; do
+			case $m_ in
+			*"$NL"*) m_="${m_%%"$NL"*} ${m_#*"$NL"}" ;;
+			*) break ;;
+			esac
+		done
+		while [ ${#m_} -gt 1024 ]; do
+			m_=${m_%????????????????????????????????????????????????????????????????}
+		done
+		echo "v $1 $2 $m_" >&4
+	}
+	# answer ID VERDICT [MESSAGE]: error, verdict, start (if any), end
 	answer() {
 		[ -n "$3" ] && p "=$1" error "$3"
 		p "=$1" verdict "$2"
@@ -761,19 +788,19 @@ session)
 		fi
 		[ "$2" = started ] || p "=$1" end
 	}
-	# refuse the whole batch with the tool's message
+	# (the batch helper) refuse the whole batch with the tool's message
 	refuse() {
 		for r in $R; do
 			i=${r%%:*}
 			rm -f "$I/$i.cmd"
-			answer "$i" refused "$1"
+			tell "$i" refused "$1"
 		done
 	}
-	# the batch in R: stage, cross the guards with one ln, move into place with one mv, one
-	# flush, then start each command under a waiter
+	# (the batch helper) the batch in R: stage, cross the guards with one ln, move into place
+	# with one mv, one flush; then "a" for each winner
 	batch() {
-		nb=$((nb + 1))
-		# stages live under I/b, cleared every 64 batches (one rm, not one a batch)
+		# stages live under I/b, cleared every 64 batches (one rm, not one a batch; one batch
+		# helper runs at a time)
 		if [ $((nb % 64)) = 0 ]; then
 			rm -rf "$I/b"
 		fi
@@ -822,10 +849,10 @@ session)
 				set -- "$@" "$SB/$i" "$I/$i.cmd"
 			elif [ -e "$X/$i.start" ]; then
 				rm -f "$I/$i.cmd"
-				answer "$i" exists
+				tell "$i" exists
 			else
 				rm -f "$I/$i.cmd"
-				answer "$i" refused "$m"
+				tell "$i" refused "$m"
 			fi
 		done
 		[ $# -gt 0 ] && m=$(mv "$@" "$X/" 2>&1)
@@ -839,49 +866,52 @@ session)
 			else
 				# nothing ran: give the guard back rather than leave a start we cannot honour
 				rm -rf "${X:?}/$i" "$X/$i.cmd" "$X/$i.start" "$I/$i.cmd"
-				answer "$i" refused "$m"
+				tell "$i" refused "$m"
 			fi
 		done
+		[ $# -gt 0 ] || return 0
 		# one flush for every record and name before anything runs
-		[ $# -gt 0 ] && fsync "$@" "$X"
+		fsyncfs "$X" "$@"
 		for r in $R; do
-			answer "${r%%:*}" started
-		done
-		for r in $R; do
-			ID=${r%%:*} TO=${r##*:}
-			F=$X/$ID CF=$X/$ID.cmd SEC=''
-			(
-				# the waiter: the command's exit status, with its own PID for the reaping
-				read -r PS </proc/self/stat
-				wp=${PS%% *}
-				w=
-				if [ "$TO" -gt 0 ]; then
-					watchdog &
-					w=$!
-				fi
-				(
-					# the session's queues are not the command's business
-					exec 4>&- 5>&-
-					command_
-				)
-				c=$?
-				if [ -n "$w" ]; then
-					kl TERM "$w"
-					wait "$w"
-				fi
-				echo "f $ID $c $wp" >&4
-			) </dev/null >/dev/null 2>&1 &
-			N=$((N + 1))
+			echo "a ${r%%:*} ${r##*:}" >&4
 		done
 	}
-	# the commands in W have exited: one wc for their sizes, their finish records written in
-	# place, one flush, one ln into place, one flush of the names; then answer each
+	# start ID (timeout TO) under a waiter
+	start() {
+		ID=$1 TO=$2
+		F=$X/$ID CF=$X/$ID.cmd SEC=''
+		(
+			# the waiter: the command's exit status, with its own PID for the reaping
+			read -r PS </proc/self/stat
+			wp=${PS%% *}
+			w=
+			if [ "$TO" -gt 0 ]; then
+				watchdog &
+				w=$!
+			fi
+			(
+				# the session's queues are not the command's business
+				exec 4>&- 5>&-
+				command_
+			)
+			c=$?
+			if [ -n "$w" ]; then
+				kl TERM "$w"
+				wait "$w"
+			fi
+			echo "f $ID $c $wp" >&4
+		) </dev/null >/dev/null 2>&1 &
+		N=$((N + 1))
+	}
+	# (the finish helper) the commands in W have exited: one wc for their sizes, their finish
+	# records written in place, one flush, one ln into place, one flush of the names; then
+	# "o" for each
 	finish() {
-		D_=''
 		set --
 		for r in $W; do set -- "$@" "$X/${r%%:*}/out" "$X/${r%%:*}/err"; done
 		m=$(wc -c "$@" 2>/dev/null)
 		now
+		D_=''
 		set --
 		for r in $W; do
 			ID=${r%%:*} c=${r#*:}
@@ -904,46 +934,53 @@ session)
 			[ -e "$F.cancel" ] && k=1
 			d="v=1 id=$ID status=$c finished_at=$NOW out=$o err=$z timed_out=$t cancelled=$k"
 			printf '%s\n' "$d" 1<>"$F/$ID.done"
-			# kept for the answers below: "OUT ERR RECORD", one line each, in W's order
-			D_="$D_$o $z $d$NL"
+			# kept for the reports below: "ID OUT ERR RECORD", one line each (x: unknown)
+			D_="$D_$ID ${o:-x} ${z:-x} $d$NL"
 			set -- "$@" "$F/$ID.done"
 		done
-		fsync "$@"
+		fsyncfs "$X" "$@"
 		ln "$@" "$X/" 2>/dev/null
-		fsync "$X"
-		for r in $W; do
-			ID=${r%%:*}
-			F=$X/$ID
-			wake
-			l=${D_%%"$NL"*}
+		fsyncfs "$X"
+		while [ -n "$D_" ]; do
+			echo "o ${D_%%"$NL"*}" >&4
 			D_=${D_#*"$NL"}
-			o=${l%% *} l=${l#* }
-			z=${l%% *} d=${l#* }
-			# (a record whose name did not go into place is not reported)
-			[ -e "$F.done" ] || d=""
-			# output up to 1 MiB a stream goes inline, framed by its length; beyond
-			# that the client reads it with watch
-			if num "$o" && [ "$o" -gt 0 ] && [ "$o" -le 1048576 ]; then
-				p "=$ID" out "$o"
-				head -c "$o" "$F/out"
-			else
-				o=0
-			fi
-			if num "$z" && [ "$z" -gt 0 ] && [ "$z" -le 1048576 ]; then
-				p "=$ID" err "$z"
-				head -c "$z" "$F/err"
-			else
-				z=0
-			fi
-			p "=$ID" sizes "out=$o err=$z"
-			[ -n "$d" ] && p "=$ID" 'done' "$d"
-			p "=$ID" end
-			N=$((N - 1))
 		done
-		W=''
+	}
+	# answer ID (OUT ERR RECORD: from the finish helper): wake the watchers, output, record
+	finished() {
+		ID=$1 o=$2 z=$3 d=$4
+		F=$X/$ID
+		wake
+		# (a record whose name did not go into place is not reported)
+		[ -e "$F.done" ] || d=""
+		# output up to 1 MiB a stream goes inline, framed by its length; beyond that the
+		# client reads it with watch
+		if num "$o" && [ "$o" -gt 0 ] && [ "$o" -le 1048576 ]; then
+			p "=$ID" out "$o"
+			head -c "$o" "$F/out"
+		else
+			o=0
+		fi
+		if num "$z" && [ "$z" -gt 0 ] && [ "$z" -le 1048576 ]; then
+			p "=$ID" err "$z"
+			head -c "$z" "$F/err"
+		else
+			z=0
+		fi
+		p "=$ID" sizes "out=$o err=$z"
+		[ -n "$d" ] && p "=$ID" 'done' "$d"
+		p "=$ID" end
+		N=$((N - 1))
+	}
+	# helper PID (named by its report): reap it
+	reap() {
+		eval "p_=\$P$1"
+		unset "P$1"
+		wait "$p_" 2>/dev/null
+		P=$((P - 1))
 	}
 	while :; do
-		if [ -n "$Z" ] && [ "$N" -eq 0 ] && [ -z "$SN" ]; then
+		if [ -n "$Z" ] && [ "$N" -eq 0 ] && [ "$P" -eq 0 ] && [ -z "$SN" ]; then
 			break
 		fi
 		read -r k a b c d <&4 || break
@@ -960,6 +997,29 @@ session)
 			[ -n "$a" ] && e "$a $b $c $d"
 			;;
 		s) SN='' ;;
+		v)
+			answer "$a" "$b" "$c${d:+ $d}"
+			continue
+			;;
+		a)
+			answer "$a" started
+			start "$a" "$b"
+			continue
+			;;
+		o)
+			finished "$a" "$b" "$c" "$d"
+			continue
+			;;
+		y)
+			reap "b$a"
+			# the batch has been taken: the reader may go on
+			echo k >&5
+			continue
+			;;
+		z)
+			reap "f$a"
+			FH=''
+			;;
 		esac
 		# Take what is queued now as one batch: a sentinel through our own queue comes back
 		# after every line written before it.
@@ -970,11 +1030,34 @@ session)
 			}
 			continue
 		fi
-		[ -n "$W" ] && finish
+		# (one finish helper at a time: what ends meanwhile waits for the next)
+		if [ -n "$W" ] && [ -z "$FH" ]; then
+			FH=1
+			nf=$((nf + 1))
+			(
+				exec 5>&-
+				finish
+				echo "z $nf" >&4
+			) </dev/null >/dev/null 2>&1 &
+			eval "Pf$nf=\$!"
+			P=$((P + 1))
+			W=''
+		fi
+		# (one batch helper at a time: the reader waits until "y")
 		if [ -n "$G" ]; then
-			[ -n "$R" ] && batch
+			if [ -n "$R" ]; then
+				nb=$((nb + 1))
+				(
+					exec 5>&-
+					batch
+					echo "y $nb" >&4
+				) </dev/null >/dev/null 2>&1 &
+				eval "Pb$nb=\$!"
+				P=$((P + 1))
+			else
+				echo k >&5
+			fi
 			R='' G=''
-			echo k >&5
 		fi
 	done
 	# requests never followed by "g" were not started
