@@ -116,7 +116,7 @@ pub(super) async fn authenticate(
     // 2. Key files.
     let mut encrypted: Option<std::path::PathBuf> = None;
     for path in &target.identity_files {
-        let text = match super::read_capped(path, 1 << 20) {
+        let mut text = match super::read_capped(path, 1 << 20) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 tracing::debug!(file = %path.display(), "no such key file");
@@ -128,6 +128,11 @@ pub(super) async fn authenticate(
                 continue;
             }
         };
+        // OpenSSH writes some ECDSA scalars shorter than ssh-key accepts; see keyfix.
+        if let Some(fixed) = super::keyfix::pad_short_ecdsa_scalar(&text) {
+            tracing::debug!(file = %path.display(), "ECDSA key with a short private scalar: re-encoded it at full length");
+            text = fixed;
+        }
         // Encrypted OpenSSH keys still carry their public key in the clear.
         if let Ok(pk) = PrivateKey::from_openssh(&text) {
             if pk.is_encrypted() {

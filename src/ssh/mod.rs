@@ -10,6 +10,7 @@
 
 mod auth;
 mod config;
+mod keyfix;
 pub mod known_hosts;
 pub mod pool;
 mod stream;
