@@ -281,6 +281,36 @@ async fn key_types() {
     assert!(!err.is_transient());
 }
 
+/// ECDSA keys whose private scalar OpenSSH wrote short (31 bytes for P-256, about one
+/// `ssh-keygen -t ecdsa` key in 512; ssh-key alone rejects it as "length invalid"), and
+/// P-384/P-521 ones written short the same way: cairn re-encodes them (src/ssh/keyfix.rs) and
+/// logs in with them. Fixed test keys, so this does not depend on ssh-keygen's luck.
+#[tokio::test(flavor = "multi_thread")]
+async fn ecdsa_short_scalar_keys() {
+    let sshd = TestSshd::start();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    for name in [
+        "ecdsa-p256-short-scalar.test-key",
+        "ecdsa-p384-short-scalar.test-key",
+        "ecdsa-p521-short-scalar.test-key",
+    ] {
+        let key = fixtures.join(name);
+        let public = fixtures.join(format!("{name}.pub"));
+        sshd.authorize(&public);
+        let mut t = sshd.target();
+        t.identity_files = vec![key];
+        let conn = connect(&t).await.unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(run(&conn, "true").await.status, Some(0));
+        conn.close().await;
+        let fingerprint = fingerprint_of(&public);
+        let log = sshd.log();
+        assert!(
+            log.contains("Accepted publickey") && log.contains(&fingerprint),
+            "{name}: sshd did not accept {fingerprint}:\n{log}"
+        );
+    }
+}
+
 struct Agent {
     child: Child,
     sock: std::path::PathBuf,
