@@ -68,8 +68,10 @@ now() {
 		NOW=$(date +%s)
 	fi
 }
-# wake: wake the watchers of F (a read-write open of the fifo never blocks)
+# wake: wake the watchers of F (a read-write open of the fifo never blocks; a session makes no
+# fifo: its first watcher does)
 wake() {
+	[ -p "$F/wake" ] || return 0
 	n=$NL$NL$NL$NL
 	n=$n$n$n$n
 	printf '%s' "$n$n$n$n" 1<>"$F/wake"
@@ -211,8 +213,11 @@ stream() {
 	o=$1 r=$2 CN=1
 	if [ "$3" = 1 ] && [ ! -e "$F.done" ]; then
 		alive
-		# the supervisor moves the stage into place right after crossing the guard
+		# the supervisor moves the stage into place right after crossing the guard (a session
+		# makes no wake fifo: the first watcher does)
 		while [ "$L" = alive ] && [ ! -p "$F/wake" ]; do
+			[ -d "$F" ] && mkfifo "$F/wake" 2>/dev/null
+			[ -p "$F/wake" ] && break
 			tick
 			alive
 		done
@@ -819,12 +824,6 @@ session)
 				return
 			}
 		done
-		set --
-		for r in $R; do set -- "$@" "$SB/${r%%:*}/wake"; done
-		m=$(mkfifo "$@" 2>&1) || {
-			refuse "$m"
-			return
-		}
 		now
 		set --
 		for r in $R; do
@@ -907,25 +906,46 @@ session)
 	# records written in place, one flush, one ln into place, one flush of the names; then
 	# "o" for each
 	finish() {
+		# one wc of the outputs that are not empty (a silent command costs none); V_ holds
+		# ID:STATUS:WHICH (o: out counted, e: err counted)
 		set --
-		for r in $W; do set -- "$@" "$X/${r%%:*}/out" "$X/${r%%:*}/err"; done
-		m=$(wc -c "$@" 2>/dev/null)
+		V_=''
+		for r in $W; do
+			F=$X/${r%%:*}
+			e_=-
+			[ -s "$F/out" ] && set -- "$@" "$F/out" && e_=o
+			[ -s "$F/err" ] && set -- "$@" "$F/err" && e_=${e_}e
+			V_="$V_ $r:$e_"
+		done
+		m=''
+		[ $# -gt 0 ] && m=$(wc -c "$@" 2>/dev/null)
 		now
 		D_=''
 		set --
-		for r in $W; do
-			ID=${r%%:*} c=${r#*:}
+		for r in $V_; do
+			ID=${r%%:*} r=${r#*:}
+			c=${r%%:*} e_=${r#*:}
 			F=$X/$ID
 			# "N path" lines in order (busybox pads N with spaces)
-			o='' z=''
-			l=${m%%"$NL"*}
-			m=${m#*"$NL"}
-			l=${l#"${l%%[! ]*}"}
-			[ "${l#* }" = "$F/out" ] && o=${l%% *}
-			l=${m%%"$NL"*}
-			m=${m#*"$NL"}
-			l=${l#"${l%%[! ]*}"}
-			[ "${l#* }" = "$F/err" ] && z=${l%% *}
+			o=0 z=0
+			case $e_ in
+			*o*)
+				o=''
+				l=${m%%"$NL"*}
+				m=${m#*"$NL"}
+				l=${l#"${l%%[! ]*}"}
+				[ "${l#* }" = "$F/out" ] && o=${l%% *}
+				;;
+			esac
+			case $e_ in
+			*e)
+				z=''
+				l=${m%%"$NL"*}
+				m=${m#*"$NL"}
+				l=${l#"${l%%[! ]*}"}
+				[ "${l#* }" = "$F/err" ] && z=${l%% *}
+				;;
+			esac
 			if ! num "$o" || ! num "$z"; then
 				size "$F/out" && o=$Z && size "$F/err" && z=$Z
 			fi

@@ -289,6 +289,23 @@ run_shell() {
 		check "session: command $id stored and run byte for byte" eval 'cmp -s "$X/$id.cmd" "$W/$id" && grep -aq "$B =$id done v=1 id=$id status=0 " "$W/o"'
 	done
 	check "session: a command's output is its command file, exactly" eval 'frame y1 out >"$W/f1" && cmp -s "$W/f1" "$W/y1" && frame y2 out >"$W/f2" && cmp -s "$W/f2" "$W/y2"'
+	# a session makes no wake fifo: a watcher of a running command makes it and is woken by
+	# the finish (a missed wake would leave it to its 2 s heartbeat)
+	sreq s6 'sleep 0.6' >"$W/sin6"
+	echo g >>"$W/sin6"
+	# shellcheck disable=SC2086,SC2016,SC2002
+	(cat "$W/sin6" | timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/so6" 2>&1) &
+	r=$!
+	i=0
+	while [ $i -lt 200 ] && [ ! -d "$X/s6" ]; do
+		sleep 0.02
+		i=$((i + 1))
+	done
+	t0=$(ms)
+	cx /dev/null watch .cairn "$NONCE" s6 0 0 1
+	t1=$(ms)
+	wait "$r"
+	check "session: a watcher makes the wake fifo and is woken by the finish ($((t1 - t0)) ms)" eval 'hasre "^done v=1 id=s6 status=0 " && [ -p "$X/s6/wake" ] && [ $((t1 - t0)) -lt 1600 ]'
 	{
 		i=0
 		while [ $i -lt 40 ]; do
