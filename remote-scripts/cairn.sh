@@ -757,10 +757,12 @@ session)
 		fi
 	) <&3 >/dev/null 2>&1 &
 	exec </dev/null 3<&-
-	# R: requests of the batch being gathered (ID:LEN:DIGEST:TIMEOUT); W: finished commands
-	# (ID:STATUS); N: commands started and not yet answered; P: helpers running beside this
-	# shell; FH: a finish helper is running; Z: the reader has stopped
-	R='' W='' N=0 P=0 Z='' G='' SN='' nb=0 nf=0 p_='' FH=''
+	# R: requests read since the last "g" (ID:LEN:DIGEST:TIMEOUT), RN of them; RC: requests
+	# confirmed by a "g" and waiting for the next batch helper, PN of them; KW: the reader waits
+	# for its go-on; BH: a batch helper is running; W: finished commands (ID:STATUS); FH: a
+	# finish helper is running; N: commands started and not yet answered; P: helpers running
+	# beside this shell; Z: the reader has stopped
+	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 p_='' FH='' BH=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
 	# flushes, and a finish group's count, records, links and flushes, each run in a helper
 	# subshell beside it, which reports back through the same queue, one short line per
@@ -770,7 +772,8 @@ session)
 	#   y N                      the batch helper N has ended
 	#   o ID OUT ERR RECORD      the finish helper, after its flushes: ID's record is in place
 	#   z N                      the finish helper N has ended
-	# tell ID VERDICT MESSAGE: one line, at most 1 KiB, to this shell's queue
+	# tell ID VERDICT MESSAGE: one line, at most 512 bytes of message, to this shell's queue
+	# (64 such lines in the queue at once stay far below a pipe's 64 KiB)
 	tell() {
 		m_=$3
 		while :; do
@@ -779,7 +782,7 @@ session)
 			*) break ;;
 			esac
 		done
-		while [ ${#m_} -gt 1024 ]; do
+		while [ ${#m_} -gt 512 ]; do
 			m_=${m_%????????????????????????????????????????????????????????????????}
 		done
 		echo "v $1 $2 $m_" >&4
@@ -1005,9 +1008,22 @@ session)
 		fi
 		read -r k a b c d <&4 || break
 		case $k in
-		r) R="$R $a:$b:$c:$d" ;;
+		r)
+			R="$R $a:$b:$c:$d"
+			RN=$((RN + 1))
+			;;
 		w) answer "$a" refused "cannot store the command in $I (disk full?)" ;;
-		g) G=1 ;;
+		g)
+			# confirmed: these go with the next batch helper; the reader may read on
+			# while fewer than 64 wait here
+			RC="$RC$R" R=''
+			PN=$((PN + RN)) RN=0
+			if [ "$PN" -lt 64 ]; then
+				echo k >&5
+			else
+				KW=1
+			fi
+			;;
 		f)
 			W="$W $a:$b"
 			wait "$c" 2>/dev/null
@@ -1032,9 +1048,7 @@ session)
 			;;
 		y)
 			reap "b$a"
-			# the batch has been taken: the reader may go on
-			echo k >&5
-			continue
+			BH=''
 			;;
 		z)
 			reap "f$a"
@@ -1063,21 +1077,23 @@ session)
 			P=$((P + 1))
 			W=''
 		fi
-		# (one batch helper at a time: the reader waits until "y")
-		if [ -n "$G" ]; then
-			if [ -n "$R" ]; then
-				nb=$((nb + 1))
-				(
-					exec 5>&-
-					batch
-					echo "y $nb" >&4
-				) </dev/null >/dev/null 2>&1 &
-				eval "Pb$nb=\$!"
-				P=$((P + 1))
-			else
+		# (one batch helper at a time: what is confirmed meanwhile goes into the next)
+		if [ -n "$RC" ] && [ -z "$BH" ]; then
+			BH=1
+			nb=$((nb + 1))
+			R=$RC
+			(
+				exec 5>&-
+				batch
+				echo "y $nb" >&4
+			) </dev/null >/dev/null 2>&1 &
+			eval "Pb$nb=\$!"
+			P=$((P + 1))
+			R='' RC='' PN=0
+			if [ -n "$KW" ]; then
+				KW=''
 				echo k >&5
 			fi
-			R='' G=''
 		fi
 	done
 	# requests never followed by "g" were not started

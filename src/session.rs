@@ -2,10 +2,13 @@
 //! (the host script's `session` mode) that starts many dispatches per flush.
 //!
 //! A dispatch on its own exec pays for an SSH session, a script parse and about 15 processes,
-//! three of them `sync`. A session takes every request that arrived while its previous batch
-//! was being started and starts them together: one start-guard `ln`, one `mv` and one `sync`
-//! for the whole batch, then a fork, `setsid` and the login shell per command. Finishes that
-//! arrive together share one `wc`, one `sync` of their records and one of their names.
+//! three of them `sync`. The client sends each request as soon as it has it; the host takes
+//! every request that arrived while its previous batch was being started and starts them
+//! together: one start-guard `ln`, one `mv` and one `sync` for the whole batch, then a fork,
+//! `setsid` and the login shell per command. Finishes that arrive together share one `wc` (none
+//! if their outputs are empty), one `sync` of their records and one of their names. The host's
+//! session shell leaves that file work to helper subshells beside it and only answers and
+//! starts commands.
 //!
 //! The session shell on the host is the supervisor named in every started record it writes,
 //! so a probe, a reattach or a cancel of such an execution is the same `watch`/`cancel` exec as
@@ -121,13 +124,14 @@ async fn run(conn: Connection, dir: &str, mut rx: mpsc::UnboundedReceiver<Reques
     let mut hello: Option<marker::Hello> = None;
     let mut queued: Vec<Request> = Vec::new();
     let mut waiting: HashMap<String, mpsc::UnboundedSender<Event>> = HashMap::new();
-    // requests of the last batch whose verdict has not come back yet
-    let mut unconfirmed = 0usize;
     let mut open = true;
     let mut stdin_closed = false;
     let why = 'session: loop {
         if let Some(h) = &hello {
-            if unconfirmed == 0 && !queued.is_empty() && waiting.len() < MAX_IN_FLIGHT {
+            // Send what is queued at once: the host gathers what arrives while its batch helper
+            // is busy into the next batch, so waiting here for verdicts would only add a round
+            // trip to every batch.
+            if !queued.is_empty() && waiting.len() < MAX_IN_FLIGHT {
                 let take = queued.len().min(MAX_IN_FLIGHT - waiting.len());
                 let mut buf = Vec::new();
                 for r in queued.drain(..take) {
@@ -141,7 +145,6 @@ async fn run(conn: Connection, dir: &str, mut rx: mpsc::UnboundedReceiver<Reques
                     waiting.insert(r.id.as_str().to_owned(), r.events);
                 }
                 buf.extend_from_slice(b"g\n");
-                unconfirmed = take;
                 if let Err(e) = ex.write_stdin(&buf).await {
                     break 'session format!("the host session's channel broke: {e}");
                 }
@@ -168,9 +171,6 @@ async fn run(conn: Connection, dir: &str, mut rx: mpsc::UnboundedReceiver<Reques
                                 break 'session format!("the host session's reply is unreadable: {e}");
                             }
                             SessionItem::For(id, line) => {
-                                if matches!(line, Ok(Line::Verdict(_))) {
-                                    unconfirmed = unconfirmed.saturating_sub(1);
-                                }
                                 let end = matches!(line, Ok(Line::End));
                                 match waiting.get(&id) {
                                     Some(tx) => {

@@ -250,12 +250,20 @@ run_shell() {
 		sreq s2 'echo x >>"$HOME/scount"'
 		sreq c1 'echo never'
 		echo g
-		sreq s2 'echo x >>"$HOME/scount"'
 		sreq s3 'sleep 5' 1
 		echo g
 	} >"$W/sin"
 	t0=$(ms)
 	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	cp "$W/o" "$W/o1"
+	# s2 again, in a later session
+	{
+		sreq s2 'echo x >>"$HOME/scount"'
+		echo g
+	} >"$W/sin"
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	cat "$W/o" >>"$W/o1"
+	mv "$W/o1" "$W/o"
 	check "session: hello first, end last" eval 'head -n 1 "$W/o" | grep -qF "$B hello v=1 " && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ "$RC" = 0 ]'
 	check "session: s1 started, exact stdout and stderr bytes, status 4" eval 'sline "=s1 verdict started" && [ "$(frame s1 out | od -An -c | tr -d " ")" = "o\\0x" ] && [ "$(frame s1 err)" = e ] && grep -aq "$B =s1 done v=1 id=s1 status=4 .* out=3 err=1 " "$W/o" && sline "=s1 end"'
 	check "session: a crossed guard (earlier dispatch c1, s2 again) is not started again" eval 'sline "=c1 verdict exists" && [ "$(grep -ac "$B =s2 verdict exists" "$W/o")" = 1 ] && [ "$(wc -l <"$HOME/scount")" = 1 ] && [ ! -e "$X/c1.cmd" ]'
@@ -268,6 +276,13 @@ run_shell() {
 	} >"$W/sin"
 	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
 	check "session: a request cut inside its command, or never confirmed by g, is not started" eval '[ ! -e "$X/s5.start" ] && [ ! -e "$X/s4.start" ] && ! grep -aq "=s[45] " "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ -z "$(ls "$HOME/.cairn/tmp" | grep "^s")" ]'
+	{
+		sreq z1 'true'
+		sreq z1 'true'
+		echo g
+	} >"$W/sin"
+	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
+	check "session: an ID sent twice stops the reader, nothing of it started" eval 'grep -aq "$B error execution z1 was sent twice in one session" "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ ! -e "$X/z1.start" ]'
 	printf 'd ../x 4 %s 0 1 1\ntrue\ne\ng\n' "$DG" >"$W/sin"
 	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
 	check "session: a bad request line stops the session, nothing started" eval 'grep -aq "$B error a request line was not well-formed" "$W/o" && [ "$(tail -n 1 "$W/o")" = "$B end" ] && [ ! -e "$HOME/.cairn/x.start" ]'
