@@ -1035,10 +1035,11 @@ fn throughput(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection
                 (total / n * n) as f64 / t0.elapsed().as_secs_f64()
             })
         };
-        let p = run(false, 10 * n);
+        // (30 each per caller: with fewer, the tail where callers have run out weighs in)
+        let p = run(false, 30 * n);
         let m = run(true, 3 * n);
-        let sess = rt.block_on(session_rate(conn, dir, n, 10 * n));
-        let p2 = run(false, 10 * n);
+        let sess = rt.block_on(session_rate(conn, dir, n, 30 * n));
+        let p2 = run(false, 30 * n);
         let base = (p + p2) / 2.0;
         let r = ratio(m, base);
         let rs = ratio(sess, base);
