@@ -757,6 +757,15 @@ session)
 		fi
 	) <&3 >/dev/null 2>&1 &
 	exec </dev/null 3<&-
+	# Protocol lines are gathered and written together (fl) before output bytes and when all
+	# queued events have been handled (nothing below dies): one write, and one SSH packet, for many lines.
+	OB=''
+	p() { OB="$OB$B $*$NL"; }
+	fl() {
+		[ -n "$OB" ] || return 0
+		printf '%s' "$OB"
+		OB=''
+	}
 	# R: requests read since the last "g" (ID:LEN:DIGEST:TIMEOUT), RN of them; RC: requests
 	# confirmed by a "g" and waiting for the next batch helper, PN of them; KW: the reader waits
 	# for its go-on; BH: a batch helper is running; W: finished commands (ID:STATUS); FH: a
@@ -980,12 +989,14 @@ session)
 		# client reads it with watch
 		if num "$o" && [ "$o" -gt 0 ] && [ "$o" -le 1048576 ]; then
 			p "=$ID" out "$o"
+			fl
 			head -c "$o" "$F/out"
 		else
 			o=0
 		fi
 		if num "$z" && [ "$z" -gt 0 ] && [ "$z" -le 1048576 ]; then
 			p "=$ID" err "$z"
+			fl
 			head -c "$z" "$F/err"
 		else
 			z=0
@@ -1033,19 +1044,12 @@ session)
 			[ -n "$a" ] && e "$a $b $c $d"
 			;;
 		s) SN='' ;;
-		v)
-			answer "$a" "$b" "$c${d:+ $d}"
-			continue
-			;;
+		v) answer "$a" "$b" "$c${d:+ $d}" ;;
 		a)
 			answer "$a" started
 			start "$a" "$b"
-			continue
 			;;
-		o)
-			finished "$a" "$b" "$c" "$d"
-			continue
-			;;
+		o) finished "$a" "$b" "$c" "$d" ;;
 		y)
 			reap "b$a"
 			BH=''
@@ -1056,7 +1060,7 @@ session)
 			;;
 		esac
 		# Take what is queued now as one batch: a sentinel through our own queue comes back
-		# after every line written before it.
+		# after every line written before it. Then write what was gathered.
 		if [ "$k" != s ]; then
 			[ -n "$SN" ] || {
 				echo s >&4
@@ -1064,6 +1068,7 @@ session)
 			}
 			continue
 		fi
+		fl
 		# (one finish helper at a time: what ends meanwhile waits for the next)
 		if [ -n "$W" ] && [ -z "$FH" ]; then
 			FH=1
@@ -1081,7 +1086,8 @@ session)
 		if [ -n "$RC" ] && [ -z "$BH" ]; then
 			BH=1
 			nb=$((nb + 1))
-			R=$RC
+			# (batch takes R; what R holds now is not confirmed yet and stays)
+			U_=$R R=$RC
 			(
 				exec 5>&-
 				batch
@@ -1089,7 +1095,7 @@ session)
 			) </dev/null >/dev/null 2>&1 &
 			eval "Pb$nb=\$!"
 			P=$((P + 1))
-			R='' RC='' PN=0
+			R=$U_ RC='' PN=0
 			if [ -n "$KW" ]; then
 				KW=''
 				echo k >&5
@@ -1098,6 +1104,10 @@ session)
 	done
 	# requests never followed by "g" were not started
 	rm -rf "$I"
+	# the last line, with what is still gathered (p gathers here)
+	p end
+	fl
+	exit 0
 	;;
 # SESSION ARM ENDS
 esac

@@ -331,6 +331,23 @@ run_shell() {
 	} >"$W/sin"
 	PIPE=1 cx "$W/sin" session .cairn "$NONCE"
 	check "session: 40 dispatches in 5 batches, each ran once with its own output" eval '[ "$(wc -l <"$HOME/mcount")" = 40 ] && [ "$(grep -ac "$B =m[0-9]* done .* status=0 " "$W/o")" = 40 ] && [ "$(frame m17 out)" = m17 ]'
+	# requests confirmed while a batch helper runs go into the next batch, and one read but not
+	# confirmed yet when that batch starts stays for the one after (sync slowed to 0.4 s, so the
+	# first helper is still running when the others arrive; busybox runs its own sync)
+	mkdir -p "$ROOT/slowsync"
+	printf '#!/bin/sh\nsleep 0.4\nexec %s "$@"\n' "$(command -v sync)" >"$ROOT/slowsync/sync"
+	chmod +x "$ROOT/slowsync/sync"
+	# shellcheck disable=SC2086 # $SH is two words for busybox
+	{
+		sreq jb1 'echo jb1'
+		echo g
+		sreq jb2 'echo jb2'
+		echo g
+		sreq jb3 'echo jb3'
+		sleep 1.5
+		echo g
+	} | timeout 30 env PATH="$ROOT/slowsync:$PATH" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e"
+	check "session: requests that arrive while a batch is being started are started after it, each once" eval 'grep -aq "$B =jb1 done v=1 id=jb1 status=0 " "$W/o" && grep -aq "$B =jb2 done v=1 id=jb2 status=0 " "$W/o" && grep -aq "$B =jb3 done v=1 id=jb3 status=0 " "$W/o" && [ "$(frame jb3 out)" = jb3 ] && [ "$(tail -n 1 "$W/o")" = "$B end" ]'
 
 	sleep 2.5
 	r=$(pgrep -af "$ROOT/$SHN" | grep -v pgrep)
