@@ -758,7 +758,8 @@ session)
 	) <&3 >/dev/null 2>&1 &
 	exec </dev/null 3<&-
 	# Protocol lines are gathered and written together (fl) before output bytes and when all
-	# queued events have been handled (nothing below dies): one write, and one SSH packet, for many lines.
+	# queued events have been handled: one write, and one SSH packet, for many lines (nothing
+	# below calls die, which would leave them unwritten).
 	OB=''
 	p() { OB="$OB$B $*$NL"; }
 	fl() {
@@ -782,7 +783,8 @@ session)
 	#   o ID OUT ERR RECORD      the finish helper, after its flushes: ID's record is in place
 	#   z N                      the finish helper N has ended
 	# tell ID VERDICT MESSAGE: one line, at most 512 bytes of message, to this shell's queue
-	# (64 such lines in the queue at once stay far below a pipe's 64 KiB)
+	# (the client keeps at most 64 executions in a session, so their lines in the queue at once
+	# stay below a pipe's 64 KiB, which this shell's own sentinel write relies on)
 	tell() {
 		m_=$3
 		while :; do
