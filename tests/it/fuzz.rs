@@ -302,6 +302,34 @@ fn jsonrpc_deep_nesting_and_huge_lines_are_bounded() {
     decode_jsonrpc(&long);
 }
 
+/// A numeric id is echoed as the same number. The first input is the one the property below
+/// found: without serde_json's `float_roundtrip`, it came back one ulp off.
+#[test]
+fn jsonrpc_float_ids_are_echoed_exactly() {
+    for text in [
+        "6.768395305344992e+165",
+        "0.1",
+        "1e-320",
+        "1.7976931348623157e308",
+        "-2.2250738585072014e-308",
+    ] {
+        let want: f64 = text.parse().unwrap();
+        let line = format!("{{\"jsonrpc\":\"2.0\",\"id\":{text},\"method\":\"status\"}}");
+        let req = cairn::serve::decode_line(&line).unwrap();
+        assert_eq!(
+            req.id.as_ref().and_then(|v| v.as_f64()),
+            Some(want),
+            "{text}"
+        );
+        decode_jsonrpc(&line);
+        // And an invalid request's error response echoes it too.
+        let bad = line.replace("2.0", "1.0");
+        let resp = cairn::serve::decode_line(&bad).unwrap_err();
+        let echoed: serde_json::Value = serde_json::from_str(&resp.to_string()).unwrap();
+        assert_eq!(echoed["id"].as_f64(), Some(want), "{text}: {resp}");
+    }
+}
+
 /// A JSON-RPC-shaped line built from arbitrary parts (so that most inputs get past the JSON
 /// parser and exercise the request validation).
 fn jsonrpc_line() -> impl Strategy<Value = String> {
