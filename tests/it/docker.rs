@@ -642,7 +642,20 @@ struct Plan {
     fault: Fault,
     fault_at: Duration,
     fault_len: Duration,
+    /// How the trial dispatches: `cairn run` (one execution), or `cairn serve --host-session`
+    /// with [`SESSION_EXECUTIONS`] executions at once through one host session.
+    via: Via,
 }
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Via {
+    Run,
+    Session,
+}
+
+/// Executions a `Via::Session` trial sends together (they share the host session's batch,
+/// finish group and channel, and every fault).
+const SESSION_EXECUTIONS: usize = 3;
 
 impl Plan {
     fn new(seed: u64, trial: usize) -> Plan {
@@ -662,6 +675,12 @@ impl Plan {
             fault,
             fault_at: r.millis(0, dur + 800),
             fault_len: r.millis(1000, 15000),
+            // (drawn last: the draws above are what they were before sessions joined)
+            via: if r.range(0, 2) == 0 {
+                Via::Session
+            } else {
+                Via::Run
+            },
         }
     }
 
@@ -716,21 +735,49 @@ struct Returned {
     stderr: Option<String>,
 }
 
-fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> Verdict {
+/// One trial: the plan's command dispatched (by `cairn run`, or three at once through
+/// `cairn serve --host-session`), the fault injected, then each execution judged against the
+/// host's own count and records.
+fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> Vec<Verdict> {
     let plan = Plan::new(seed, i);
-    let id = format!("t{i}-{:x}", seed & 0xffff_ffff);
-    let counter = format!("/root/count-{id}");
-    let mut c = h.client(BIN.as_ref(), dir.join(format!("{id}.db")));
+    let base = format!("t{i}-{:x}", seed & 0xffff_ffff);
+    let ids: Vec<String> = match plan.via {
+        Via::Run => vec![base.clone()],
+        Via::Session => (0..SESSION_EXECUTIONS)
+            .map(|k| format!("{base}-s{k}"))
+            .collect(),
+    };
+    let mut c = h.client(BIN.as_ref(), dir.join(format!("{base}.db")));
     c.reconnect_for = "8s".into();
-    let mut v = Verdict::default();
-    let note = |v: &mut Verdict, s: String| v.why.push(s);
+    let mut notes: Vec<String> = Vec::new();
 
     let t0 = Instant::now();
-    let mut child = Some(spawn(c.run(
-        &["--json", "--id", &id],
-        host,
-        &plan.command(&counter),
-    )));
+    let mut child = Some(match plan.via {
+        Via::Run => spawn(c.run(
+            &["--json", "--id", &ids[0]],
+            host,
+            &plan.command(&format!("/root/count-{}", ids[0])),
+        )),
+        Via::Session => {
+            // The requests as serve's stdin, which then ends: serve answers every request it
+            // read before it exits.
+            let mut lines = String::new();
+            for (k, id) in ids.iter().enumerate() {
+                let req = serde_json::json!({"jsonrpc": "2.0", "id": k, "method": "execute",
+                    "params": {"destination": host, "execution_id": id,
+                               "command": plan.command(&format!("/root/count-{id}"))}});
+                lines.push_str(&format!("{req}\n"));
+            }
+            let input = dir.join(format!("{base}.requests"));
+            std::fs::write(&input, lines).expect("write the requests");
+            let mut x = c.cmd("serve");
+            x.args(["--stdio", "--host-session"])
+                .stdin(std::fs::File::open(&input).expect("open the requests"))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            x.spawn().expect("spawn cairn serve")
+        }
+    });
     // Sleep until the fault's moment (a finished client does not stop host faults).
     while t0.elapsed() < plan.fault_at {
         sleep(Duration::from_millis(10));
@@ -766,53 +813,125 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
         panic!("trial {i}: injecting {:?} failed: {e}", plan.fault);
     }
 
-    let mut ret = Returned::default();
+    // What the client returned, by execution ID.
+    let mut rets: BTreeMap<String, Returned> = BTreeMap::new();
     let mut need_recover = killed;
     match wait_within(child.take().expect("child"), Duration::from_secs(90)) {
         Err(_) => {
-            note(
-                &mut v,
-                "cairn run did not finish within 90 s (killed)".into(),
-            );
+            notes.push("the client did not finish within 90 s (killed)".into());
             need_recover = true;
         }
         Ok(out) if !killed => {
             let text = String::from_utf8_lossy(&out.stdout);
-            match serde_json::from_str::<serde_json::Value>(text.lines().last().unwrap_or("")) {
-                Ok(j) => {
-                    if j["state"] == "completed" {
-                        ret.exit_code = j["exit_code"].as_u64();
-                        ret.stdout = j["stdout"].as_str().map(str::to_owned);
-                        ret.stderr = j["stderr"].as_str().map(str::to_owned);
-                        if out.status.code().map(|x| x as u64) != ret.exit_code {
-                            note(
-                                &mut v,
-                                format!(
-                                    "process exit {:?} but JSON exit_code {:?}",
-                                    out.status.code(),
-                                    ret.exit_code
-                                ),
-                            );
-                            v.lost = true;
+            let why = || {
+                format!(
+                    "(exit {:?}): {}",
+                    out.status.code(),
+                    String::from_utf8_lossy(&out.stderr)
+                        .lines()
+                        .last()
+                        .unwrap_or("")
+                )
+            };
+            match plan.via {
+                Via::Run => match serde_json::from_str::<serde_json::Value>(
+                    text.lines().last().unwrap_or(""),
+                ) {
+                    Ok(j) => {
+                        let ret = returned(&j);
+                        if j["state"] == "completed"
+                            && out.status.code().map(|x| x as u64) != ret.exit_code
+                        {
+                            notes.push(format!(
+                                "process exit {:?} but JSON exit_code {:?}",
+                                out.status.code(),
+                                ret.exit_code
+                            ));
+                        }
+                        rets.insert(ids[0].clone(), ret);
+                    }
+                    Err(_) => notes.push(format!("run printed no JSON {}", why())),
+                },
+                Via::Session => {
+                    for line in text.lines() {
+                        let j: serde_json::Value = match serde_json::from_str(line) {
+                            Ok(j) => j,
+                            Err(_) => {
+                                notes
+                                    .push(format!("serve printed a line that is not JSON: {line}"));
+                                continue;
+                            }
+                        };
+                        let k = j["id"].as_u64().unwrap_or(u64::MAX) as usize;
+                        match ids.get(k) {
+                            Some(id) if j["result"].is_object() => {
+                                rets.insert(id.clone(), returned(&j["result"]));
+                            }
+                            _ => notes.push(format!("serve answered {line}")),
                         }
                     }
+                    if rets.len() != ids.len() {
+                        notes.push(format!(
+                            "serve answered {} of {} requests {}",
+                            rets.len(),
+                            ids.len(),
+                            why()
+                        ));
+                    }
                 }
-                Err(_) => note(
-                    &mut v,
-                    format!(
-                        "run printed no JSON (exit {:?}): {}",
-                        out.status.code(),
-                        String::from_utf8_lossy(&out.stderr)
-                            .lines()
-                            .last()
-                            .unwrap_or("")
-                    ),
-                ),
             }
         }
         Ok(_) => {}
     }
-    let after_run = c.state(&id);
+    let mut verdicts = Vec::new();
+    for id in &ids {
+        let ret = rets.remove(id).unwrap_or_default();
+        let mut v = judge(&plan, &c, h, host, id, ret, need_recover);
+        v.why.extend(notes.iter().cloned());
+        if notes.iter().any(|n| n.starts_with("process exit")) {
+            v.lost = true;
+        }
+        if v.ran_twice || v.lost || v.wrong || !v.why.is_empty() {
+            say(&format!(
+                "fault campaign: trial {i} {id} on {host} ({}) {:?}: state {}: {}",
+                h.flavour.as_str(),
+                plan,
+                v.state,
+                v.why.join("; ")
+            ));
+        }
+        verdicts.push(v);
+    }
+    verdicts
+}
+
+/// A completed outcome's exit code and output as JSON gives them (`run --json`, or serve's
+/// `result`); nothing for any other state.
+fn returned(j: &serde_json::Value) -> Returned {
+    if j["state"] != "completed" {
+        return Returned::default();
+    }
+    Returned {
+        exit_code: j["exit_code"].as_u64(),
+        stdout: j["stdout"].as_str().map(str::to_owned),
+        stderr: j["stderr"].as_str().map(str::to_owned),
+    }
+}
+
+/// One execution after the client returned (or was killed): recovered if the journal left it
+/// open, then judged against the host's count of runs and its finish record.
+fn judge(
+    plan: &Plan,
+    c: &Client,
+    h: &Hosts,
+    host: &str,
+    id: &str,
+    mut ret: Returned,
+    mut need_recover: bool,
+) -> Verdict {
+    let mut v = Verdict::default();
+    let note = |v: &mut Verdict, s: String| v.why.push(s);
+    let after_run = c.state(id);
     if after_run.is_some_and(|s| !s.is_settled()) {
         need_recover = true;
     }
@@ -826,22 +945,22 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
                     serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
                 let one = arr
                     .as_array()
-                    .and_then(|a| a.iter().find(|e| e["execution_id"] == id.as_str()));
+                    .and_then(|a| a.iter().find(|e| e["execution_id"] == id));
                 if let Some(one) = one {
                     if one["state"] == "completed" {
                         ret.exit_code = one["exit_code"].as_u64();
                         let mut x = c.cmd("output");
-                        x.arg(&id);
+                        x.arg(id);
                         ret.stdout = output_within(x, Duration::from_secs(60))
                             .ok()
                             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
                         let mut x = c.cmd("output");
-                        x.args([&id, "--stderr"]);
+                        x.args([id, "--stderr"]);
                         ret.stderr = output_within(x, Duration::from_secs(60))
                             .ok()
                             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
                     }
-                } else if c.state(&id).is_some_and(|s| !s.is_settled()) {
+                } else if c.state(id).is_some_and(|s| !s.is_settled()) {
                     note(
                         &mut v,
                         format!(
@@ -855,34 +974,34 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
             }
         }
     }
-    let state = c.state(&id);
+    let state = c.state(id);
     if matches!(state, Some(State::Completed | State::Delivered)) && ret.exit_code.is_none() {
         // Settled before the client died or recover looked: ask the journal and the host.
         let mut x = c.cmd("status");
-        x.args([&id, "--json"]);
+        x.args([id, "--json"]);
         if let Ok(o) = output_within(x, Duration::from_secs(60)) {
             let j: serde_json::Value =
                 serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
             ret.exit_code = j["exit_code"].as_u64();
         }
         let mut x = c.cmd("output");
-        x.arg(&id);
+        x.arg(id);
         ret.stdout = output_within(x, Duration::from_secs(60))
             .ok()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
         let mut x = c.cmd("output");
-        x.args([&id, "--stderr"]);
+        x.args([id, "--stderr"]);
         ret.stderr = output_within(x, Duration::from_secs(60))
             .ok()
             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned());
     }
     // An execution cairn leaves open may still be running: let it finish before judging.
-    let mut facts = host_facts(h, host, &id);
+    let mut facts = host_facts(h, host, id);
     if !state.is_some_and(|s| s.is_settled()) && facts.started && facts.done.is_none() {
         let t = Instant::now();
         while t.elapsed() < Duration::from_secs(10) && facts.done.is_none() {
             sleep(Duration::from_millis(250));
-            facts = host_facts(h, host, &id);
+            facts = host_facts(h, host, id);
         }
     }
     v.state = state
@@ -972,17 +1091,6 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
             note(&mut v, format!("left in state {s:?}"));
         }
     }
-    if v.ran_twice || v.lost || v.wrong || !v.why.is_empty() {
-        say(&format!(
-            "fault campaign: trial {i} on {host} ({}) {:?} after {:?}: state {} host {:?}: {}",
-            h.flavour.as_str(),
-            plan,
-            after_run,
-            v.state,
-            facts,
-            v.why.join("; ")
-        ));
-    }
     v
 }
 
@@ -1021,22 +1129,25 @@ fn all_faults_randomized_campaign() {
         .flat_map(|h| (1..=h.n).map(move |k| (h, format!("h{k}"))))
         .collect();
     let next = AtomicUsize::new(0);
-    let results: Mutex<Vec<(Fault, Verdict)>> = Mutex::new(Vec::new());
+    // (fault, how it was dispatched, verdict) for every execution; trials done
+    let results: Mutex<Vec<(Fault, Via, Verdict)>> = Mutex::new(Vec::new());
+    let done = AtomicUsize::new(0);
     std::thread::scope(|sc| {
         for (h, host) in &slots {
-            let (next, results, dir) = (&next, &results, dir.path());
+            let (next, results, done, dir) = (&next, &results, &done, dir.path());
             sc.spawn(move || loop {
                 let i = next.fetch_add(1, Ordering::SeqCst);
                 if i >= trials {
                     break;
                 }
-                let v = trial(seed, i, h, host, dir);
+                let vs = trial(seed, i, h, host, dir);
+                let plan = Plan::new(seed, i);
                 let mut r = results.lock().unwrap_or_else(|p| p.into_inner());
-                r.push((Plan::new(seed, i).fault, v));
-                if r.len() % 25 == 0 {
+                r.extend(vs.into_iter().map(|v| (plan.fault, plan.via, v)));
+                let n = done.fetch_add(1, Ordering::SeqCst) + 1;
+                if n % 25 == 0 {
                     say(&format!(
-                        "fault campaign: {}/{trials} trials, {:.0}s",
-                        r.len(),
+                        "fault campaign: {n}/{trials} trials, {:.0}s",
                         t0.elapsed().as_secs_f64()
                     ));
                 }
@@ -1045,8 +1156,13 @@ fn all_faults_randomized_campaign() {
     });
     let results = results.into_inner().unwrap_or_else(|p| p.into_inner());
     let mut by: BTreeMap<(String, String), usize> = BTreeMap::new();
-    for (f, v) in &results {
-        *by.entry((format!("{f:?}"), v.state.clone())).or_default() += 1;
+    for (f, via, v) in &results {
+        let how = match via {
+            Via::Run => "",
+            Via::Session => "(session)",
+        };
+        *by.entry((format!("{f:?}{how}"), v.state.clone()))
+            .or_default() += 1;
     }
     let table: Vec<String> = by
         .iter()
@@ -1057,17 +1173,31 @@ fn all_faults_randomized_campaign() {
         t0.elapsed().as_secs_f64(),
         table.join(" ")
     ));
-    let n = |p: fn(&Verdict) -> bool| results.iter().filter(|(_, v)| p(v)).count();
+    let n = |p: fn(&Verdict) -> bool| results.iter().filter(|(_, _, v)| p(v)).count();
     let (twice, lost, wrong) = (n(|v| v.ran_twice), n(|v| v.lost), n(|v| v.wrong));
     let unknown = n(|v| v.state == "unknown");
     let interrupted = n(|v| v.state == "interrupted");
+    let through_sessions = results
+        .iter()
+        .filter(|(_, via, _)| *via == Via::Session)
+        .count();
     let line = format!(
-        "campaign: trials={} ran_twice={twice} lost_results={lost} wrong_state={wrong} \
-         unknown={unknown} interrupted={interrupted}",
+        "campaign: trials={} executions={} through_host_sessions={through_sessions} \
+         ran_twice={twice} lost_results={lost} wrong_state={wrong} unknown={unknown} \
+         interrupted={interrupted}",
+        done.load(Ordering::SeqCst),
         results.len()
     );
     say(&line);
-    assert_eq!(results.len(), trials);
+    assert_eq!(done.load(Ordering::SeqCst), trials);
+    let sessions = (0..trials)
+        .filter(|&i| Plan::new(seed, i).via == Via::Session)
+        .count();
+    assert_eq!(
+        results.len(),
+        trials + sessions * (SESSION_EXECUTIONS - 1),
+        "every execution of every trial is judged"
+    );
     assert!(
         twice == 0 && lost == 0 && wrong == 0,
         "the fault campaign found violations (seed {seed}): see the trial lines and the \
