@@ -582,7 +582,7 @@ fn main() {
         std::process::exit(2);
     }
     let t_all = Instant::now();
-    let bin = build_cairn();
+    let bin = cairn_binary();
     let sshd = support::TestSshd::start();
     let work = tempfile::Builder::new()
         .prefix("cairn-bench-")
@@ -708,23 +708,12 @@ fn login_shell(user: &str) -> String {
         .unwrap_or_else(|| "?".into())
 }
 
-/// Build the `cairn` binary with the bench profile (release settings; `cargo bench` does not
-/// build binaries), and return its path.
-fn build_cairn() -> PathBuf {
-    let st = Command::new(env!("CARGO"))
-        // The bench profile (= release settings) shares the library this bench was built with,
-        // so only the binary's own crate is compiled here.
-        .args(["build", "--quiet", "--profile", "bench", "--bin", "cairn"])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .status()
-        .expect("cargo build");
-    assert!(
-        st.success(),
-        "cargo build --profile bench --bin cairn failed"
-    );
-    let p = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("../release/cairn");
+/// The `cairn` binary cargo built beside this bench, with the same profile and features (no
+/// second build).
+fn cairn_binary() -> PathBuf {
+    let p = PathBuf::from(env!("CARGO_BIN_EXE_cairn"));
     assert!(p.exists(), "no {}", p.display());
-    p.canonicalize().unwrap()
+    p
 }
 
 fn cairn_run(
