@@ -680,9 +680,8 @@ session)
 	pst $$ || die "cannot read /proc/$$/stat"
 	SST=$STIME
 	trap '' HUP PIPE
-	# fsyncfs DIR FILE...: flush the file system that holds DIR (one syncfs, one device flush,
-	# where a file system without a journal pays one for every file), or else these files
-	fsyncfs() { sync -f "$1" 2>/dev/null || fsync "$@"; }
+	# (flushes name their files: never syncfs, which would wait for every other writer's dirty
+	# data on the file system; PROTOCOL.md, Session)
 	I=$T/s$$
 	Q=$T/s$$.q
 	K=$T/s$$.k
@@ -884,7 +883,7 @@ session)
 		done
 		[ $# -gt 0 ] || return 0
 		# one flush for every record and name before anything runs
-		fsyncfs "$X" "$@"
+		fsync "$X" "$@"
 		for r in $R; do
 			echo "a ${r%%:*} ${r##*:}" >&4
 		done
@@ -972,9 +971,9 @@ session)
 			D_="$D_$ID ${o:-x} ${z:-x} $d$NL"
 			set -- "$@" "$F/$ID.done"
 		done
-		fsyncfs "$X" "$@"
+		fsync "$@"
 		ln "$@" "$X/" 2>/dev/null
-		fsyncfs "$X"
+		fsync "$X"
 		while [ -n "$D_" ]; do
 			echo "o ${D_%%"$NL"*}" >&4
 			D_=${D_#*"$NL"}
