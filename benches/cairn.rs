@@ -825,17 +825,19 @@ fn marker_overhead(
     let scratch = format!("{dir}.scratch");
     std::fs::create_dir_all(&scratch).unwrap();
     // what the host script does for an attached dispatch of `true`, without the protocol:
-    // 15 fork+exec, and its 3 `sync` calls (4 fsyncs)
+    // 15 fork+exec, and its 3 `sync` calls (6 fsyncs: the empty outputs of `true` are flushed
+    // with the finish record)
     let spawn15 = "i=0; while [ $i -lt 15 ]; do /bin/true; i=$((i+1)); done".to_owned();
     let sync3 = format!(
         "echo x >> '{scratch}/f'; sync '{scratch}/f' '{scratch}'; echo x >> '{scratch}/f'; \
-         sync '{scratch}/f'; sync '{scratch}'"
+         : >> '{scratch}/o'; : >> '{scratch}/e'; \
+         sync '{scratch}/o' '{scratch}/e' '{scratch}/f'; sync '{scratch}'"
     );
     const N: usize = 15;
     let names = [
         "plain exec `true` (floor)",
         "plain exec: sh forking 15 × /bin/true",
-        "plain exec: the script's 3 `sync` calls (4 fsyncs)",
+        "plain exec: the script's 3 `sync` calls (6 fsyncs)",
         "`hello` (script shipped + parsed, no dispatch)",
         "dispatch ATTACH=0 (verdict only)",
         "dispatch ATTACH=0, fsync() a no-op",
@@ -900,8 +902,8 @@ fn marker_overhead(
     }
     t.note(bd);
     t.note(format!(
-        "2 what the contract alone costs here: the host script's 3 `sync` calls (4 fsyncs: the \
-         started record and its names, the finish record, its name) as a plain exec take {} \
+        "2 what the contract alone costs here: the host script's 3 `sync` calls (6 fsyncs: the \
+         started record and its names, the finish record with the outputs, its name) as a plain exec take {} \
          = {:.1}× the plain exec by themselves, and its 15 fork+exec {} = {:.1}×; a durable \
          start record and finish record written by an agentless POSIX sh (no fsync builtin) \
          cannot cost less than the syncs",

@@ -4,10 +4,10 @@
 # - no request is read and no reply written (the SSH channel costs nothing here);
 # - K dispatches share ONE start guard `ln` (POSIX `ln FILE... DIR`), ONE flush of their
 #   started records and names, ONE `wc` of their outputs that are not empty (none for `true`),
-#   ONE flush of their finish records, ONE `ln` of those into place and ONE flush of the
-#   directory; a flush is `sync FILE...` of the files and directory it must make durable, as
-#   in cairn (not syncfs, which also waits for every other writer's dirty data on the file
-#   system: RESULTS.md measures it);
+#   ONE flush of their finish records with those outputs, ONE `ln` of those into place and
+#   ONE flush of the directory; a flush is `sync FILE...` of the files and directory it must
+#   make durable, as in cairn (not syncfs, which also waits for every other writer's dirty
+#   data on the file system: RESULTS.md measures it);
 # - each command costs only what the contract cannot share: a fork (the supervisor must learn
 #   its exit status), `setsid` (its own session, for cancel and timeouts) and the login shell
 #   that runs it (as for the plain exec it is compared with); the supervisor waits for them in
@@ -61,8 +61,9 @@ while [ "$i" -lt "$n" ]; do
 		printf 'v=1 status=0 out=0 err=0\n' >"$f.done"
 		r="$r $f.done"
 	done
+	# (the outputs that are not empty with the records that count them)
 	# shellcheck disable=SC2086
-	sync $r || exit 1
+	sync $w $r || exit 1
 	# shellcheck disable=SC2086
 	ln $r "$d/x/" || exit 1
 	sync "$d/x" || exit 1

@@ -447,7 +447,8 @@ if [ "$MODE" = supervise ]; then
 	# (its own newline, so that a reader stops there and not at the end of the padding)
 	printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
 		"$ID" "$c" "$NOW" "$o" "$Z" "$t" "$k" 1<>"$F/done.tmp"
-	fsync "$F/done.tmp"
+	# the outputs with the record: no record on disk states bytes the disk does not hold
+	fsync "$F/out" "$F/err" "$F/done.tmp"
 	mv "$F/done.tmp" "$F.done"
 	fsync "$X"
 	if [ -n "$FS" ] && pst "$FP" && [ "$STIME" = "$FS" ]; then
@@ -934,7 +935,8 @@ session)
 		[ $# -gt 0 ] && m=$(wc -c "$@" 2>/dev/null)
 		now
 		D_=''
-		set --
+		# (the outputs stay in the list: flushed with the records, so that no record on disk
+		# states bytes the disk does not hold)
 		for r in $V_; do
 			ID=${r%%:*} r=${r#*:}
 			c=${r%%:*} e_=${r#*:}
@@ -972,6 +974,11 @@ session)
 			set -- "$@" "$F/$ID.done"
 		done
 		fsync "$@"
+		set --
+		for r in $V_; do
+			ID=${r%%:*}
+			set -- "$@" "$X/$ID/$ID.done"
+		done
 		ln "$@" "$X/" 2>/dev/null
 		fsync "$X"
 		while [ -n "$D_" ]; do

@@ -365,6 +365,12 @@ run_shell() {
 		# shellcheck disable=SC2034 # used in the check below
 		L=$ROOT/$SHN/synclog
 		check "session: flushes name the started records, the finish records and x; none is a syncfs" eval 'grep -aq "$B =fl1 done v=1 id=fl1 status=0 " "$W/o" && grep -aq "$B =fl2 done v=1 id=fl2 status=0 " "$W/o" && ! grep -q -- "^-" "$L" && grep -q "^$X $X/fl1.start $X/fl2.start\$" "$L" && grep -q "$X/fl1/fl1.done" "$L" && grep -q "$X/fl2/fl2.done" "$L" && grep -qx "$X" "$L"'
+		# a finish record is flushed with the output it counts (an empty output has nothing)
+		check "session: the output that was written is flushed with its finish record" eval 'grep -q "^$X/fl1/out .*$X/fl1/fl1.done" "$L" && ! grep -q "$X/fl2/out" "$L"'
+		rm -f "$L"
+		c=$(mkcmd 'echo fl3; echo e3 >&2' fl3)
+		CXPATH=$ROOT/logsync:$PATH disp fl3 "$c" 0 1
+		check "dispatch: the outputs are flushed with the finish record" eval 'hasre "^done v=1 id=fl3 status=0 .*out=4 err=3" && grep -qx "$X/fl3/out $X/fl3/err $X/fl3/done.tmp" "$L"'
 	fi
 
 	sleep 2.5
