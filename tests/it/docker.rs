@@ -697,6 +697,8 @@ struct Verdict {
     wrong: bool,
     state: String,
     why: Vec<String>,
+    /// For the trial line: the journal's state when the client returned, and the host's facts.
+    seen: String,
 }
 
 /// What the host says about one execution.
@@ -750,6 +752,8 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
     let mut c = h.client(BIN.as_ref(), dir.join(format!("{base}.db")));
     c.reconnect_for = "8s".into();
     let mut notes: Vec<String> = Vec::new();
+    // `run` exited with a code other than the exit_code its JSON gave
+    let mut exit_mismatch = false;
 
     let t0 = Instant::now();
     let mut child = Some(match plan.via {
@@ -842,6 +846,7 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
                         if j["state"] == "completed"
                             && out.status.code().map(|x| x as u64) != ret.exit_code
                         {
+                            exit_mismatch = true;
                             notes.push(format!(
                                 "process exit {:?} but JSON exit_code {:?}",
                                 out.status.code(),
@@ -888,14 +893,13 @@ fn trial(seed: u64, i: usize, h: &Hosts, host: &str, dir: &std::path::Path) -> V
         let ret = rets.remove(id).unwrap_or_default();
         let mut v = judge(&plan, &c, h, host, id, ret, need_recover);
         v.why.extend(notes.iter().cloned());
-        if notes.iter().any(|n| n.starts_with("process exit")) {
-            v.lost = true;
-        }
+        v.lost |= exit_mismatch;
         if v.ran_twice || v.lost || v.wrong || !v.why.is_empty() {
             say(&format!(
-                "fault campaign: trial {i} {id} on {host} ({}) {:?}: state {}: {}",
+                "fault campaign: trial {i} {id} on {host} ({}) {:?}: {}: state {}: {}",
                 h.flavour.as_str(),
                 plan,
+                v.seen,
                 v.state,
                 v.why.join("; ")
             ));
@@ -1004,6 +1008,7 @@ fn judge(
             facts = host_facts(h, host, id);
         }
     }
+    v.seen = format!("after the client {after_run:?}, host {facts:?}");
     v.state = state
         .map(|s| s.as_str().to_owned())
         .unwrap_or("none".into());
