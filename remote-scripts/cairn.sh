@@ -772,7 +772,7 @@ session)
 	# for its go-on; BH: a batch helper is running; W: finished commands (ID:STATUS); FH: a
 	# finish helper is running; N: commands started and not yet answered; P: helpers running
 	# beside this shell; Z: the reader has stopped
-	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 p_='' FH='' BH=''
+	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 nw=0 p_='' FH='' BH=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
 	# flushes, and a finish group's count, records, links and flushes, each run in a helper
 	# subshell beside it, which reports back through the same queue, one short line per
@@ -889,14 +889,14 @@ session)
 			echo "a ${r%%:*} ${r##*:}" >&4
 		done
 	}
-	# start ID (timeout TO) under a waiter
+	# start ID (timeout TO) under waiter number nw (this shell keeps its PID in Pw<nw> for the
+	# reaping: the waiter reads nothing from /proc)
 	start() {
 		ID=$1 TO=$2
 		F=$X/$ID CF=$X/$ID.cmd SEC=''
+		nw=$((nw + 1))
 		(
-			# the waiter: the command's exit status, with its own PID for the reaping
-			read -r PS </proc/self/stat
-			wp=${PS%% *}
+			# the waiter: the command's exit status
 			w=
 			if [ "$TO" -gt 0 ]; then
 				watchdog &
@@ -912,8 +912,9 @@ session)
 				kl TERM "$w"
 				wait "$w"
 			fi
-			echo "f $ID $c $wp" >&4
+			echo "f $ID $c $nw" >&4
 		) </dev/null >/dev/null 2>&1 &
+		eval "Pw$nw=\$!"
 		N=$((N + 1))
 	}
 	# (the finish helper) the commands in W have exited: one wc for their sizes, their finish
@@ -1045,7 +1046,9 @@ session)
 			;;
 		f)
 			W="$W $a:$b"
-			wait "$c" 2>/dev/null
+			eval "p_=\$Pw$c"
+			unset "Pw$c"
+			wait "$p_" 2>/dev/null
 			;;
 		q)
 			Z=1
