@@ -1,4 +1,4 @@
-# floor.sh DIR TOTAL K: the cheapest work any POSIX sh implementation of the marker contract
+# floor.sh DIR TOTAL K [WAITERS]: the cheapest work any POSIX sh implementation of the marker contract
 # must do for TOTAL dispatches of `true`, K at a time, timed on the host as one exec. It is
 # deliberately optimistic, so that a rate it cannot reach is out of reach for the real protocol:
 # - no request is read and no reply written (the SSH channel costs nothing here);
@@ -12,8 +12,11 @@
 #   its exit status), `setsid` (its own session, for cancel and timeouts) and the login shell
 #   that runs it (as for the plain exec it is compared with); the supervisor waits for them in
 #   start order, which a real one cannot (commands end in any order: it needs a waiter each).
+# With WAITERS=1 each command runs under a waiter subshell that stores its exit status as it
+# ends, as a supervisor that learns each status when it happens must (one more fork each):
+# the floor for a supervisor in POSIX sh, which has no "wait for any child".
 # Prints "TOTAL START END" (seconds since the epoch, from GNU date +%s.%N) when done.
-d=$1 n=$2 k=$3
+d=$1 n=$2 k=$3 wt=${4:-0}
 set -f
 rm -rf "$d"
 mkdir -p "$d/x" "$d/s" || exit 1
@@ -39,11 +42,22 @@ while [ "$i" -lt "$n" ]; do
 	sync $s "$d/x" || exit 1
 	p=
 	for f; do
-		(
-			cd "${HOME:-/}" || exit 126
-			# shellcheck disable=SC2016 # expanded by the login shell
-			exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
-		) &
+		if [ "$wt" = 1 ]; then
+			(
+				(
+					cd "${HOME:-/}" || exit 126
+					# shellcheck disable=SC2016 # expanded by the login shell
+					exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
+				)
+				echo "$?" >"$f.status"
+			) &
+		else
+			(
+				cd "${HOME:-/}" || exit 126
+				# shellcheck disable=SC2016 # expanded by the login shell
+				exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
+			) &
+		fi
 		p="$p $!"
 	done
 	for q in $p; do
