@@ -116,7 +116,8 @@ rec() {
 alive() {
 	if ! boot || [ "$BOOT" != "$R_boot" ]; then
 		L=rebooted
-	elif pst "$R_pid" && [ "$STIME" = "$R_start" ] && case $STATE in Z | X) false ;; esac; then
+	# (F/lost: a host session, alive itself, lost this execution's waiter: PROTOCOL.md, Session)
+	elif [ ! -e "$F/lost" ] && pst "$R_pid" && [ "$STIME" = "$R_start" ] && case $STATE in Z | X) false ;; esac; then
 		L=alive
 	else
 		L=dead
@@ -757,6 +758,17 @@ session)
 		fi
 	) <&3 >/dev/null 2>&1 &
 	exec </dev/null 3<&-
+	# the ticker: a "t" every 2 s, so that a waiter that died without reporting is noticed;
+	# it stops when this shell is gone
+	(
+		exec 5>&-
+		NP=
+		trap 'kl TERM "$NP"; exit 0' TERM
+		while nap 2 && kill -0 $$; do
+			echo t >&4
+		done
+	) </dev/null >/dev/null 2>&1 &
+	TK=$!
 	# Protocol lines are gathered and written together (fl) before output bytes and when all
 	# queued events have been handled: one write, and one SSH packet, for many lines (nothing
 	# below calls die, which would leave them unwritten).
@@ -772,7 +784,7 @@ session)
 	# for its go-on; BH: a batch helper is running; W: finished commands (ID:STATUS); FH: a
 	# finish helper is running; N: commands started and not yet answered; P: helpers running
 	# beside this shell; Z: the reader has stopped
-	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 nw=0 p_='' FH='' BH=''
+	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 nw=0 WL='' p_='' FH='' BH=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
 	# flushes, and a finish group's count, records, links and flushes, each run in a helper
 	# subshell beside it, which reports back through the same queue, one short line per
@@ -890,11 +902,12 @@ session)
 		done
 	}
 	# start ID (timeout TO) under waiter number nw (this shell keeps its PID in Pw<nw> for the
-	# reaping: the waiter reads nothing from /proc)
+	# reaping: the waiter reads nothing from /proc; WL lists the waiters running, as nw:ID)
 	start() {
 		ID=$1 TO=$2
 		F=$X/$ID CF=$X/$ID.cmd SEC=''
 		nw=$((nw + 1))
+		WL="$WL $nw:$ID"
 		(
 			# the waiter: the command's exit status
 			w=
@@ -1015,6 +1028,21 @@ session)
 		p "=$ID" end
 		N=$((N - 1))
 	}
+	# waiter number $1 (PID p_) of execution $2 ended without reporting (killed): the exit status
+	# is lost. F/lost makes every reader's liveness check say "dead", as for a dead supervisor
+	# (the command itself may still run); the client hears "live dead" and no finish record.
+	lost() {
+		unset "Pw$1"
+		wait "$p_" 2>/dev/null
+		WL="${WL%%" $1:$2"*}${WL#*" $1:$2"}"
+		F=$X/$2
+		now
+		put "$F/lost" "v=1 id=$2 lost_at=$NOW waiter_pid=$p_" 2>/dev/null || true >"$F/lost"
+		wake
+		p "=$2" live dead
+		p "=$2" end
+		N=$((N - 1))
+	}
 	# helper PID (named by its report): reap it
 	reap() {
 		eval "p_=\$P$1"
@@ -1049,6 +1077,21 @@ session)
 			eval "p_=\$Pw$c"
 			unset "Pw$c"
 			wait "$p_" 2>/dev/null
+			WL="${WL%%" $c:$a"*}${WL#*" $c:$a"}"
+			;;
+		t)
+			# a waiter that has ended (a zombie) or is gone: ask again behind whatever it
+			# may have written (a "u" comes after its "f", if it wrote one)
+			for r in $WL; do
+				eval "p_=\$Pw${r%%:*}"
+				if ! pst "$p_" || [ "$STATE" = Z ]; then
+					echo "u ${r%%:*} ${r#*:}" >&4
+				fi
+			done
+			;;
+		u)
+			eval "p_=\${Pw$a:-}"
+			[ -n "$p_" ] && lost "$a" "$b"
 			;;
 		q)
 			Z=1
@@ -1113,6 +1156,7 @@ session)
 			fi
 		fi
 	done
+	kl TERM "$TK"
 	# requests never followed by "g" were not started
 	rm -rf "$I"
 	# the last line, with what is still gathered (p gathers here)

@@ -348,6 +348,29 @@ run_shell() {
 		echo g
 	} | timeout 30 env PATH="$ROOT/slowsync:$PATH" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e"
 	check "session: requests that arrive while a batch is being started are started after it, each once" eval 'grep -aq "$B =jb1 done v=1 id=jb1 status=0 " "$W/o" && grep -aq "$B =jb2 done v=1 id=jb2 status=0 " "$W/o" && grep -aq "$B =jb3 done v=1 id=jb3 status=0 " "$W/o" && [ "$(frame jb3 out)" = jb3 ] && [ "$(tail -n 1 "$W/o")" = "$B end" ]'
+	# a waiter killed before it could report: within a tick or two the session says "live dead"
+	# and no finish record for it, finishes its other execution as usual and ends; a watch then
+	# says "dead" too (the command itself is left running, as after any supervisor's death:
+	# killed here)
+	rm -f "$HOME/lwcount"
+	# shellcheck disable=SC2086 # $SH is two words for busybox
+	{
+		sreq lw1 'echo x >>"$HOME/lwcount"; sleep 20'
+		sreq lw2 'echo lw2'
+		echo g
+		i=0
+		while [ $i -lt 250 ] && [ ! -s "$X/lw1/pgid" ]; do
+			sleep 0.02
+			i=$((i + 1))
+		done
+		read -r pg _ <"$X/lw1/pgid"
+		kill -9 "$(ps -o ppid= -p "$pg" | tr -d ' ')"
+		sleep 5
+	} | timeout 30 $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e"
+	cp "$W/o" "$W/o.lw"
+	cx /dev/null watch .cairn "$NONCE" lw1 0 0 0
+	kill -9 -- "-$pg" 2>/dev/null
+	check "session: a killed waiter is reported dead, without a finish record; the rest goes on" eval 'grep -aqxF "$B =lw1 live dead" "$W/o.lw" && ! grep -aq "$B =lw1 done" "$W/o.lw" && grep -aq "$B =lw2 done v=1 id=lw2 status=0 " "$W/o.lw" && [ "$(tail -n 1 "$W/o.lw")" = "$B end" ] && [ -e "$X/lw1/lost" ] && [ ! -e "$X/lw1.done" ] && [ "$(wc -l <"$HOME/lwcount")" = 1 ] && has "live dead" && ! hasre "^done"'
 
 	# a session's flushes name their files, never the whole file system: syncfs would wait for
 	# every other writer's dirty data (a logging sync through PATH; busybox runs its own)

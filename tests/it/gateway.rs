@@ -1013,6 +1013,50 @@ fn a_killed_host_session_leaves_its_executions_interrupted_not_guessed() {
 }
 
 #[test]
+fn a_killed_waiter_in_a_live_host_session_leaves_its_execution_interrupted_and_the_rest_complete() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    rpc.request(
+        json!(1),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": format!("{}sleep 30", h.count())}),
+    );
+    let id = h.wait_started();
+    // the command's process (its PID is in x/ID/pgid) is a child of its waiter
+    let pgid = wait_for("the command's pgid file", T, || {
+        fs::read_to_string(h.x().join(&id).join("pgid"))
+            .ok()
+            .and_then(|s| s.split(' ').next().map(str::to_owned))
+            .filter(|p| !p.is_empty())
+    });
+    let stat = fs::read_to_string(format!("/proc/{pgid}/stat")).expect("the command runs");
+    let waiter = stat.rsplit(") ").next().unwrap().split(' ').nth(1).unwrap();
+    assert!(Command::new("kill")
+        .args(["-KILL", waiter])
+        .status()
+        .unwrap()
+        .success());
+    // the session lives on: the next execution goes through it and completes
+    rpc.request(
+        json!(2),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": format!("{}echo after", h.count())}),
+    );
+    let r = rpc.response(&json!(1), T);
+    // its exit status is lost with its waiter: interrupted, for review; never "completed"
+    assert_eq!(r["result"]["state"], "interrupted", "{r}");
+    assert!(r["result"]["exit_code"].is_null(), "{r}");
+    let r2 = rpc.response(&json!(2), T);
+    assert_eq!(r2["result"]["state"], "completed", "{r2}");
+    assert_eq!(r2["result"]["exit_code"], 0, "{r2}");
+    assert!(h.x().join(&id).join("lost").exists());
+    assert_eq!(h.runs(), 2);
+    let _ = Command::new("kill")
+        .args(["-KILL", &format!("-{pgid}")])
+        .status();
+}
+
+#[test]
 fn a_host_session_result_beyond_its_inline_limit_is_read_with_watch() {
     let h = Host::new();
     let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
