@@ -310,6 +310,15 @@ pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
     })
 }
 
+/// What the approver is asked about, besides the target and the host key.
+struct Asked<'a> {
+    actor: &'a str,
+    scope: &'a str,
+    class: OpClass,
+    destination: &'a str,
+    command: &'a [u8],
+}
+
 /// Whether the process that wrote a journal row (`pid@hostname`) may still be alive. A
 /// process on another machine cannot be checked: assumed alive.
 fn client_alive(client: &str) -> bool {
@@ -574,26 +583,101 @@ impl Executor {
         }
         self.correlate(&id, &intent, true)?;
 
-        // Authorization: asked once, for a new execution only; the decision is evidence.
+        let asked = Asked {
+            actor: &cols.actor,
+            scope: &cols.scope,
+            class: intent.class,
+            destination: &req.destination,
+            command: &req.command,
+        };
+        self.authorize_and_dispatch(&target, &mut run, conn_idx, &asked, req.detach, sink)
+            .await
+    }
+
+    /// An execution accepted in the journal whose client stopped before it asked for
+    /// authorization or sent a byte (`cairn batch resume` of a member left `accepted`): ask the
+    /// approver now, as `execute` would have, and dispatch it under its own ID if allowed.
+    /// `command` is the command as requested (before `cwd`/`env` were wrapped around it).
+    /// Anything past `accepted`, or still owned by a live client, is attached to instead.
+    pub async fn authorize_accepted(
+        &mut self,
+        id: &ExecutionId,
+        command: &[u8],
+        class: OpClass,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        let state = self.journal.status(id)?.map(|s| s.state);
+        let owner_alive = self
+            .journal
+            .execution(id)?
+            .is_some_and(|r| client_alive(&r.client));
+        if state != Some(State::Accepted) || owner_alive {
+            return self.attach(id, sink).await;
+        }
+        let mut run = self.load(id)?;
+        let target = self.target_for(&run.rec)?;
+        let Some(cols) = self.journal.intent_of(id)? else {
+            // accepted without an intent: the host was never identified
+            return self.attach(id, sink).await;
+        };
+        let conn_idx = match self.connection(&target).await {
+            Ok(i) => i,
+            Err(e) => {
+                return self.conclude(&mut run, State::Failed, &format!("never dispatched: {e}"))
+            }
+        };
+        run.host_key = Some(self.conns[conn_idx].1.host_key_fingerprint().to_owned());
+        self.journal.append(
+            id,
+            "resumed",
+            None,
+            json!({"by": crate::journal::client_identity(),
+                   "why": "accepted, never authorized or dispatched: its client stopped; asking for authorization now"}),
+        )?;
+        let destination = run.rec.destination.clone();
+        let asked = Asked {
+            actor: &cols.actor,
+            scope: &cols.scope,
+            class,
+            destination: &destination,
+            command,
+        };
+        self.authorize_and_dispatch(&target, &mut run, conn_idx, &asked, false, sink)
+            .await
+    }
+
+    /// Authorization (asked once, the decision is evidence), the host's epoch, then the
+    /// dispatch: the part of `execute` after the execution was accepted.
+    async fn authorize_and_dispatch(
+        &mut self,
+        target: &Target,
+        run: &mut Run,
+        conn_idx: usize,
+        asked: &Asked<'_>,
+        detach: bool,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        let id = run.rec.id.clone();
+        let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
         let target_text = format!("{}@{}:{}", target.user, target.hostname, target.port);
         let decision = self.approver.decide(&ApprovalRequest {
             execution_id: id.as_str(),
-            actor: &cols.actor,
-            destination: &req.destination,
+            actor: asked.actor,
+            destination: asked.destination,
             target: &target_text,
             account: &target.user,
             host_key: &fp,
-            class: intent.class,
-            scope: &cols.scope,
-            command: &req.command,
+            class: asked.class,
+            scope: asked.scope,
+            command: asked.command,
         });
         let decided = json!({"by": decision.by, "rule": decision.rule, "reason": decision.reason,
-                             "at": now_rfc3339(), "host_key": fp, "actor": cols.actor});
+                             "at": now_rfc3339(), "host_key": fp, "actor": asked.actor});
         if !decision.allow {
             self.journal
                 .append(&id, "rejected", Some(State::Rejected), decided)?;
             run.prior = Prior::Settled;
-            let mut o = self.outcome_from_journal(&run)?;
+            let mut o = self.outcome_from_journal(run)?;
             o.reason = Some(format!(
                 "not authorized ({}): {}; nothing was sent",
                 decision.by, decision.reason
@@ -612,7 +696,7 @@ impl Executor {
                 }
                 Err(why) => {
                     let o = self.conclude(
-                        &mut run,
+                        run,
                         State::Failed,
                         &format!("never dispatched: preparing the host failed: {why}"),
                     )?;
@@ -621,8 +705,7 @@ impl Executor {
             },
         };
         run.expected_epoch = Some(epoch);
-        self.drive(&target, &mut run, true, req.detach, true, sink)
-            .await
+        self.drive(target, run, true, detach, true, sink).await
     }
 
     /// The secret `export` lines to send after the command for a dispatch of `id`: those of

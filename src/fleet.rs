@@ -160,6 +160,9 @@ enum Mode {
     Fresh,
     /// Already in the journal: apply the recovery table via attach.
     Attach,
+    /// Accepted, never authorized (cairn stopped before it asked): ask the approver now, then
+    /// dispatch under the recorded ID if allowed.
+    Authorize,
     /// Authorized but the `dispatched` event was never written (cairn stopped in between): no
     /// byte of the command left, so dispatch it under its own ID (the start guard decides).
     Redispatch,
@@ -593,6 +596,7 @@ async fn resume(
         let mode = match ex.journal.status(&id)? {
             None if ex.journal.execution(&id)?.is_none() => Mode::Fresh,
             Some(s) if s.state == State::Delivered => Mode::Settled,
+            Some(s) if s.state == State::Accepted => Mode::Authorize,
             Some(s) if s.state == State::Authorized => Mode::Redispatch,
             Some(s) if s.state == State::Failed => Mode::Retry,
             _ => Mode::Attach,
@@ -693,6 +697,10 @@ fn run_host(
                 ex.execute(req, plan.intent.clone(), &mut sink).await?
             }
             Mode::Attach => ex.attach(&job.id, &mut sink).await?,
+            Mode::Authorize => {
+                ex.authorize_accepted(&job.id, &plan.command, plan.intent.class, &mut sink)
+                    .await?
+            }
             Mode::Redispatch => ex.redispatch(&job.id, false, &mut sink).await?,
             Mode::Settled => ex.journal_outcome(&job.id)?,
             Mode::Retry => {

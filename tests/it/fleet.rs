@@ -368,3 +368,70 @@ fn docker_twenty_hosts_cut_reboot_kill_resume() {
     assert_eq!(out.status.code(), Some(254));
     assert_eq!(summary["needs_review"][0]["host"], "h3");
 }
+
+#[test]
+fn resume_asks_for_authorization_a_host_left_accepted_by_a_killed_client() {
+    let l = Loop::new(1);
+    let batch = "bt_accepted_only";
+    // The first run asks on a terminal (`--approve prompt`, under `script` for a pty) and is
+    // killed while it waits: its execution is accepted, never authorized, nothing was sent.
+    let run = l.run(
+        &["--hosts", "a1", "--approve", "prompt", "--batch", batch],
+        &format!("{COUNT}echo hi"),
+    );
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', r"'\''"));
+    let line = std::iter::once(quote(run.get_program()))
+        .chain(run.get_args().map(quote))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut s = Command::new("script");
+    s.args(["-qefc", &line, "/dev/null"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null());
+    for (k, v) in run.get_envs() {
+        match v {
+            Some(v) => s.env(k, v),
+            None => s.env_remove(k),
+        };
+    }
+    let mut first = s.spawn().expect("script (util-linux)");
+    let id = wait_for(
+        "the execution accepted, waiting for approval",
+        LIMIT,
+        || {
+            let out = output(l.cairn(&["batch", "status", batch, "--json"]), LIMIT);
+            let st: Value = serde_json::from_slice(&out.stdout).ok()?;
+            let h = &st["hosts"][0];
+            (h["state"] == "accepted").then(|| h["execution_id"].as_str().unwrap().to_owned())
+        },
+    );
+    assert!(Command::new("pkill")
+        .args(["-KILL", "-f", batch])
+        .status()
+        .unwrap()
+        .success());
+    let _ = first.kill();
+    let _ = first.wait();
+    assert_eq!(l.runs(0), 0);
+
+    // Resume asks the approver now (allow), dispatches it under its own ID, once.
+    let out = output(
+        l.cairn(&["batch", "resume", batch, "--json", "--approve", "allow"]),
+        LIMIT,
+    );
+    let v = json_lines(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{v:?}");
+    assert_eq!(l.runs(0), 1, "{v:?}");
+    let a1 = v.iter().find(|o| o["host"] == "a1").unwrap();
+    assert_eq!(a1["state"], "completed", "{v:?}");
+    assert_eq!(a1["execution_id"], id.as_str());
+    let j = cairn::journal::Journal::open(&l.journal()).unwrap();
+    let events = j.events(&cairn::ExecutionId::parse(&id).unwrap()).unwrap();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    let at = |k: &str| kinds.iter().position(|x| *x == k);
+    assert!(
+        at("resumed") < at("authorized") && at("authorized") < at("dispatched"),
+        "{kinds:?}"
+    );
+    assert!(at("resumed").is_some(), "{kinds:?}");
+}
