@@ -869,10 +869,17 @@ impl Executor {
     /// Dispatch again an execution recorded `failed`: it provably never started (nothing was
     /// sent, or the host refused before the start guard), so sending it under the same ID is
     /// safe; the host's start guard still decides. Anything else is attached to instead.
+    ///
+    /// One that failed before it was ever authorized (the host could not be reached at first
+    /// contact, or its client stopped first) is put to the approver now, with `command` (as
+    /// requested, before `cwd`/`env` were wrapped around it) and `intent`: a retry never runs
+    /// on a decision nobody made.
     pub async fn retry_never_started(
         &mut self,
         id: &ExecutionId,
         why: &str,
+        command: &[u8],
+        intent: &Intent,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         if self.journal.status(id)?.map(|s| s.state) != Some(State::Failed) {
@@ -886,6 +893,39 @@ impl Executor {
             None,
             json!({"why": why, "by": crate::journal::client_identity()}),
         )?;
+        let authorized = self
+            .journal
+            .events(id)?
+            .iter()
+            .any(|e| e.kind == "authorized");
+        if !authorized {
+            let conn_idx = match self.connection(&target).await {
+                Ok(i) => i,
+                Err(e) => {
+                    return self.conclude(
+                        &mut run,
+                        State::Failed,
+                        &format!("never dispatched: {e}"),
+                    )
+                }
+            };
+            let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
+            run.host_key = Some(fp.clone());
+            let op = intent.record(&fp, &target.user, command);
+            let (actor, scope) = (op.actor_canonical(), op.scope_canonical());
+            let destination = run.rec.destination.clone();
+            let asked = Asked {
+                actor: &actor,
+                scope: &scope,
+                class: intent.class,
+                destination: &destination,
+                command,
+            };
+            run.prior = Prior::Dispatched;
+            return self
+                .authorize_and_dispatch(&target, &mut run, conn_idx, &asked, false, sink)
+                .await;
+        }
         // The epoch this journal last saw on the host, when it knows the host's key.
         run.expected_epoch = match &run.host_key {
             Some(k) => self.journal.host_epoch(k, &run.rec.remote_dir)?,

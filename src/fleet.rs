@@ -707,6 +707,8 @@ fn run_host(
                 ex.retry_never_started(
                     &job.id,
                     "batch resume: the execution provably never started",
+                    &plan.command,
+                    &plan.intent,
                     &mut sink,
                 )
                 .await?

@@ -435,3 +435,34 @@ fn resume_asks_for_authorization_a_host_left_accepted_by_a_killed_client() {
     );
     assert!(at("resumed").is_some(), "{kinds:?}");
 }
+
+#[test]
+fn resume_asks_the_approver_before_retrying_a_host_that_failed_before_it_was_asked() {
+    let l = Loop::new(2);
+    // a2's sshd is down: its execution fails at first contact, before anyone was asked.
+    l.sshds[1].stop_sshd();
+    let out = output(
+        l.run(&["--hosts", "a1,a2", "--json"], &format!("{COUNT}echo hi")),
+        LIMIT,
+    );
+    let v = json_lines(&out.stdout);
+    let batch = v
+        .iter()
+        .find_map(|o| o["batch_id"].as_str().map(str::to_owned))
+        .unwrap_or_else(|| panic!("no batch id: {v:?}"));
+    assert_eq!(
+        v.iter().find(|o| o["host"] == "a2").unwrap()["state"],
+        "failed"
+    );
+    l.sshds[1].restart_sshd();
+    // The resume's approver says no: a2 is rejected, never sent; a1 is collected.
+    let out = output(
+        l.cairn(&["batch", "resume", &batch, "--json", "--approve", "deny"]),
+        LIMIT,
+    );
+    let v = json_lines(&out.stdout);
+    let a2 = v.iter().find(|o| o["host"] == "a2").unwrap();
+    assert_eq!(a2["state"], "rejected", "{v:?}");
+    assert_eq!((l.runs(0), l.runs(1)), (1, 0), "{v:?}");
+    assert_ne!(out.status.code(), Some(0), "{v:?}");
+}
