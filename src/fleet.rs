@@ -8,9 +8,12 @@
 //! connection, far below any server's `MaxSessions`.
 //!
 //! `cairn batch resume B` applies the executor's own recovery to every member: a member whose
-//! execution was never accepted is started under its recorded ID; every other one goes through
-//! [`Executor::attach`], which re-dispatches only what provably never started, reattaches to
-//! what runs, collects what finished, and concludes `interrupted`/`unknown` for review.
+//! execution was never accepted is started under its recorded ID; one accepted but never
+//! authorized, or failed before it was ever authorized, is put to the approver first
+//! ([`Executor::authorize_accepted`], [`Executor::retry_never_started`]); every other one goes
+//! through [`Executor::attach`], which re-dispatches only what provably never started,
+//! reattaches to what runs, collects what finished, and concludes `interrupted`/`unknown` for
+//! review.
 //!
 //! Exit status of a fleet run: 0 when every host completed with status 0; 255 when nothing was
 //! dispatched anywhere; 254 when some host is `interrupted` or `unknown` (or still running);
