@@ -1028,13 +1028,19 @@ session)
 		p "=$ID" end
 		N=$((N - 1))
 	}
+	# wl N ID: waiter N of ID is no longer running (only an entry that is there is taken out)
+	wl() {
+		case $WL in
+		*" $1:$2 "* | *" $1:$2") WL="${WL%%" $1:$2"*}${WL#*" $1:$2"}" ;;
+		esac
+	}
 	# waiter number $1 (PID p_) of execution $2 ended without reporting (killed): the exit status
 	# is lost. F/lost makes every reader's liveness check say "dead", as for a dead supervisor
 	# (the command itself may still run); the client hears "live dead" and no finish record.
 	lost() {
 		unset "Pw$1"
 		wait "$p_" 2>/dev/null
-		WL="${WL%%" $1:$2"*}${WL#*" $1:$2"}"
+		wl "$1" "$2"
 		F=$X/$2
 		now
 		put "$F/lost" "v=1 id=$2 lost_at=$NOW waiter_pid=$p_" 2>/dev/null || true >"$F/lost"
@@ -1077,7 +1083,7 @@ session)
 			eval "p_=\$Pw$c"
 			unset "Pw$c"
 			wait "$p_" 2>/dev/null
-			WL="${WL%%" $c:$a"*}${WL#*" $c:$a"}"
+			wl "$c" "$a"
 			;;
 		t)
 			# a waiter that has ended (a zombie) or is gone: ask again behind whatever it
