@@ -21,6 +21,12 @@ set -f
 rm -rf "$d"
 mkdir -p "$d/x" "$d/s" || exit 1
 printf 'true\n' >"$d/cmd"
+# one: the command of stage $f, in the subshell that calls it
+one() {
+	cd "${HOME:-/}" || exit 126
+	# shellcheck disable=SC2016 # expanded by the login shell
+	exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
+}
 t0=$(date +%s.%N)
 i=0
 while [ "$i" -lt "$n" ]; do
@@ -44,19 +50,11 @@ while [ "$i" -lt "$n" ]; do
 	for f; do
 		if [ "$wt" = 1 ]; then
 			(
-				(
-					cd "${HOME:-/}" || exit 126
-					# shellcheck disable=SC2016 # expanded by the login shell
-					exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
-				)
+				(one)
 				echo "$?" >"$f.status"
 			) &
 		else
-			(
-				cd "${HOME:-/}" || exit 126
-				# shellcheck disable=SC2016 # expanded by the login shell
-				exec setsid "${SHELL:-/bin/sh}" -c '. "$0"' "$d/cmd" </dev/null >"$f.out" 2>"$f.err"
-			) &
+			(one) &
 		fi
 		p="$p $!"
 	done

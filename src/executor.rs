@@ -597,13 +597,14 @@ impl Executor {
     /// An execution accepted in the journal whose client stopped before it asked for
     /// authorization or sent a byte (`cairn batch resume` of a member left `accepted`): ask the
     /// approver now, as `execute` would have, and dispatch it under its own ID if allowed.
-    /// `command` is the command as requested (before `cwd`/`env` were wrapped around it).
-    /// Anything past `accepted`, or still owned by a live client, is attached to instead.
+    /// `command` is the command as requested (before `cwd`/`env` were wrapped around it) and
+    /// `intent` the request's. Anything past `accepted`, or still owned by a live client, is
+    /// attached to instead.
     pub async fn authorize_accepted(
         &mut self,
         id: &ExecutionId,
         command: &[u8],
-        class: OpClass,
+        intent: &Intent,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let state = self.journal.status(id)?.map(|s| s.state);
@@ -614,19 +615,11 @@ impl Executor {
         if state != Some(State::Accepted) || owner_alive {
             return self.attach(id, sink).await;
         }
-        let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
-        let Some(cols) = self.journal.intent_of(id)? else {
+        if self.journal.intent_of(id)?.is_none() {
             // accepted without an intent: the host was never identified
             return self.attach(id, sink).await;
-        };
-        let conn_idx = match self.connection(&target).await {
-            Ok(i) => i,
-            Err(e) => {
-                return self.conclude(&mut run, State::Failed, &format!("never dispatched: {e}"))
-            }
-        };
-        run.host_key = Some(self.conns[conn_idx].1.host_key_fingerprint().to_owned());
+        }
+        let mut run = self.load(id)?;
         self.journal.append(
             id,
             "resumed",
@@ -634,15 +627,37 @@ impl Executor {
             json!({"by": crate::journal::client_identity(),
                    "why": "accepted, never authorized or dispatched: its client stopped; asking for authorization now"}),
         )?;
+        self.ask_then_dispatch(&mut run, command, intent, sink)
+            .await
+    }
+
+    /// An execution never authorized: connect (learning the host key), ask the approver about
+    /// `command` with `intent`, and dispatch it under its own ID if allowed.
+    async fn ask_then_dispatch(
+        &mut self,
+        run: &mut Run,
+        command: &[u8],
+        intent: &Intent,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        let target = self.target_for(&run.rec)?;
+        let conn_idx = match self.connection(&target).await {
+            Ok(i) => i,
+            Err(e) => return self.conclude(run, State::Failed, &format!("never dispatched: {e}")),
+        };
+        let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
+        run.host_key = Some(fp.clone());
+        let op = intent.record(&fp, &target.user, command);
+        let (actor, scope) = (op.actor_canonical(), op.scope_canonical());
         let destination = run.rec.destination.clone();
         let asked = Asked {
-            actor: &cols.actor,
-            scope: &cols.scope,
-            class,
+            actor: &actor,
+            scope: &scope,
+            class: intent.class,
             destination: &destination,
             command,
         };
-        self.authorize_and_dispatch(&target, &mut run, conn_idx, &asked, false, sink)
+        self.authorize_and_dispatch(&target, run, conn_idx, &asked, false, sink)
             .await
     }
 
@@ -899,31 +914,9 @@ impl Executor {
             .iter()
             .any(|e| e.kind == "authorized");
         if !authorized {
-            let conn_idx = match self.connection(&target).await {
-                Ok(i) => i,
-                Err(e) => {
-                    return self.conclude(
-                        &mut run,
-                        State::Failed,
-                        &format!("never dispatched: {e}"),
-                    )
-                }
-            };
-            let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
-            run.host_key = Some(fp.clone());
-            let op = intent.record(&fp, &target.user, command);
-            let (actor, scope) = (op.actor_canonical(), op.scope_canonical());
-            let destination = run.rec.destination.clone();
-            let asked = Asked {
-                actor: &actor,
-                scope: &scope,
-                class: intent.class,
-                destination: &destination,
-                command,
-            };
             run.prior = Prior::Dispatched;
             return self
-                .authorize_and_dispatch(&target, &mut run, conn_idx, &asked, false, sink)
+                .ask_then_dispatch(&mut run, command, intent, sink)
                 .await;
         }
         // The epoch this journal last saw on the host, when it knows the host's key.

@@ -701,7 +701,7 @@ fn run_host(
             }
             Mode::Attach => ex.attach(&job.id, &mut sink).await?,
             Mode::Authorize => {
-                ex.authorize_accepted(&job.id, &plan.command, plan.intent.class, &mut sink)
+                ex.authorize_accepted(&job.id, &plan.command, &plan.intent, &mut sink)
                     .await?
             }
             Mode::Redispatch => ex.redispatch(&job.id, false, &mut sink).await?,

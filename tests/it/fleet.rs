@@ -239,10 +239,10 @@ fn loopback_hosts_inventory_prefix_json_fail_fast_batches() {
     assert_eq!(out.status.code(), Some(1), "{v:?}");
 }
 
-#[test]
-fn resume_dispatches_again_a_host_that_provably_never_started() {
-    let l = Loop::new(2);
-    // a2's sshd is down: its execution fails before anything is sent.
+/// A batch on a1 and a2 in which a2's sshd was down, so a2's execution failed at first
+/// contact (nothing sent, nobody asked); a2's sshd is back up afterwards. Returns the batch ID
+/// and a2's execution ID.
+fn batch_with_a2_unreachable(l: &Loop) -> (String, Value) {
     l.sshds[1].stop_sshd();
     let out = output(
         l.run(&["--hosts", "a1,a2", "--json"], &format!("{COUNT}echo hi")),
@@ -255,11 +255,17 @@ fn resume_dispatches_again_a_host_that_provably_never_started() {
         .unwrap_or_else(|| panic!("no batch id: {v:?}"));
     let a2 = v.iter().find(|o| o["host"] == "a2").unwrap();
     assert_eq!(a2["state"], "failed", "{v:?}");
-    let a2_id = a2["execution_id"].clone();
     assert_eq!((l.runs(0), l.runs(1)), (1, 0));
+    l.sshds[1].restart_sshd();
+    (batch, a2["execution_id"].clone())
+}
+
+#[test]
+fn resume_dispatches_again_a_host_that_provably_never_started() {
+    let l = Loop::new(2);
+    let (batch, a2_id) = batch_with_a2_unreachable(&l);
 
     // Back up: resume sends a2 again under its own ID; a1 is collected, never re-run.
-    l.sshds[1].restart_sshd();
     let out = output(l.cairn(&["batch", "resume", &batch, "--json"]), LIMIT);
     let v = json_lines(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{v:?}");
@@ -439,22 +445,7 @@ fn resume_asks_for_authorization_a_host_left_accepted_by_a_killed_client() {
 #[test]
 fn resume_asks_the_approver_before_retrying_a_host_that_failed_before_it_was_asked() {
     let l = Loop::new(2);
-    // a2's sshd is down: its execution fails at first contact, before anyone was asked.
-    l.sshds[1].stop_sshd();
-    let out = output(
-        l.run(&["--hosts", "a1,a2", "--json"], &format!("{COUNT}echo hi")),
-        LIMIT,
-    );
-    let v = json_lines(&out.stdout);
-    let batch = v
-        .iter()
-        .find_map(|o| o["batch_id"].as_str().map(str::to_owned))
-        .unwrap_or_else(|| panic!("no batch id: {v:?}"));
-    assert_eq!(
-        v.iter().find(|o| o["host"] == "a2").unwrap()["state"],
-        "failed"
-    );
-    l.sshds[1].restart_sshd();
+    let (batch, _) = batch_with_a2_unreachable(&l);
     // The resume's approver says no: a2 is rejected, never sent; a1 is collected.
     let out = output(
         l.cairn(&["batch", "resume", &batch, "--json", "--approve", "deny"]),
