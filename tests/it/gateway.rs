@@ -996,12 +996,7 @@ fn a_killed_host_session_leaves_its_executions_interrupted_not_guessed() {
         .unwrap()
         .parse()
         .unwrap();
-    assert!(Command::new("kill")
-        .arg("-KILL")
-        .arg(pid.to_string())
-        .status()
-        .unwrap()
-        .success());
+    assert!(sigkill(pid, false));
     for i in 0..3 {
         let r = rpc.response(&json!(i), T);
         // the commands ran (once) and may well have finished, but with nobody left to
@@ -1023,19 +1018,18 @@ fn a_killed_waiter_in_a_live_host_session_leaves_its_execution_interrupted_and_t
     );
     let id = h.wait_started();
     // the command's process (its PID is in x/ID/pgid) is a child of its waiter
-    let pgid = wait_for("the command's pgid file", T, || {
+    let pgid: i32 = wait_for("the command's pgid file", T, || {
         fs::read_to_string(h.x().join(&id).join("pgid"))
             .ok()
-            .and_then(|s| s.split(' ').next().map(str::to_owned))
-            .filter(|p| !p.is_empty())
+            .and_then(|s| s.split(' ').next()?.parse().ok())
     });
     let stat = fs::read_to_string(format!("/proc/{pgid}/stat")).expect("the command runs");
-    let waiter = stat.rsplit(") ").next().unwrap().split(' ').nth(1).unwrap();
-    assert!(Command::new("kill")
-        .args(["-KILL", waiter])
-        .status()
-        .unwrap()
-        .success());
+    let waiter: i32 = stat
+        .rsplit(") ")
+        .next()
+        .and_then(|s| s.split(' ').nth(1)?.parse().ok())
+        .expect("the waiter's PID");
+    assert!(sigkill(waiter, false));
     // the session lives on: the next execution goes through it and completes
     rpc.request(
         json!(2),
@@ -1051,9 +1045,7 @@ fn a_killed_waiter_in_a_live_host_session_leaves_its_execution_interrupted_and_t
     assert_eq!(r2["result"]["exit_code"], 0, "{r2}");
     assert!(h.x().join(&id).join("lost").exists());
     assert_eq!(h.runs(), 2);
-    let _ = Command::new("kill")
-        .args(["-KILL", &format!("-{pgid}")])
-        .status();
+    sigkill(pgid, true);
 }
 
 #[test]

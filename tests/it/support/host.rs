@@ -15,6 +15,18 @@ use super::{Proxy, TestSshd};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_cairn");
 
+/// SIGKILL to the process `pid`, or with `group` to its process group; true if it was sent.
+///
+/// Tests never run a `kill` program for this: procps-ng 4.0.2 reads `kill -KILL -12870` as
+/// options and calls kill(-1, SIGKILL), every process on the machine (the CI run and the
+/// Docker engine with it). PIDs 0 and 1, which would name this test's own group or everything,
+/// are refused.
+pub fn sigkill(pid: i32, group: bool) -> bool {
+    assert!(pid > 1, "refusing to signal PID {pid}");
+    let target = if group { -pid } else { pid };
+    unsafe { libc::kill(target, libc::SIGKILL) == 0 }
+}
+
 pub struct Host {
     pub sshd: TestSshd,
     pub proxy: Proxy,
