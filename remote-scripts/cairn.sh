@@ -127,17 +127,31 @@ alive() {
 lead() { num "$g" && pst "$g" && [ "$STIME" = "$gs" ] && case $STATE in Z | X) false ;; esac; }
 
 # Signals go only through these: every PID is checked to be a number > 1, so a
-# bad value can never become kill -1 (everything) or kill 0 (our own group).
+# bad value can never become kill -1 (everything) or kill 0 (our own group). The form
+# is "kill -s SIG -- PID": a kill that is not the shell's builtin (procps-ng 4.0.2) reads
+# "kill -TERM -123" as options and signals every process (kill(-1)); dash refuses "kill -0 --".
 kl() {
 	k_=$1
 	shift
 	for q_; do
-		num "$q_" && [ "$q_" -gt 1 ] && kill "-$k_" "$q_" 2>/dev/null
+		num "$q_" && [ "$q_" -gt 1 ] && kill -s "$k_" -- "$q_" 2>/dev/null
 	done
 	true
 }
-# kg SIG PGID: the process group, or the PID while its group does not exist yet
-kg() { num "$2" && [ "$2" -gt 1 ] && { kill "-$1" "-$2" 2>/dev/null || kill "-$1" "$2" 2>/dev/null; }; }
+# kg SIG: the command's process group (g gs: its leader's PID and start time, from F/pgid).
+# While the leader lives, with that start time: its group, or the leader alone while the
+# group does not exist yet. A PID that now names another process: nothing (ours is gone).
+# No process by that PID: only the group, whose members keep the number from being reused.
+kg() {
+	num "$g" && [ "$g" -gt 1 ] || return 0
+	if pst "$g"; then
+		[ "$STIME" = "$gs" ] || return 0
+		kill -s "$1" -- "-$g" 2>/dev/null || kill -s "$1" -- "$g" 2>/dev/null
+	else
+		kill -s "$1" -- "-$g" 2>/dev/null
+	fi
+	true
+}
 tick() { sleep 0.1 2>/dev/null || sleep 1; }
 # sleep that can be cut short: TERM to the subshell running it also ends the sleep
 nap() {
@@ -152,11 +166,11 @@ watchdog() {
 	NP=
 	trap 'kl TERM "$NP"; exit 0' TERM
 	nap "$TO"
-	read -r g _ <"$F/pgid" || exit 0
+	read -r g gs <"$F/pgid" || exit 0
 	true >"$F/timedout"
-	kg TERM "$g"
+	kg TERM
 	nap 5
-	kg KILL "$g"
+	kg KILL
 }
 
 # command: run in a subshell (exits with the command's status). Own session, cwd $HOME,
@@ -608,7 +622,7 @@ cancel)
 			R=prevented
 			[ "$L" = alive ] || R=dead
 		elif lead; then
-			kg TERM "$g"
+			kg TERM
 			R=signalled
 			i=$(($5 * 10))
 			while [ $i -gt 0 ] && [ ! -e "$F.done" ] && lead; do
@@ -616,7 +630,7 @@ cancel)
 				i=$((i - 1))
 			done
 			if [ ! -e "$F.done" ] && lead; then
-				kg KILL "$g"
+				kg KILL
 			fi
 		else
 			R=finished

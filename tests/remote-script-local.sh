@@ -182,6 +182,24 @@ run_shell() {
 	sleep 0.5
 	check "timeout set, quick command: status 0, watchdog gone" eval 'hasre "^done .* status=0 .* timed_out=0" && ! pgrep -fx "sleep 37" >/dev/null'
 
+	# the watchdog signals only its own command: when the PID in the pgid record names another
+	# process (its start time differs: the PID was reused), that process and its group are left
+	# alone. Here a decoy, leader of its own group, stands in for the reused PID.
+	c=$(mkcmd 'sleep 2' tr)
+	disp t4 "$c" 1 0
+	i=0
+	while [ $i -lt 250 ] && [ ! -s "$X/t4/pgid" ]; do
+		sleep 0.02
+		i=$((i + 1))
+	done
+	setsid sleep 41 &
+	decoy=$!
+	read -r _ gs <"$X/t4/pgid"
+	echo "$decoy $gs" >"$X/t4/pgid"
+	cx /dev/null watch .cairn "$NONCE" t4 0 0 1
+	check "timeout: a pgid record naming another process signals nothing" eval 'hasre "^done .* status=0 " && kill -0 "$decoy" 2>/dev/null'
+	[[ $decoy =~ ^[0-9]+$ ]] && [ "$decoy" -gt 1 ] && { kill -9 "$decoy" && wait "$decoy"; } 2>/dev/null
+
 	c=$(mkcmd 'sleep 30' n)
 	disp n1 "$c" 0 0
 	sleep 0.3
@@ -364,12 +382,16 @@ run_shell() {
 			i=$((i + 1))
 		done
 		read -r pg _ <"$X/lw1/pgid"
-		kill -9 "$(ps -o ppid= -p "$pg" | tr -d ' ')"
+		wp=$(ps -o ppid= -p "$pg" | tr -d ' ')
+		[[ $wp =~ ^[0-9]+$ ]] && [ "$wp" -gt 1 ] && kill -9 "$wp"
 		sleep 5
 	} | timeout 30 $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e"
 	cp "$W/o" "$W/o.lw"
 	cx /dev/null watch .cairn "$NONCE" lw1 0 0 0
-	kill -9 -- "-$pg" 2>/dev/null
+	# (the block above ran in a pipeline's subshell: its pg is not this shell's)
+	pg=
+	read -r pg _ <"$X/lw1/pgid"
+	[[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg" 2>/dev/null
 	check "session: a killed waiter is reported dead, without a finish record; the rest goes on" eval 'grep -aqxF "$B =lw1 live dead" "$W/o.lw" && ! grep -aq "$B =lw1 done" "$W/o.lw" && grep -aq "$B =lw2 done v=1 id=lw2 status=0 " "$W/o.lw" && [ "$(tail -n 1 "$W/o.lw")" = "$B end" ] && [ -e "$X/lw1/lost" ] && [ ! -e "$X/lw1.done" ] && [ "$(wc -l <"$HOME/lwcount")" = 1 ] && has "live dead" && ! hasre "^done"'
 
 	# a session's flushes name their files, never the whole file system: syncfs would wait for
