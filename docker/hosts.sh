@@ -358,6 +358,13 @@ host_veth() {
   [ -n "$peer" ] || die "cannot find the veth peer of $1's eth0"
   dev=$(ip -o link show | awk -F': ' -v i="$peer" '$1 == i { sub(/@.*/, "", $2); print $2 }')
   [ -n "$dev" ] || die "no host interface with index $peer for $1"
+  # Only a port of this set's own bridge is ever taken down: an index that names anything
+  # else (the machine's own uplink, say) is refused, never touched.
+  local id bridge
+  id=$(docker network inspect -f '{{.Id}}' "$(net_name)") || die "cannot inspect network $(net_name)"
+  bridge=br-${id:0:12}
+  [ "$(basename "$(readlink "/sys/class/net/$dev/master" 2>/dev/null)")" = "$bridge" ] ||
+    die "interface $dev (index $peer) is not a port of $bridge, the bridge of $(net_name): refused"
   echo "$dev"
 }
 
