@@ -778,7 +778,8 @@ session)
 		exec 5>&-
 		NP=
 		trap 'kl TERM "$NP"; exit 0' TERM
-		while nap 2 && kill -0 $$; do
+		# (alive = the PID still names this shell, by its start time: a PID can be reused)
+		while nap 2 && pst $$ && [ "$STIME" = "$SST" ]; do
 			echo t >&4
 		done
 	) </dev/null >/dev/null 2>&1 &
