@@ -213,11 +213,18 @@ rest() {
 
 # heartbeat: wake the watcher every 2 s to re-check liveness; if the watcher
 # is gone, kill what it started
+# (the watcher is alive while its PID names a live process with its start time: kill -0
+# would stay true for a reused PID, and this loop would go on for nobody)
 hb() {
 	NP=
 	trap 'kl TERM "$NP"; exit 0' TERM
-	while nap 2; do
-		kill -0 $$ 2>/dev/null || break
+	HS=
+	pst $$ && HS=$STIME
+	while [ -n "$HS" ] && nap 2; do
+		if ! pst $$ || [ "$STIME" != "$HS" ]; then
+			break
+		fi
+		case $STATE in Z | X) break ;; esac
 		echo >&4
 	done
 	kl TERM "$@"
