@@ -264,10 +264,8 @@ fn supervisor_gone_and_boot_changed_is_interrupted_never_rerun() {
             .ok()
             .and_then(|s| s.split_whitespace().next()?.parse().ok())
     });
-    unsafe {
-        libc::kill(-sup, libc::SIGKILL);
-        libc::kill(-pgid, libc::SIGKILL);
-    }
+    sigkill(sup, true);
+    sigkill(pgid, true);
     fs::write(
         h.sshd.boot_id_file(),
         "00000000-0000-4000-8000-000000000000\n",
@@ -305,18 +303,14 @@ fn a_dead_supervisor_without_reboot_is_interrupted_too() {
         .unwrap()
         .parse()
         .unwrap();
-    unsafe {
-        libc::kill(sup, libc::SIGKILL);
-    }
+    sigkill(sup, false);
     let a = h.cairn("attach").arg("dead-sup").output().unwrap();
     assert_eq!(a.status.code(), Some(254), "{a:?}");
     assert_eq!(h.state("dead-sup"), State::Interrupted);
     assert_eq!(h.runs(), 1);
     if let Ok(p) = fs::read_to_string(h.x().join("dead-sup").join("pgid")) {
         if let Some(Ok(pgid)) = p.split_whitespace().next().map(str::parse::<i32>) {
-            unsafe {
-                libc::kill(-pgid, libc::SIGKILL);
-            }
+            sigkill(pgid, true);
         }
     }
 }
