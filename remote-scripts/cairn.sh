@@ -112,19 +112,22 @@ rec() {
 	done
 	[ "$R_v" = 1 ]
 }
+# ours PID START: PID names a live process (not a zombie) that started at START; a PID can
+# be reused, its start time tells
+ours() { pst "$1" && [ "$STIME" = "$2" ] && case $STATE in Z | X) false ;; esac; }
 # liveness of the supervisor of the record last parsed: sets L
 alive() {
 	if ! boot || [ "$BOOT" != "$R_boot" ]; then
 		L=rebooted
 	# (F/lost: a host session, alive itself, lost this execution's waiter: PROTOCOL.md, Session)
-	elif [ ! -e "$F/lost" ] && pst "$R_pid" && [ "$STIME" = "$R_start" ] && case $STATE in Z | X) false ;; esac; then
+	elif [ ! -e "$F/lost" ] && ours "$R_pid" "$R_start"; then
 		L=alive
 	else
 		L=dead
 	fi
 }
 # is the command's group leader (x/ID/pgid: PID, start time) still alive?
-lead() { num "$g" && pst "$g" && [ "$STIME" = "$gs" ] && case $STATE in Z | X) false ;; esac; }
+lead() { num "$g" && ours "$g" "$gs"; }
 
 # Signals go only through these: every PID is checked to be a number > 1, so a
 # bad value can never become kill -1 (everything) or kill 0 (our own group). The form
@@ -213,18 +216,14 @@ rest() {
 
 # heartbeat: wake the watcher every 2 s to re-check liveness; if the watcher
 # is gone, kill what it started
-# (the watcher is alive while its PID names a live process with its start time: kill -0
-# would stay true for a reused PID, and this loop would go on for nobody)
+# (alive by its start time: kill -0 would stay true for a reused PID, and this loop would
+# go on for nobody)
 hb() {
 	NP=
 	trap 'kl TERM "$NP"; exit 0' TERM
 	HS=
 	pst $$ && HS=$STIME
-	while [ -n "$HS" ] && nap 2; do
-		if ! pst $$ || [ "$STIME" != "$HS" ]; then
-			break
-		fi
-		case $STATE in Z | X) break ;; esac
+	while [ -n "$HS" ] && nap 2 && ours $$ "$HS"; do
 		echo >&4
 	done
 	kl TERM "$@"
@@ -785,8 +784,8 @@ session)
 		exec 5>&-
 		NP=
 		trap 'kl TERM "$NP"; exit 0' TERM
-		# (alive = the PID still names this shell, by its start time: a PID can be reused)
-		while nap 2 && pst $$ && [ "$STIME" = "$SST" ]; do
+		# (alive by its start time: a PID can be reused)
+		while nap 2 && ours $$ "$SST"; do
 			echo t >&4
 		done
 	) </dev/null >/dev/null 2>&1 &
