@@ -440,7 +440,15 @@ cmd_restart_sshd() {
 cmd_hang() {
   [ $# -eq 1 ] || die "usage: hang HOST"
   resolve "$1"
-  docker pause "$H_NAME" >/dev/null || die "hang: cannot pause $H_NAME"
+  # The freezer gives up ("unable to freeze") while a task sits in uninterruptible sleep, as a
+  # `sync` on a slow disk does: try again, at most 10 times over about 2 s.
+  local i=0 err
+  until err=$(docker pause "$H_NAME" 2>&1 >/dev/null); do
+    [ "$(container_state "$H_NAME")" = paused ] && return 0
+    i=$(( i + 1 ))
+    [ "$i" -lt 10 ] || die "hang: cannot pause $H_NAME: $err"
+    sleep 0.2
+  done
 }
 
 cmd_unhang() {
