@@ -221,12 +221,17 @@ rest() {
 hb() {
 	NP=
 	trap 'kl TERM "$NP"; exit 0' TERM
-	HS=
+	HS='' HM=''
 	pst $$ && HS=$STIME
+	# this subshell's own start time: each helper it was given started before it, so a PID
+	# that now names a process started later was reused (the helper had ended)
+	read -r PS </proc/self/stat && pss && HM=$STIME
 	while [ -n "$HS" ] && nap 2 && ours $$ "$HS"; do
 		echo >&4
 	done
-	kl TERM "$@"
+	for h_; do
+		pst "$h_" && num "$HM" && [ "$STIME" -le "$HM" ] && kl TERM "$h_"
+	done
 }
 
 # stream OUT_OFF ERR_OFF WAIT: the body of watch (and of dispatch with ATTACH=1)

@@ -57,6 +57,27 @@ ended() { [ "$(tail -n 1 "$W/p")" = end ]; }
 same() { printf '%b' "$2" >"$W/exp" && cmp -s "$W/exp" "$1"; }
 field() { sed -n "s/^$1 .*\<$2=\([^ ]*\).*/\1/p" "$W/p" | head -n 1; }
 mkcmd() { printf '%s' "$1" >"$W/cmd.$2"; echo "$W/cmd.$2"; }
+# running PID: PID names a process that has not ended (a zombie has)
+running() { local st; st=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null | tail -n 1) && [ -n "$st" ] && [ "$st" != Z ]; }
+# gone PID: wait (at most 5 s) until PID names nothing, not even a zombie
+gone() { local i=0; while [ $i -lt 250 ] && [ -e "/proc/$1" ]; do sleep 0.02; i=$((i + 1)); done; [ ! -e "/proc/$1" ]; }
+# pidat PID: start a decoy (setsid sleep 45) under PID, which must be free; sets DECOY. PID reuse
+# forced: only in this run's own PID namespace, where the next PID is ours to set (ns_last_pid)
+pidat() {
+	local i=0
+	DECOY=
+	[ -n "${CAIRN_TEST_NS:-}" ] || return 1
+	while [ $i -lt 5 ] && [ "$DECOY" != "$1" ]; do
+		[ -n "$DECOY" ] && kill -9 "$DECOY" && wait "$DECOY"
+		echo $(($1 - 1)) >/proc/sys/kernel/ns_last_pid || return 1
+		setsid sleep 45 &
+		DECOY=$!
+		i=$((i + 1))
+	done 2>/dev/null
+	[ "$DECOY" = "$1" ]
+}
+# unpid PID...: end decoys (each checked to be a number > 1)
+unpid() { local q; for q; do [[ $q =~ ^[0-9]+$ ]] && [ "$q" -gt 1 ] && { kill -9 "$q" && wait "$q"; } 2>/dev/null; done; true; }
 # a session request for ID with command TEXT and TIMEOUT (default 0)
 # (the text has no newline: one line, flagged as without its own newline)
 sreq() { printf 'd %s %s %s %s 1 1\n%s\ne\n' "$1" "$(printf '%s' "$2" | wc -c)" "$DG" "${3:-0}" "$2"; }
@@ -160,6 +181,40 @@ run_shell() {
 	cx /dev/null watch .cairn "$NONCE" k1 0 0 1
 	check "watch after supervisor death: dead at once" eval 'has "live dead" && ! hasre "^done" && ended'
 	read -r pg _ <"$X/k1/pgid" && [[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg"
+
+	# a watcher killed while it streams: its heartbeat ends the helpers it started (tails, tees,
+	# wcs), and neither the watcher's PID nor an ended helper's, both reused here by decoys,
+	# keeps it going or gets a signal (the heartbeat is stopped while the PIDs are reused)
+	c=$(mkcmd 'sleep 30' hw)
+	disp hw1 "$c" 0 0
+	# (the shell's "Killed" notice for the watcher is not this test's business)
+	(W=$W/hw && mkdir -p "$W" && cx /dev/null watch .cairn "$NONCE" hw1 0 0 1) 2>/dev/null &
+	r=$!
+	wp='' f1='' f2='' hp='' d1='' d2='' i=0
+	while [ $i -lt 250 ] && [ -z "$hp" ]; do
+		sleep 0.02
+		i=$((i + 1))
+		f1=$(pgrep -fx "tail -c [+]1 -f $X/hw1/out")
+		f2=$(pgrep -fx "tail -c [+]1 -f $X/hw1/err")
+		[[ $f1 =~ ^[0-9]+$ ]] || continue
+		wp=$(ps -o ppid= -p "$f1" | tr -d ' ')
+		for q in $(pgrep -P "$wp"); do pgrep -P "$q" -fx 'sleep 2' >/dev/null && hp=$q; done
+	done
+	if [[ "$wp $f1 $f2 $hp" =~ ^[0-9]+\ [0-9]+\ [0-9]+\ [0-9]+$ ]] && [ "$wp" -gt 1 ] && [ "$f1" -gt 1 ] && [ "$hp" -gt 1 ]; then
+		kill -STOP "$hp"
+		kill -9 "$wp" "$f1"
+		gone "$wp" && gone "$f1" && pidat "$wp" && d1=$DECOY && pidat "$f1" && d2=$DECOY
+		kill -CONT "$hp"
+		i=0
+		while [ $i -lt 200 ] && running "$hp"; do
+			sleep 0.02
+			i=$((i + 1))
+		done
+	fi
+	check "watch: watcher killed, its PID and a helper's reused: the heartbeat ends the other helpers and signals neither decoy" eval '[ -n "$d1" ] && [ -n "$d2" ] && ! running "$hp" && ! running "$f2" && running "$d1" && running "$d2"'
+	unpid "$d1" "$d2"
+	wait $r
+	read -r pg _ <"$X/hw1/pgid" && [[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg"
 
 	echo boot-A >"$W/boot"
 	c=$(mkcmd 'true' r)
@@ -393,6 +448,43 @@ run_shell() {
 	read -r pg _ <"$X/lw1/pgid"
 	[[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg" 2>/dev/null
 	check "session: a killed waiter is reported dead, without a finish record; the rest goes on" eval 'grep -aqxF "$B =lw1 live dead" "$W/o.lw" && ! grep -aq "$B =lw1 done" "$W/o.lw" && grep -aq "$B =lw2 done v=1 id=lw2 status=0 " "$W/o.lw" && [ "$(tail -n 1 "$W/o.lw")" = "$B end" ] && [ -e "$X/lw1/lost" ] && [ ! -e "$X/lw1.done" ] && [ "$(wc -l <"$HOME/lwcount")" = 1 ] && has "live dead" && ! hasre "^done"'
+	# the session shell killed and its PID reused by a decoy (its ticker stopped meanwhile): the
+	# ticker ends all the same, rather than tick on for the decoy
+	rm -f "$W/tk"
+	# (in a subshell: the shell's "Killed" notice for the session is not this test's business)
+	# shellcheck disable=SC2086 # $SH is two words for busybox
+	({
+		sreq tk1 'sleep 20'
+		echo g
+		sp='' tp='' i=0
+		while [ $i -lt 250 ] && [ -z "$tp" ]; do
+			sleep 0.02
+			i=$((i + 1))
+			sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/tk1.start" 2>/dev/null)
+			[[ $sp =~ ^[0-9]+$ ]] || continue
+			for q in $(pgrep -P "$sp"); do pgrep -P "$q" -fx 'sleep 2' >/dev/null && tp=$q; done
+		done
+		if [[ "$sp $tp" =~ ^[0-9]+\ [0-9]+$ ]] && [ "$sp" -gt 1 ] && [ "$tp" -gt 1 ]; then
+			kill -STOP "$tp"
+			kill -9 "$sp"
+			dk=''
+			gone "$sp" && pidat "$sp" && dk=$DECOY
+			kill -CONT "$tp"
+			i=0
+			while [ $i -lt 200 ] && running "$tp"; do
+				sleep 0.02
+				i=$((i + 1))
+			done
+			echo "$tp $dk" >"$W/tk"
+		fi
+	} | timeout 30 $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e") 2>/dev/null
+	tp='' dk=''
+	read -r tp dk <"$W/tk"
+	check "session: shell killed, its PID reused: the ticker ends and leaves the decoy alone" eval '[[ $tp =~ ^[0-9]+$ ]] && [ -n "$dk" ] && ! running "$tp" && running "$dk"'
+	unpid "$dk"
+	pg=''
+	read -r pg _ <"$X/tk1/pgid"
+	[[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg" 2>/dev/null
 
 	# a session's flushes name their files, never the whole file system: syncfs would wait for
 	# every other writer's dirty data (a logging sync through PATH; busybox runs its own)
