@@ -807,10 +807,12 @@ session)
 	}
 	# R: requests read since the last "g" (ID:LEN:DIGEST:TIMEOUT), RN of them; RC: requests
 	# confirmed by a "g" and waiting for the next batch helper, PN of them; KW: the reader waits
-	# for its go-on; BH: a batch helper is running; W: finished commands (ID:STATUS); FH: a
+	# for its go-on; BH: a batch helper is running, BL: its requests not reported on yet; W:
+	# finished commands (ID:STATUS); FL: those of the running finish helper not reported yet; FH: a
 	# finish helper is running; N: commands started and not yet answered; P: helpers running
 	# beside this shell; Z: the reader has stopped
 	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 nw=0 WL='' p_='' FH='' BH=''
+	BL='' FL=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
 	# flushes, and a finish group's count, records, links and flushes, each run in a helper
 	# subshell beside it, which reports back through the same queue, one short line per
@@ -820,6 +822,8 @@ session)
 	#   y N                      the batch helper N has ended
 	#   o ID OUT ERR RECORD      the finish helper, after its flushes: ID's record is in place
 	#   z N                      the finish helper N has ended
+	# and from this shell itself: "s" (its sentinel), "u N ID" (waiter N may be gone), "x b|f N"
+	# (helper N may be gone)
 	# tell ID VERDICT MESSAGE: one line, at most 512 bytes of message, to this shell's queue
 	# (the client keeps at most 64 executions in a session, so their lines in the queue at once
 	# stay below a pipe's 64 KiB, which this shell's own sentinel write relies on)
@@ -1075,6 +1079,66 @@ session)
 		p "=$2" end
 		N=$((N - 1))
 	}
+	# drop NAME ID: take ID's entry (ID:...) out of the list in the variable NAME
+	drop() {
+		o_=''
+		eval "o_=\$$1"
+		case $o_ in
+		*" $2:"*)
+			h_=${o_%%" $2:"*} t_=${o_#*" $2:"}
+			case $t_ in
+			*" "*) t_=" ${t_#* }" ;;
+			*) t_='' ;;
+			esac
+			eval "$1=\$h_\$t_"
+			;;
+		esac
+	}
+	# hl b|f N: helper N (batch or finish) is running; if it has ended (a zombie) or is gone,
+	# ask again behind whatever it may have written (a "x" comes after its "y" or "z")
+	hl() {
+		eval "p_=\$P$1$2"
+		if ! pst "$p_" || [ "$STATE" = Z ]; then
+			echo "x $1 $2" >&4
+		fi
+	}
+	# The batch helper N ended without its "y" (killed: someone's kill, the OOM killer). Its
+	# requests not reported on (BL) are settled here. First a fence: its stage is renamed, and
+	# each request's command file removed from the session directory, so that a link or move
+	# it had begun (its child may outlive it) can no longer put anything in place. Then, for
+	# each: this batch's guard (the very file it staged: an earlier execution of the same ID,
+	# even in this session, is another's) with its stage and command in place is flushed and
+	# started, as the helper would have; this batch's guard without them is given back
+	# (nothing ran); another's guard is "exists"; no guard, nothing ran.
+	rebatch() {
+		SB=$I/b/$1
+		[ -d "$SB" ] && mv "$SB" "$SB.x" 2>/dev/null && SB=$SB.x
+		G_=''
+		set --
+		for r in $BL; do
+			i=${r%%:*}
+			rm -f "$I/$i.cmd"
+			# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
+			if [ "$SB/$i.start" -ef "$X/$i.start" ]; then
+				if [ -d "$X/$i" ] && [ -e "$X/$i.cmd" ]; then
+					G_="$G_ $r"
+					set -- "$@" "$X/$i.start"
+					continue
+				fi
+				rm -rf "${X:?}/$i" "$X/$i.cmd" "$X/$i.start"
+			elif [ -e "$X/$i.start" ]; then
+				answer "$i" exists
+				continue
+			fi
+			answer "$i" refused "the host's batch helper was killed; nothing ran"
+		done
+		BL=''
+		[ $# -gt 0 ] && fsync "$X" "$@"
+		for r in $G_; do
+			answer "${r%%:*}" started
+			start "${r%%:*}" "${r##*:}"
+		done
+	}
 	# helper PID (named by its report): reap it
 	reap() {
 		eval "p_=\$P$1"
@@ -1120,6 +1184,8 @@ session)
 					echo "u ${r%%:*} ${r#*:}" >&4
 				fi
 			done
+			[ -n "$BH" ] && hl b "$nb"
+			[ -n "$FH" ] && hl f "$nf"
 			;;
 		u)
 			eval "p_=\${Pw$a:-}"
@@ -1130,19 +1196,42 @@ session)
 			[ -n "$a" ] && e "$a $b $c $d"
 			;;
 		s) SN='' ;;
-		v) answer "$a" "$b" "$c${d:+ $d}" ;;
+		v)
+			drop BL "$a"
+			answer "$a" "$b" "$c${d:+ $d}"
+			;;
 		a)
+			drop BL "$a"
 			answer "$a" started
 			start "$a" "$b"
 			;;
-		o) finished "$a" "$b" "$c" "$d" ;;
+		o)
+			drop FL "$a"
+			finished "$a" "$b" "$c" "$d"
+			;;
 		y)
 			reap "b$a"
-			BH=''
+			BH='' BL=''
 			;;
 		z)
 			reap "f$a"
-			FH=''
+			FH='' FL=''
+			;;
+		x)
+			# a helper ended without its last report: settle what it left (a finish group
+			# goes to the next finish helper, which writes the records again in place)
+			p_=''
+			case $a in b | f) num "$b" && eval "p_=\${P$a$b:-}" ;; esac
+			if [ -n "$p_" ]; then
+				reap "$a$b"
+				if [ "$a" = b ]; then
+					BH=''
+					rebatch "$b"
+				else
+					FH=''
+					W="$W$FL" FL=''
+				fi
+			fi
 			;;
 		esac
 		# Take what is queued now as one batch: a sentinel through our own queue comes back
@@ -1166,7 +1255,7 @@ session)
 			) </dev/null >/dev/null 2>&1 &
 			eval "Pf$nf=\$!"
 			P=$((P + 1))
-			W=''
+			FL=$W W=''
 		fi
 		# (one batch helper at a time: what is confirmed meanwhile goes into the next)
 		if [ -n "$RC" ] && [ -z "$BH" ]; then
@@ -1181,7 +1270,7 @@ session)
 			) </dev/null >/dev/null 2>&1 &
 			eval "Pb$nb=\$!"
 			P=$((P + 1))
-			R=$U_ RC='' PN=0
+			BL=$RC R=$U_ RC='' PN=0
 			if [ -n "$KW" ]; then
 				KW=''
 				echo k >&5

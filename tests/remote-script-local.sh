@@ -76,6 +76,17 @@ pidat() {
 	done 2>/dev/null
 	[ "$DECOY" = "$1" ]
 }
+# anc PID PARENT: the ancestor of PID (or PID itself) whose parent is PARENT
+anc() {
+	local q=$1 pp i
+	for i in 1 2 3 4; do
+		pp=$(ps -o ppid= -p "$q" 2>/dev/null | tr -d ' ')
+		[[ $pp =~ ^[0-9]+$ ]] || return 1
+		[ "$pp" = "$2" ] && echo "$q" && return 0
+		q=$pp
+	done
+	return 1
+}
 # unpid PID...: end decoys (each checked to be a number > 1)
 unpid() { local q; for q; do [[ $q =~ ^[0-9]+$ ]] && [ "$q" -gt 1 ] && { kill -9 "$q" && wait "$q"; } 2>/dev/null; done; true; }
 # a session request for ID with command TEXT and TIMEOUT (default 0)
@@ -211,7 +222,9 @@ run_shell() {
 			i=$((i + 1))
 		done
 	fi
+	f0=$FAIL
 	check "watch: watcher killed, its PID and a helper's reused: the heartbeat ends the other helpers and signals neither decoy" eval '[ -n "$d1" ] && [ -n "$d2" ] && ! running "$hp" && ! running "$f2" && running "$d1" && running "$d2"'
+	[ "$FAIL" = "$f0" ] || echo "       watcher $wp, tails $f1 $f2, heartbeat $hp, decoys '$d1' '$d2'; running: $(for q in "$hp" "$f2" "$d1" "$d2"; do running "$q" && printf '%s ' "$q"; done)"
 	unpid "$d1" "$d2"
 	wait $r
 	read -r pg _ <"$X/hw1/pgid" && [[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg"
@@ -485,6 +498,76 @@ run_shell() {
 	pg=''
 	read -r pg _ <"$X/tk1/pgid"
 	[[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg" 2>/dev/null
+
+	# A helper killed (someone's kill, the OOM killer) before its last report: the session
+	# notices at its next tick and settles what the helper left. The batch helper of hka is
+	# killed in its flush (hka is started all the same, once); that of hkb while its `ln` of the
+	# guards is slow (hkb is refused, nothing runs, and the `ln` that outlives the helper finds
+	# its stage fenced off: no guard is left behind); the finish helper of hkc in its first flush
+	# (the finish is recorded and reported all the same). Slow tools through PATH, which busybox
+	# does not use for its own applets.
+	if [ "$SHN" != busybox ]; then
+		mkdir -p "$ROOT/hk"
+		printf '#!/bin/sh\ncase "$*" in *hka.start* | *hkc/hkc.done*) sleep 1 ;; esac\nexec %s "$@"\n' "$(command -v sync)" >"$ROOT/hk/sync"
+		printf '#!/bin/sh\ncase "$*" in *hkb.start* | *hkd.start*) sleep 3 ;; esac\nexec %s "$@"\n' "$(command -v ln)" >"$ROOT/hk/ln"
+		chmod +x "$ROOT/hk/sync" "$ROOT/hk/ln"
+		rm -f "$HOME/hkcount" "$W/hk"
+		# shellcheck disable=SC2086 # $SH is two words for busybox
+		({
+			sreq hk0 'true'
+			echo g
+			sp='' i=0
+			while [ $i -lt 250 ] && [ -z "$sp" ]; do
+				sleep 0.02
+				i=$((i + 1))
+				sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/hk0.start" 2>/dev/null)
+			done
+			for h in 'hka:sync .*hka[.]start' 'hkb:ln .*hkb[.]start' 'hkc:sync .*hkc/hkc[.]done'; do
+				sreq "${h%%:*}" "echo ${h%%:*}; echo ${h%%:*} >>\"\$HOME/hkcount\""
+				echo g
+				q='' i=0
+				while [ $i -lt 500 ] && [ -z "$q" ]; do
+					sleep 0.02
+					i=$((i + 1))
+					q=$(pgrep -f "$ROOT/hk/${h#*:}" | head -n 1)
+				done
+				hp=$(anc "$q" "$sp") && [ "$hp" -gt 1 ] && kill -9 "$hp" && echo "${h%%:*}" >>"$W/hk"
+			done
+			# an ID sent again in the same session after its execution has ended: the second
+			# batch's helper killed in its ln must not take the first execution's guard, which
+			# names this session too, for its own (it would start the command again)
+			sreq hkd 'echo hkd >>"$HOME/hkcount"'
+			echo g
+			i=0
+			while [ $i -lt 500 ] && [ ! -e "$X/hkd.done" ]; do
+				sleep 0.02
+				i=$((i + 1))
+			done
+			sreq hkd 'echo hkd >>"$HOME/hkcount"'
+			echo g
+			q='' i=0
+			while [ $i -lt 500 ] && [ -z "$q" ]; do
+				sleep 0.02
+				i=$((i + 1))
+				q=$(pgrep -f "$ROOT/hk/ln .*hkd[.]start" | head -n 1)
+			done
+			hp=$(anc "$q" "$sp") && [ "$hp" -gt 1 ] && kill -9 "$hp" && echo hkd >>"$W/hk"
+		} | timeout 40 env PATH="$ROOT/hk:$PATH" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e") 2>/dev/null
+		# the ln that outlived its helper has ended
+		i=0
+		while [ $i -lt 250 ] && pgrep -f "$ROOT/hk/ln" >/dev/null; do
+			sleep 0.02
+			i=$((i + 1))
+		done
+		check "session: three helpers killed (batch in its flush, batch in its ln, finish in its flush), each noticed" eval '[ "$(cat "$W/hk" 2>/dev/null | tr "\n" " ")" = "hka hkb hkc hkd " ] && [ "$(tail -n 1 "$W/o")" = "$B end" ]'
+		check "session: batch helper killed in its flush: the request is started all the same, once" eval 'grep -aqxF "$B =hka verdict started" "$W/o" && grep -aq "$B =hka done v=1 id=hka status=0 " "$W/o" && [ "$(frame hka out)" = hka ] && [ "$(grep -c hka "$HOME/hkcount")" = 1 ]'
+		check "session: batch helper killed in its ln: refused, nothing ran, no guard left behind" eval 'grep -aqxF "$B =hkb verdict refused" "$W/o" && grep -aq "$B =hkb error .*batch helper was killed" "$W/o" && ! grep -q hkb "$HOME/hkcount" && [ ! -e "$X/hkb.start" ] && [ ! -e "$X/hkb" ]'
+		check "session: finish helper killed in its flush: the finish is recorded and reported all the same" eval 'grep -aq "$B =hkc done v=1 id=hkc status=0 " "$W/o" && [ "$(frame hkc out)" = hkc ] && [ -e "$X/hkc.done" ] && [ "$(grep -c hkc "$HOME/hkcount")" = 1 ]'
+		check "session: an ID sent again, its batch helper killed: the first execution's guard stays another's (exists), never run again" eval '[ "$(grep -c "$B =hkd verdict started" "$W/o")" = 1 ] && grep -aqxF "$B =hkd verdict exists" "$W/o" && [ "$(grep -c hkd "$HOME/hkcount")" = 1 ]'
+		c=$(mkcmd 'echo hkb; echo hkb >>"$HOME/hkcount"' hkb)
+		disp hkb "$c" 0 1
+		check "... and the refused ID is free: a new dispatch of it runs once" eval 'has "verdict started" && [ "$(field done status)" = 0 ] && [ "$(grep -c hkb "$HOME/hkcount")" = 1 ]'
+	fi
 
 	# a session's flushes name their files, never the whole file system: syncfs would wait for
 	# every other writer's dirty data (a logging sync through PATH; busybox runs its own)
