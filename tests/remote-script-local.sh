@@ -201,8 +201,10 @@ run_shell() {
 	# (the shell's "Killed" notice for the watcher is not this test's business)
 	(W=$W/hw && mkdir -p "$W" && cx /dev/null watch .cairn "$NONCE" hw1 0 0 1) 2>/dev/null &
 	r=$!
+	# (all four, each a single number: the heartbeat starts after both tails)
 	wp='' f1='' f2='' hp='' d1='' d2='' i=0
-	while [ $i -lt 250 ] && [ -z "$hp" ]; do
+	hw() { [[ "$wp $f1 $f2 $hp" =~ ^[0-9]+\ [0-9]+\ [0-9]+\ [0-9]+$ ]]; }
+	while [ $i -lt 250 ] && ! hw; do
 		sleep 0.02
 		i=$((i + 1))
 		f1=$(pgrep -fx "tail -c [+]1 -f $X/hw1/out")
@@ -211,7 +213,7 @@ run_shell() {
 		wp=$(ps -o ppid= -p "$f1" | tr -d ' ')
 		for q in $(pgrep -P "$wp"); do pgrep -P "$q" -fx 'sleep 2' >/dev/null && hp=$q; done
 	done
-	if [[ "$wp $f1 $f2 $hp" =~ ^[0-9]+\ [0-9]+\ [0-9]+\ [0-9]+$ ]] && [ "$wp" -gt 1 ] && [ "$f1" -gt 1 ] && [ "$hp" -gt 1 ]; then
+	if hw && [ "$wp" -gt 1 ] && [ "$f1" -gt 1 ] && [ "$f2" -gt 1 ] && [ "$hp" -gt 1 ]; then
 		kill -STOP "$hp"
 		kill -9 "$wp" "$f1"
 		gone "$wp" && gone "$f1" && pidat "$wp" && d1=$DECOY && pidat "$f1" && d2=$DECOY
