@@ -4,7 +4,7 @@
 
 use std::fs;
 use std::io::{BufRead, BufReader, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -1046,6 +1046,80 @@ fn a_killed_waiter_in_a_live_host_session_leaves_its_execution_interrupted_and_t
     assert!(h.x().join(&id).join("lost").exists());
     assert_eq!(h.runs(), 2);
     sigkill(pgid, true);
+}
+
+/// A helper of a host session killed before its last report (someone's kill, the OOM killer):
+/// the session notices at its next tick and settles what the helper left. The helper is caught
+/// in its flush by a `sync` that stands first in the host's PATH: the first flush naming a
+/// `which` file (`.start`: the batch helper's; `.done`: the finish helper's) records its
+/// parent, the helper, and waits 2 s; the test kills the helper meanwhile.
+fn a_host_session_helper_killed_in_its_flush(which: &str) {
+    let shim = tempfile::tempdir().expect("tempdir");
+    let flag = shim.path().join("armed");
+    let caught = shim.path().join("caught");
+    let real = ["/usr/bin/sync", "/bin/sync"]
+        .into_iter()
+        .find(|p| Path::new(p).exists())
+        .expect("sync(1)");
+    let sync = shim.path().join("sync");
+    fs::write(
+        &sync,
+        format!(
+            "#!/bin/sh\ncase \"$*\" in\n*{which}*)\n\tif rm '{flag}' 2>/dev/null; then\n\t\techo \"$PPID\" >'{caught}.tmp' && mv '{caught}.tmp' '{caught}'\n\t\tsleep 2\n\tfi\n\t;;\nesac\nexec {real} \"$@\"\n",
+            flag = flag.display(),
+            caught = caught.display(),
+        ),
+    )
+    .unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        fs::set_permissions(&sync, fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let h = Host::with_path(Some(shim.path()));
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    // the session is up and flushing through the stand-in before it is armed
+    let r = rpc.call(
+        json!(0),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": "true"}),
+    );
+    assert_eq!(r["result"]["state"], "completed", "{r}");
+    fs::write(&flag, "").unwrap();
+    rpc.request(
+        json!(1),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": format!("{}echo hello", h.count())}),
+    );
+    let helper: i32 = wait_for("the helper caught in its flush", T, || {
+        fs::read_to_string(&caught).ok()?.trim().parse().ok()
+    });
+    assert!(sigkill(helper, false), "the helper {helper} was running");
+    let r = rpc.response(&json!(1), T);
+    assert_eq!(r["result"]["state"], "completed", "{r}");
+    assert_eq!(r["result"]["exit_code"], 0, "{r}");
+    assert_eq!(r["result"]["stdout"], "hello\n", "{r}");
+    let id = id_of(&r);
+    assert!(h.x().join(format!("{id}.done")).exists());
+    assert!(!flag.exists());
+    assert_eq!(h.runs(), 1);
+    // the session goes on
+    let r = rpc.call(
+        json!(2),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": format!("{}echo after", h.count())}),
+    );
+    assert_eq!(r["result"]["state"], "completed", "{r}");
+    assert_eq!(h.runs(), 2);
+}
+
+#[test]
+fn a_killed_batch_helper_in_a_live_host_session_still_starts_its_execution_once() {
+    a_host_session_helper_killed_in_its_flush(".start");
+}
+
+#[test]
+fn a_killed_finish_helper_in_a_live_host_session_still_records_and_returns_the_result() {
+    a_host_session_helper_killed_in_its_flush(".done");
 }
 
 #[test]

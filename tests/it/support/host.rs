@@ -3,7 +3,7 @@
 //! `cairn` binary and read back what happened.
 
 use std::fs;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -38,7 +38,13 @@ pub struct Host {
 
 impl Host {
     pub fn new() -> Host {
-        let sshd = TestSshd::start();
+        Host::with_path(None)
+    }
+
+    /// A host whose sessions find the tools in `first` before the usual ones (see
+    /// `TestSshd::start_with_path`).
+    pub fn with_path(first: Option<&Path>) -> Host {
+        let sshd = TestSshd::start_with_path(first);
         let proxy = Proxy::start(sshd.port());
         let known_hosts = sshd.known_hosts_for_port(proxy.port());
         let journal = sshd.dir().join("state").join("journal.db");

@@ -80,6 +80,12 @@ fn free_port() -> u16 {
 
 impl TestSshd {
     pub fn start() -> TestSshd {
+        TestSshd::start_with_path(None)
+    }
+
+    /// An sshd whose sessions have `first` ahead of the usual directories in PATH (tools that
+    /// stand in for the host's own, to slow one down or watch it).
+    pub fn start_with_path(first: Option<&Path>) -> TestSshd {
         let dir = tempfile::Builder::new()
             .prefix("cairn-sshd-")
             .tempdir()
@@ -96,6 +102,10 @@ impl TestSshd {
             format!("{}\n", pub_key_text(&d.join("id_ed25519.pub"))),
         )
         .unwrap();
+        let path = match first {
+            Some(p) => format!(" PATH={}:/usr/local/bin:/usr/bin:/bin", p.display()),
+            None => String::new(),
+        };
         let boot_id = fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap_or_default();
         fs::write(d.join("boot_id"), boot_id).unwrap();
         fs::write(
@@ -114,7 +124,7 @@ impl TestSshd {
                  MaxSessions 100\n\
                  MaxAuthTries 20\n\
                  LogLevel VERBOSE\n\
-                 SetEnv SHLVL=1 CAIRN_BOOT_ID_FILE={d}/boot_id\n",
+                 SetEnv SHLVL=1 CAIRN_BOOT_ID_FILE={d}/boot_id{path}\n",
                 d = d.display()
             ),
         )
