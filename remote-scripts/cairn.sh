@@ -818,9 +818,11 @@ session)
 	# subshell beside it, which reports back through the same queue, one short line per
 	# execution (a write of at most PIPE_BUF bytes to a fifo is never interleaved):
 	#   v ID VERDICT [MESSAGE]   the batch helper: exists, or refused (nothing ran)
-	#   a ID TIMEOUT             the batch helper, after the flush: ID's guard is ours, on disk
+	#   a ID TIMEOUT NOW         the batch helper, after the flush: ID's guard is ours, on disk
+	#                            (its started record has started_at=NOW)
 	#   y N                      the batch helper N has ended
-	#   o ID OUT ERR RECORD      the finish helper, after its flushes: ID's record is in place
+	#   o ID OUT ERR STATUS NOW TIMED_OUT CANCELLED
+	#                            the finish helper, after its flushes: ID's record is in place
 	#   z N                      the finish helper N has ended
 	# and from this shell itself: "s" (its sentinel), "u N ID" (waiter N may be gone), "x b|f N"
 	# (helper N may be gone)
@@ -840,11 +842,21 @@ session)
 		done
 		echo "v $1 $2 $m_" >&4
 	}
-	# answer ID VERDICT [MESSAGE]: error, verdict, start (if any), end
+	# The records, built by one function each for the helper that writes them and for this
+	# shell, which rebuilds them from a short report instead of reading them back (the shells
+	# read a byte per system call). NOW: started_at, finished_at.
+	# srec ID LEN DIGEST TIMEOUT: sets SR, the started record
+	srec() { SR="v=1 id=$1 len=$2 digest=$3 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$SST started_at=$NOW timeout=$4"; }
+	# drec ID STATUS OUT ERR TIMED_OUT CANCELLED: sets DR, the finish record
+	drec() { DR="v=1 id=$1 status=$2 finished_at=$NOW out=$3 err=$4 timed_out=$5 cancelled=$6"; }
+	# answer ID VERDICT [MESSAGE [RECORD]]: error, verdict, start (the started record given,
+	# else the one on disk, if any), end
 	answer() {
 		[ -n "$3" ] && p "=$1" error "$3"
 		p "=$1" verdict "$2"
-		if [ "$2" != refused ] && read -r l 2>/dev/null <"$X/$1.start"; then
+		if [ -n "$4" ]; then
+			p "=$1" start "$4"
+		elif [ "$2" != refused ] && read -r l 2>/dev/null <"$X/$1.start"; then
 			p "=$1" start "$l"
 		fi
 		[ "$2" = started ] || p "=$1" end
@@ -885,7 +897,8 @@ session)
 		for r in $R; do
 			i=${r%%:*} v=${r#*:}
 			l=${v%%:*} v=${v#*:}
-			put "$SB/$i.start" "v=1 id=$i len=$l digest=${v%%:*} epoch=$E boot=$BOOT sup_pid=$$ sup_start=$SST started_at=$NOW timeout=${v#*:}" 2>/dev/null || {
+			srec "$i" "$l" "${v%%:*}" "${v#*:}"
+			put "$SB/$i.start" "$SR" 2>/dev/null || {
 				refuse "cannot write $SB/$i.start"
 				return
 			}
@@ -928,7 +941,7 @@ session)
 		# one flush for every record and name before anything runs
 		fsync "$X" "$@"
 		for r in $R; do
-			echo "a ${r%%:*} ${r##*:}" >&4
+			echo "a ${r%%:*} ${r##*:} $NOW" >&4
 		done
 	}
 	# start ID (timeout TO) under waiter number nw (this shell keeps its PID in Pw<nw> for the
@@ -1011,10 +1024,11 @@ session)
 			t=0 k=0
 			[ -e "$F/timedout" ] && t=1
 			[ -e "$F.cancel" ] && k=1
-			d="v=1 id=$ID status=$c finished_at=$NOW out=$o err=$z timed_out=$t cancelled=$k"
-			printf '%s\n' "$d" 1<>"$F/$ID.done"
-			# kept for the reports below: "ID OUT ERR RECORD", one line each (x: unknown)
-			D_="$D_$ID ${o:-x} ${z:-x} $d$NL"
+			drec "$ID" "$c" "$o" "$z" "$t" "$k"
+			printf '%s\n' "$DR" 1<>"$F/$ID.done"
+			# kept for the reports below: "ID OUT ERR STATUS NOW TIMED_OUT CANCELLED", one line
+			# each (x: a size unknown); this shell rebuilds the record from them
+			D_="$D_$ID ${o:-x} ${z:-x} $c $NOW $t $k$NL"
 			set -- "$@" "$F/$ID.done"
 		done
 		fsync "$@"
@@ -1030,10 +1044,19 @@ session)
 			D_=${D_#*"$NL"}
 		done
 	}
-	# answer ID (OUT ERR RECORD: from the finish helper): wake the watchers, output, record
+	# answer ID (OUT ERR "STATUS NOW TIMED_OUT CANCELLED": from the finish helper): wake the
+	# watchers, output, record
 	finished() {
-		ID=$1 o=$2 z=$3 d=$4
+		ID=$1 o=$2 z=$3
 		F=$X/$ID
+		# the record as the helper wrote it
+		# shellcheck disable=SC2086 # four words on purpose (noglob is on)
+		set -- $4
+		NOW=$2
+		[ "$o" = x ] && o=''
+		[ "$z" = x ] && z=''
+		drec "$ID" "$1" "$o" "$z" "$3" "$4"
+		d=$DR
 		wake
 		# (a record whose name did not go into place is not reported)
 		[ -e "$F.done" ] || d=""
@@ -1079,13 +1102,15 @@ session)
 		p "=$2" end
 		N=$((N - 1))
 	}
-	# drop NAME ID: take ID's entry (ID:...) out of the list in the variable NAME
+	# drop NAME ID: take ID's entry (ID:...) out of the list in the variable NAME; x_ is what
+	# followed "ID:" in it (empty if there was none)
 	drop() {
-		o_=''
+		o_='' x_=''
 		eval "o_=\$$1"
 		case $o_ in
 		*" $2:"*)
 			h_=${o_%%" $2:"*} t_=${o_#*" $2:"}
+			x_=${t_%% *}
 			case $t_ in
 			*" "*) t_=" ${t_#* }" ;;
 			*) t_='' ;;
@@ -1201,8 +1226,15 @@ session)
 			answer "$a" "$b" "$c${d:+ $d}"
 			;;
 		a)
+			# (x_: LEN:DIGEST:TIMEOUT of the request; c: the batch's NOW)
 			drop BL "$a"
-			answer "$a" started
+			SR=''
+			if [ -n "$x_" ]; then
+				NOW=$c
+				l=${x_#*:}
+				srec "$a" "${x_%%:*}" "${l%%:*}" "$b"
+			fi
+			answer "$a" started "" "$SR"
 			start "$a" "$b"
 			;;
 		o)

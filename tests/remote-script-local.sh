@@ -356,6 +356,15 @@ run_shell() {
 	check "session: s1 started, exact stdout and stderr bytes, status 4" eval 'sline "=s1 verdict started" && [ "$(frame s1 out | od -An -c | tr -d " ")" = "o\\0x" ] && [ "$(frame s1 err)" = e ] && grep -aq "$B =s1 done v=1 id=s1 status=4 .* out=3 err=1 " "$W/o" && sline "=s1 end"'
 	check "session: a crossed guard (earlier dispatch c1, s2 again) is not started again" eval 'sline "=c1 verdict exists" && [ "$(grep -ac "$B =s2 verdict exists" "$W/o")" = 1 ] && [ "$(wc -l <"$HOME/scount")" = 1 ] && [ ! -e "$X/c1.cmd" ]'
 	check "session: records in place, the session shell as supervisor" eval 'grep -q "^v=1 id=s1 status=4 " "$X/s1.done" && grep -q "sup_pid=[0-9]" "$X/s1.start" && [ "$(cat "$X/s1.cmd")" = "printf \"o\\000x\"; printf e >&2; exit 4" ] && [ -d "$X/s1" ]'
+	# (the session shell rebuilds both records from its helpers' short reports)
+	recsame() {
+		local i
+		for i; do
+			[ "$(grep -a "^$B =$i start " "$W/o" | head -n 1 | cut -d" " -f4-)" = "$(cat "$X/$i.start")" ] || return 1
+			[ "$(grep -a "^$B =$i done " "$W/o" | cut -d" " -f4-)" = "$(head -n 1 "$X/$i.done")" ] || return 1
+		done
+	}
+	check "session: each start and done line is the record on disk, byte for byte" recsame s1 s2 s3
 	check "session: timeout enforced (TERM after 1 s)" eval 'grep -aq "$B =s3 done v=1 id=s3 status=143 .* timed_out=1 " "$W/o" && [ $(($(ms) - t0)) -lt 4500 ]'
 	check "session: nothing left in tmp" eval '[ -z "$(ls "$HOME/.cairn/tmp" | grep "^s")" ]'
 	{
