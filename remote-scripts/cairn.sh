@@ -782,6 +782,9 @@ session)
 			echo q >&4
 		fi
 	) <&3 >/dev/null 2>&1 &
+	# (the reader's PID: if it is killed, nothing would ever say "q")
+	# shellcheck disable=SC2034 # read through eval (hl r 0)
+	Pr0=$!
 	exec </dev/null 3<&-
 	# the ticker: a "t" every 2 s, so that a waiter that died without reporting is noticed;
 	# it stops when this shell is gone
@@ -1120,7 +1123,8 @@ session)
 		esac
 	}
 	# hl b|f N: helper N (batch or finish) is running; if it has ended (a zombie) or is gone,
-	# ask again behind whatever it may have written (a "x" comes after its "y" or "z")
+	# ask again behind whatever it may have written (a "x" comes after its "y" or "z"); the
+	# same for the reader (hl r 0) and its "q"
 	hl() {
 		eval "p_=\$P$1$2"
 		if ! pst "$p_" || [ "$STATE" = Z ]; then
@@ -1210,6 +1214,7 @@ session)
 				fi
 			done
 			[ -n "$BH" ] && hl b "$nb"
+			[ -z "$Z" ] && hl r 0
 			[ -n "$FH" ] && hl f "$nf"
 			;;
 		u)
@@ -1254,6 +1259,11 @@ session)
 			# goes to the next finish helper, which writes the records again in place)
 			p_=''
 			case $a in b | f) num "$b" && eval "p_=\${P$a$b:-}" ;; esac
+			# the reader, killed before its "q": read no more, as after one
+			if [ "$a" = r ] && [ -z "$Z" ]; then
+				Z=1
+				e "the session's reader was killed; nothing more is read"
+			fi
 			if [ -n "$p_" ]; then
 				reap "$a$b"
 				if [ "$a" = b ]; then

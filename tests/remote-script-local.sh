@@ -510,6 +510,33 @@ run_shell() {
 	read -r pg _ <"$X/tk1/pgid"
 	[[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg" 2>/dev/null
 
+	# the reader killed (stdin stays open): the session reads no more, says so, finishes what
+	# it started and ends by itself; a request sent after the kill is never run
+	rm -f "$HOME/rkcount" "$W/rk"
+	# (in a subshell: the shell's notices are not this test's business)
+	# shellcheck disable=SC2086 # $SH is two words for busybox
+	({
+		sreq rk1 'sleep 1; echo rk1'
+		echo g
+		sp='' rp='' i=0
+		while [ $i -lt 250 ] && [ -z "$rp" ]; do
+			sleep 0.02
+			i=$((i + 1))
+			sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/rk1.start" 2>/dev/null)
+			[[ $sp =~ ^[0-9]+$ ]] || continue
+			# the reader: the session shell's child whose stdin is still the pipe
+			for q in $(pgrep -P "$sp"); do
+				[[ $(readlink "/proc/$q/fd/0") == pipe:* ]] && rp=$q
+			done
+		done
+		[[ $rp =~ ^[0-9]+$ ]] && [ "$rp" -gt 1 ] && kill -9 "$rp" && echo killed >"$W/rk"
+		sleep 0.3
+		sreq rk2 'echo rk2 >>"$HOME/rkcount"'
+		echo g
+		sleep 6
+	} | timeout 30 $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e") 2>/dev/null
+	check "session: reader killed: nothing more read, the rest finished, the session ends by itself" eval '[ -s "$W/rk" ] && grep -aq "$B error the session.s reader was killed" "$W/o" && grep -aq "$B =rk1 done v=1 id=rk1 status=0 " "$W/o" && [ "$(frame rk1 out)" = rk1 ] && ! grep -aq "=rk2 " "$W/o" && [ ! -e "$HOME/rkcount" ] && [ ! -e "$X/rk2.start" ] && [ "$(tail -n 1 "$W/o")" = "$B end" ]'
+
 	# A helper killed (someone's kill, the OOM killer) before its last report: the session
 	# notices at its next tick and settles what the helper left. The batch helper of hka is
 	# killed in its flush (hka is started all the same, once); that of hkb while its `ln` of the

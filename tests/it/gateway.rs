@@ -1122,6 +1122,62 @@ fn a_killed_finish_helper_in_a_live_host_session_still_records_and_returns_the_r
     a_host_session_helper_killed_in_its_flush(".done");
 }
 
+/// The session's reader (the host process that reads requests from the channel) killed: the
+/// session reads no more and says so, finishes what it started and ends by itself. A request
+/// sent after the kill is never read by the host; cairn must not lose it or run it twice.
+#[test]
+fn a_killed_reader_in_a_live_host_session_ends_the_session_and_loses_nothing() {
+    let h = Host::new();
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    rpc.request(
+        json!(1),
+        "execute",
+        json!({"destination": "127.0.0.1",
+               "command": format!("{}sleep 2; echo first", h.count())}),
+    );
+    let id = h.wait_started();
+    let sup: i32 = wait_for("the session shell in the started record", T, || {
+        h.start_record(&id)
+            .split(' ')
+            .find_map(|kv| kv.strip_prefix("sup_pid="))?
+            .parse()
+            .ok()
+    });
+    // the reader: the session shell's child whose stdin is not /dev/null (the others' is)
+    let reader: i32 = wait_for("the session's reader", T, || {
+        let kids = fs::read_to_string(format!("/proc/{sup}/task/{sup}/children")).ok()?;
+        kids.split_whitespace()
+            .filter_map(|p| p.parse::<i32>().ok())
+            .find(|p| {
+                fs::read_link(format!("/proc/{p}/fd/0"))
+                    .map(|t| t != Path::new("/dev/null"))
+                    .unwrap_or(false)
+            })
+    });
+    assert!(sigkill(reader, false), "the reader {reader} was running");
+    std::thread::sleep(Duration::from_millis(300));
+    rpc.request(
+        json!(2),
+        "execute",
+        json!({"destination": "127.0.0.1",
+               "command": format!("{}echo second", h.count())}),
+    );
+    let r = rpc.response(&json!(1), T);
+    assert_eq!(r["result"]["state"], "completed", "{r}");
+    assert_eq!(r["result"]["stdout"], "first\n", "{r}");
+    let r2 = rpc.response(&json!(2), T);
+    let runs = h.runs();
+    assert!(runs <= 2, "ran {runs} times");
+    match r2["result"]["state"].as_str() {
+        // nothing of it ran on the session; cairn found it absent and sent it on an exec
+        Some("completed") => {
+            assert_eq!(r2["result"]["stdout"], "second\n", "{r2}");
+            assert_eq!(runs, 2);
+        }
+        other => panic!("request 2 ended {other:?}: {r2}"),
+    }
+}
+
 #[test]
 fn a_host_session_result_beyond_its_inline_limit_is_read_with_watch() {
     let h = Host::new();
