@@ -218,8 +218,10 @@ run_shell() {
 		kill -9 "$wp" "$f1"
 		gone "$wp" && gone "$f1" && pidat "$wp" && d1=$DECOY && pidat "$f1" && d2=$DECOY
 		kill -CONT "$hp"
+		# (the heartbeat ends right after its signals: the tail it signalled may take a moment
+		# longer on a busy machine)
 		i=0
-		while [ $i -lt 200 ] && running "$hp"; do
+		while [ $i -lt 500 ] && { running "$hp" || running "$f2"; }; do
 			sleep 0.02
 			i=$((i + 1))
 		done
@@ -495,7 +497,7 @@ run_shell() {
 			gone "$sp" && pidat "$sp" && dk=$DECOY
 			kill -CONT "$tp"
 			i=0
-			while [ $i -lt 200 ] && running "$tp"; do
+			while [ $i -lt 500 ] && running "$tp"; do
 				sleep 0.02
 				i=$((i + 1))
 			done
