@@ -59,8 +59,35 @@ field() { sed -n "s/^$1 .*\<$2=\([^ ]*\).*/\1/p" "$W/p" | head -n 1; }
 mkcmd() { printf '%s' "$1" >"$W/cmd.$2"; echo "$W/cmd.$2"; }
 # running PID: PID names a process that has not ended (a zombie has)
 running() { local st; st=$(cut -d' ' -f3 "/proc/$1/stat" 2>/dev/null | tail -n 1) && [ -n "$st" ] && [ "$st" != Z ]; }
+# poll N CMD...: run CMD until it succeeds, every 20 ms, N times at most (false if it never did)
+poll() {
+	local n=$1 i=0
+	shift
+	until "$@"; do
+		[ $i -lt "$n" ] || return 1
+		sleep 0.02
+		i=$((i + 1))
+	done
+}
 # gone PID: wait (at most 5 s) until PID names nothing, not even a zombie
-gone() { local i=0; while [ $i -lt 250 ] && [ -e "/proc/$1" ]; do sleep 0.02; i=$((i + 1)); done; [ ! -e "/proc/$1" ]; }
+gone() {
+	# shellcheck disable=SC2034 # read by the eval in poll
+	local g=$1
+	poll 250 eval '[ ! -e "/proc/$g" ]'
+}
+# sup ID: sets sp to the supervisor's PID in ID's started record (false while there is none)
+sup() { sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/$1.start" 2>/dev/null) && [[ $sp =~ ^[0-9]+$ ]]; }
+# kid PID TEST: sets kp to the child of PID for which "TEST CHILD" succeeds (false if none)
+kid() {
+	local q
+	kp=''
+	for q in $(pgrep -P "$1"); do "$2" "$q" && kp=$q; done
+	[ -n "$kp" ]
+}
+# naps PID: PID is napping (a ticker's or a heartbeat's "sleep 2" is its child)
+naps() { pgrep -P "$1" -fx 'sleep 2' >/dev/null; }
+# piped PID: PID's stdin is a pipe (a session's reader: its other children have /dev/null)
+piped() { [[ $(readlink "/proc/$1/fd/0") == pipe:* ]]; }
 # pidat PID: start a decoy (setsid sleep 45) under PID, which must be free; sets DECOY. PID reuse
 # forced: only in this run's own PID namespace, where the next PID is ours to set (ns_last_pid)
 pidat() {
@@ -202,17 +229,16 @@ run_shell() {
 	(W=$W/hw && mkdir -p "$W" && cx /dev/null watch .cairn "$NONCE" hw1 0 0 1) 2>/dev/null &
 	r=$!
 	# (all four, each a single number: the heartbeat starts after both tails)
-	wp='' f1='' f2='' hp='' d1='' d2='' i=0
-	hw() { [[ "$wp $f1 $f2 $hp" =~ ^[0-9]+\ [0-9]+\ [0-9]+\ [0-9]+$ ]]; }
-	while [ $i -lt 250 ] && ! hw; do
-		sleep 0.02
-		i=$((i + 1))
+	wp='' f1='' f2='' hp='' d1='' d2=''
+	hw() {
 		f1=$(pgrep -fx "tail -c [+]1 -f $X/hw1/out")
 		f2=$(pgrep -fx "tail -c [+]1 -f $X/hw1/err")
-		[[ $f1 =~ ^[0-9]+$ ]] || continue
+		[[ $f1 =~ ^[0-9]+$ ]] || return 1
 		wp=$(ps -o ppid= -p "$f1" | tr -d ' ')
-		for q in $(pgrep -P "$wp"); do pgrep -P "$q" -fx 'sleep 2' >/dev/null && hp=$q; done
-	done
+		kid "$wp" naps && hp=$kp
+		[[ "$wp $f1 $f2 $hp" =~ ^[0-9]+\ [0-9]+\ [0-9]+\ [0-9]+$ ]]
+	}
+	poll 250 hw
 	if hw && [ "$wp" -gt 1 ] && [ "$f1" -gt 1 ] && [ "$f2" -gt 1 ] && [ "$hp" -gt 1 ]; then
 		kill -STOP "$hp"
 		kill -9 "$wp" "$f1"
@@ -220,11 +246,7 @@ run_shell() {
 		kill -CONT "$hp"
 		# (the heartbeat ends right after its signals: the tail it signalled may take a moment
 		# longer on a busy machine)
-		i=0
-		while [ $i -lt 500 ] && { running "$hp" || running "$f2"; }; do
-			sleep 0.02
-			i=$((i + 1))
-		done
+		poll 500 eval '! running "$hp" && ! running "$f2"'
 	fi
 	f0=$FAIL
 	check "watch: watcher killed, its PID and a helper's reused: the heartbeat ends the other helpers and signals neither decoy" eval '[ -n "$d1" ] && [ -n "$d2" ] && ! running "$hp" && ! running "$f2" && running "$d1" && running "$d2"'
@@ -259,11 +281,7 @@ run_shell() {
 	# alone. Here a decoy, leader of its own group, stands in for the reused PID.
 	c=$(mkcmd 'sleep 2' tr)
 	disp t4 "$c" 1 0
-	i=0
-	while [ $i -lt 250 ] && [ ! -s "$X/t4/pgid" ]; do
-		sleep 0.02
-		i=$((i + 1))
-	done
+	poll 250 test -s "$X/t4/pgid"
 	setsid sleep 41 &
 	decoy=$!
 	read -r _ gs <"$X/t4/pgid"
@@ -410,11 +428,7 @@ run_shell() {
 	# shellcheck disable=SC2086,SC2016,SC2002
 	(cat "$W/sin6" | timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/so6" 2>&1) &
 	r=$!
-	i=0
-	while [ $i -lt 200 ] && [ ! -d "$X/s6" ]; do
-		sleep 0.02
-		i=$((i + 1))
-	done
+	poll 200 test -d "$X/s6"
 	t0=$(ms)
 	cx /dev/null watch .cairn "$NONCE" s6 0 0 1
 	t1=$(ms)
@@ -457,11 +471,7 @@ run_shell() {
 		sreq lw1 'echo x >>"$HOME/lwcount"; sleep 20'
 		sreq lw2 'echo lw2'
 		echo g
-		i=0
-		while [ $i -lt 250 ] && [ ! -s "$X/lw1/pgid" ]; do
-			sleep 0.02
-			i=$((i + 1))
-		done
+		poll 250 test -s "$X/lw1/pgid"
 		read -r pg _ <"$X/lw1/pgid"
 		wp=$(ps -o ppid= -p "$pg" | tr -d ' ')
 		[[ $wp =~ ^[0-9]+$ ]] && [ "$wp" -gt 1 ] && kill -9 "$wp"
@@ -482,25 +492,16 @@ run_shell() {
 	({
 		sreq tk1 'sleep 20'
 		echo g
-		sp='' tp='' i=0
-		while [ $i -lt 250 ] && [ -z "$tp" ]; do
-			sleep 0.02
-			i=$((i + 1))
-			sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/tk1.start" 2>/dev/null)
-			[[ $sp =~ ^[0-9]+$ ]] || continue
-			for q in $(pgrep -P "$sp"); do pgrep -P "$q" -fx 'sleep 2' >/dev/null && tp=$q; done
-		done
+		sp='' tp=''
+		# (the ticker: the session shell's child that naps)
+		poll 250 eval 'sup tk1 && kid "$sp" naps' && tp=$kp
 		if [[ "$sp $tp" =~ ^[0-9]+\ [0-9]+$ ]] && [ "$sp" -gt 1 ] && [ "$tp" -gt 1 ]; then
 			kill -STOP "$tp"
 			kill -9 "$sp"
 			dk=''
 			gone "$sp" && pidat "$sp" && dk=$DECOY
 			kill -CONT "$tp"
-			i=0
-			while [ $i -lt 500 ] && running "$tp"; do
-				sleep 0.02
-				i=$((i + 1))
-			done
+			poll 500 eval '! running "$tp"'
 			echo "$tp $dk" >"$W/tk"
 		fi
 	} | timeout 30 $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e") 2>/dev/null
@@ -520,17 +521,9 @@ run_shell() {
 	({
 		sreq rk1 'sleep 1; echo rk1'
 		echo g
-		sp='' rp='' i=0
-		while [ $i -lt 250 ] && [ -z "$rp" ]; do
-			sleep 0.02
-			i=$((i + 1))
-			sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/rk1.start" 2>/dev/null)
-			[[ $sp =~ ^[0-9]+$ ]] || continue
-			# the reader: the session shell's child whose stdin is still the pipe
-			for q in $(pgrep -P "$sp"); do
-				[[ $(readlink "/proc/$q/fd/0") == pipe:* ]] && rp=$q
-			done
-		done
+		sp='' rp=''
+		# (the reader: the session shell's child whose stdin is still the pipe)
+		poll 250 eval 'sup rk1 && kid "$sp" piped' && rp=$kp
 		[[ $rp =~ ^[0-9]+$ ]] && [ "$rp" -gt 1 ] && kill -9 "$rp" && echo killed >"$W/rk"
 		sleep 0.3
 		sreq rk2 'echo rk2 >>"$HOME/rkcount"'
@@ -556,21 +549,13 @@ run_shell() {
 		({
 			sreq hk0 'true'
 			echo g
-			sp='' i=0
-			while [ $i -lt 250 ] && [ -z "$sp" ]; do
-				sleep 0.02
-				i=$((i + 1))
-				sp=$(sed -n 's/.* sup_pid=\([0-9]*\) .*/\1/p' "$X/hk0.start" 2>/dev/null)
-			done
+			sp=''
+			poll 250 sup hk0
 			for h in 'hka:sync .*hka[.]start' 'hkb:ln .*hkb[.]start' 'hkc:sync .*hkc/hkc[.]done'; do
 				sreq "${h%%:*}" "echo ${h%%:*}; echo ${h%%:*} >>\"\$HOME/hkcount\""
 				echo g
-				q='' i=0
-				while [ $i -lt 500 ] && [ -z "$q" ]; do
-					sleep 0.02
-					i=$((i + 1))
-					q=$(pgrep -f "$ROOT/hk/${h#*:}" | head -n 1)
-				done
+				q=''
+				poll 500 eval 'q=$(pgrep -f "$ROOT/hk/${h#*:}" | head -n 1) && [ -n "$q" ]'
 				hp=$(anc "$q" "$sp") && [ "$hp" -gt 1 ] && kill -9 "$hp" && echo "${h%%:*}" >>"$W/hk"
 			done
 			# an ID sent again in the same session after its execution has ended: the second
@@ -578,27 +563,15 @@ run_shell() {
 			# names this session too, for its own (it would start the command again)
 			sreq hkd 'echo hkd >>"$HOME/hkcount"'
 			echo g
-			i=0
-			while [ $i -lt 500 ] && [ ! -e "$X/hkd.done" ]; do
-				sleep 0.02
-				i=$((i + 1))
-			done
+			poll 500 test -e "$X/hkd.done"
 			sreq hkd 'echo hkd >>"$HOME/hkcount"'
 			echo g
-			q='' i=0
-			while [ $i -lt 500 ] && [ -z "$q" ]; do
-				sleep 0.02
-				i=$((i + 1))
-				q=$(pgrep -f "$ROOT/hk/ln .*hkd[.]start" | head -n 1)
-			done
+			q=''
+			poll 500 eval 'q=$(pgrep -f "$ROOT/hk/ln .*hkd[.]start" | head -n 1) && [ -n "$q" ]'
 			hp=$(anc "$q" "$sp") && [ "$hp" -gt 1 ] && kill -9 "$hp" && echo hkd >>"$W/hk"
 		} | timeout 40 env PATH="$ROOT/hk:$PATH" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e") 2>/dev/null
 		# the ln that outlived its helper has ended
-		i=0
-		while [ $i -lt 250 ] && pgrep -f "$ROOT/hk/ln" >/dev/null; do
-			sleep 0.02
-			i=$((i + 1))
-		done
+		poll 250 eval '! pgrep -f "$ROOT/hk/ln" >/dev/null'
 		check "session: three helpers killed (batch in its flush, batch in its ln, finish in its flush), each noticed" eval '[ "$(cat "$W/hk" 2>/dev/null | tr "\n" " ")" = "hka hkb hkc hkd " ] && [ "$(tail -n 1 "$W/o")" = "$B end" ]'
 		check "session: batch helper killed in its flush: the request is started all the same, once" eval 'grep -aqxF "$B =hka verdict started" "$W/o" && grep -aq "$B =hka done v=1 id=hka status=0 " "$W/o" && [ "$(frame hka out)" = hka ] && [ "$(grep -c hka "$HOME/hkcount")" = 1 ]'
 		check "session: batch helper killed in its ln: refused, nothing ran, no guard left behind" eval 'grep -aqxF "$B =hkb verdict refused" "$W/o" && grep -aq "$B =hkb error .*batch helper was killed" "$W/o" && ! grep -q hkb "$HOME/hkcount" && [ ! -e "$X/hkb.start" ] && [ ! -e "$X/hkb" ]'
