@@ -1,4 +1,4 @@
-# floor.sh DIR TOTAL K [WAITERS]: the cheapest work any POSIX sh implementation of the marker contract
+# floor.sh DIR TOTAL K [WAITERS [KEEP]]: the cheapest work any POSIX sh implementation of the marker contract
 # must do for TOTAL dispatches of `true`, K at a time, timed on the host as one exec. It is
 # deliberately optimistic, so that a rate it cannot reach is out of reach for the real protocol:
 # - no request is read and no reply written (the SSH channel costs nothing here);
@@ -15,8 +15,11 @@
 # With WAITERS=1 each command runs under a waiter subshell that stores its exit status as it
 # ends, as a supervisor that learns each status when it happens must (one more fork each):
 # the floor for a supervisor in POSIX sh, which has no "wait for any child".
+# With KEEP=1 DIR is left in place for the caller to remove later: on a file system that keeps
+# recently deleted inodes out of new files (ext4 without a journal) the deletions would slow
+# whatever creates files next (RESULTS.md measures it).
 # Prints "TOTAL START END" (seconds since the epoch, from GNU date +%s.%N) when done.
-d=$1 n=$2 k=$3 wt=${4:-0}
+d=$1 n=$2 k=$3 wt=${4:-0} keep=${5:-0}
 set -f
 rm -rf "$d"
 mkdir -p "$d/x" "$d/s" || exit 1
@@ -82,5 +85,5 @@ while [ "$i" -lt "$n" ]; do
 	i=$((i + k))
 done
 t1=$(date +%s.%N)
-rm -rf "$d"
+[ "$keep" = 1 ] || rm -rf "$d"
 echo "$n $t0 $t1"
