@@ -1134,10 +1134,21 @@ fn throughput(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection
             "≥ 70%",
             yes(wfr >= 0.7),
         );
+        // The floor with waiters bounds every POSIX sh host side that learns each exit status
+        // as it happens: under the target, the target is out of reach in this run.
+        let bound = if wfr < 0.7 {
+            format!(
+                "; the floor with waiters is under the target in this run ({:.0}%), so no POSIX \
+                 sh host side that reports each exit as it happens reaches it here",
+                wfr * 100.0
+            )
+        } else {
+            String::new()
+        };
         t.note(format!(
             "3 {n} in flight, each round: session {}; floor {}; floor with waiters {}; plain \
              execs {}. Floor splits tried first (loops × batch): {tried}the session does {:.0}% \
-             of the floor, {:.0}% of the floor with waiters (medians)",
+             of the floor, {:.0}% of the floor with waiters (medians){bound}",
             list(&sess),
             list(&floor),
             list(&waited),
