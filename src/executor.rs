@@ -16,7 +16,7 @@ use crate::id::ExecutionId;
 use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
 use crate::journal::{
     now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionRecord, IntentColumns,
-    Journal, JournalError,
+    Journal,
 };
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
 use crate::recovery::{decide, Action, Liveness, Prior, Probe};
@@ -26,31 +26,7 @@ use crate::state::State;
 /// Offsets larger than any output: a probe that wants the records but no bytes.
 const NO_BYTES: u64 = 999_999_999_999_999; // 15 digits: the host script accepts at most 15
 
-/// Errors that end an operation before an outcome could be recorded.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ExecError {
-    #[error(transparent)]
-    Ssh(#[from] SshError),
-    #[error(transparent)]
-    Journal(#[from] JournalError),
-    #[error("{0}")]
-    Input(String),
-    #[error("no execution {0} in journal {1}")]
-    NoSuchExecution(String, String),
-    #[error(
-        "execution ID {id} already exists in the journal for another operation:\n  \
-         recorded: {recorded}\n  requested: {requested}\n\
-         Use a new ID, or rerun with exactly the recorded destination and command"
-    )]
-    IdConflict {
-        id: String,
-        recorded: String,
-        requested: String,
-    },
-    #[error("writing output: {0}")]
-    Output(#[from] std::io::Error),
-}
+pub use crate::error::ExecError;
 
 /// Where the command's output goes as it arrives.
 pub trait OutputSink {
@@ -225,10 +201,10 @@ pub struct Executor {
     pub connect: ConnectOptions,
     pub patience: Patience,
     /// Connections this executor uses, with its claim when the connection is pooled.
-    conns: Vec<(String, Connection, Option<crate::ssh::pool::Lease>)>,
+    conns: Vec<(String, Connection, Option<crate::pool::Lease>)>,
     /// Connections shared with other executors of this process (`cairn serve`, `cairn mcp`);
     /// `None`: this executor connects for itself.
-    pub pool: Option<std::sync::Arc<crate::ssh::pool::Pool>>,
+    pub pool: Option<std::sync::Arc<crate::pool::Pool>>,
     /// Dispatch through the pooled connection's host session (`--host-session`; see
     /// [`crate::session`]) when the dispatch allows it. Needs `pool`.
     pub host_session: bool,

@@ -27,90 +27,97 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use clap::{Args, Subcommand};
-
-use crate::cli::{Common, RunArgs};
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::intent::{Intent, OpClass};
+use crate::options::{ApproveOptions, HostOptions, IntentOptions};
 use crate::state::State;
 
 /// Options of `cairn run` for many hosts.
-#[derive(Args, Debug, Clone, Default)]
-pub struct FleetArgs {
-    /// Run on these hosts ([user@]host or ssh_config aliases, comma-separated) instead of one
-    /// DESTINATION.
-    #[arg(long, value_delimiter = ',', value_name = "HOST,…")]
+#[derive(Debug, Clone)]
+pub struct FleetOptions {
+    /// Run on these hosts ([user@]host or ssh_config aliases) instead of one destination.
     pub hosts: Vec<String>,
-    /// Run on the hosts listed in FILE, one destination per line (`#` comments, blank lines).
-    #[arg(long, value_name = "FILE")]
+    /// Run on the hosts listed in this file, one destination per line.
     pub inventory: Option<PathBuf>,
-    /// Hosts worked on at once. One execution per host, so one connection per host carries at
-    /// most one channel at a time.
-    #[arg(long, default_value_t = 32)]
+    /// Hosts worked on at once.
     pub parallel: usize,
-    /// Stop starting new hosts once more than K hosts failed (failed, non-zero exit,
-    /// interrupted, unknown).
-    #[arg(long, value_name = "K")]
+    /// Stop starting new hosts once more than K hosts failed.
     pub max_failures: Option<usize>,
-    /// Stop starting new hosts after the first failure (= --max-failures 0).
-    #[arg(long)]
+    /// Stop starting new hosts after the first failure (= `max_failures: Some(0)`).
     pub fail_fast: bool,
-    /// Rolling batches of N hosts: the next batch starts only when every host of the previous
-    /// one completed with status 0.
-    #[arg(long, value_name = "N")]
+    /// Rolling batches of N hosts.
     pub batch_size: Option<usize>,
     /// Write each host's output to DIR/HOST.out and DIR/HOST.err instead of the terminal.
-    #[arg(long, value_name = "DIR")]
     pub output_dir: Option<PathBuf>,
     /// Caller-chosen batch ID (default bt_ + UUIDv7).
-    #[arg(long = "batch", value_name = "ID")]
     pub batch_id: Option<String>,
 }
 
-impl FleetArgs {
+/// Hosts worked on at once when not told otherwise.
+pub const DEFAULT_PARALLEL: usize = 32;
+
+impl Default for FleetOptions {
+    fn default() -> Self {
+        FleetOptions {
+            hosts: Vec::new(),
+            inventory: None,
+            parallel: DEFAULT_PARALLEL,
+            max_failures: None,
+            fail_fast: false,
+            batch_size: None,
+            output_dir: None,
+            batch_id: None,
+        }
+    }
+}
+
+impl FleetOptions {
     pub fn is_fleet(&self) -> bool {
         !self.hosts.is_empty() || self.inventory.is_some()
     }
 }
 
+/// `cairn run` on many hosts: everything the command line gave.
+#[derive(Debug, Clone)]
+pub struct FleetRun {
+    pub host: HostOptions,
+    pub approve: ApproveOptions,
+    pub intent: IntentOptions,
+    /// One destination as well as the hosts: refused.
+    pub destination: Option<String>,
+    /// An execution ID as well as the hosts: refused (a batch ID names the run).
+    pub id: Option<String>,
+    /// Refused with many hosts.
+    pub detach: bool,
+    pub timeout: Option<Duration>,
+    pub remote_dir: String,
+    pub json: bool,
+    pub fleet: FleetOptions,
+}
+
 /// `cairn batch …`
-#[derive(Subcommand, Debug)]
+#[derive(Debug)]
 pub enum BatchCommand {
     /// Every host of a batch with its execution's state (from the journal; no host contact).
     Status {
         batch: String,
-        #[arg(long)]
         json: bool,
-        #[command(flatten)]
-        common: Common,
+        host: HostOptions,
     },
-    /// Continue a batch: start hosts that never got an execution, re-dispatch only what
-    /// provably never started, reattach to running ones, collect finished ones, and list
-    /// interrupted or unknown ones for review.
+    /// Continue a batch.
     Resume {
         batch: String,
-        #[arg(long)]
         json: bool,
         /// Override the recorded parallelism.
-        #[arg(long)]
         parallel: Option<usize>,
-        /// Write output to DIR/HOST.out and DIR/HOST.err.
-        #[arg(long, value_name = "DIR")]
         output_dir: Option<PathBuf>,
-        #[command(flatten)]
-        common: Common,
-        #[command(flatten)]
-        approve: crate::cli_gateway::ApproveArgs,
+        host: HostOptions,
+        approve: ApproveOptions,
     },
     /// List batches.
-    Ls {
-        #[arg(long)]
-        json: bool,
-        #[command(flatten)]
-        common: Common,
-    },
+    Ls { json: bool, host: HostOptions },
 }
 
 /// Exit status when some host failed, exited non-zero, or was skipped.
@@ -125,7 +132,7 @@ pub fn parse_inventory(text: &str) -> Vec<String> {
         .collect()
 }
 
-fn host_list(f: &FleetArgs) -> Result<Vec<String>, ExecError> {
+fn host_list(f: &FleetOptions) -> Result<Vec<String>, ExecError> {
     let mut hosts: Vec<String> = f
         .hosts
         .iter()
@@ -197,7 +204,7 @@ struct Plan {
     max_failures: Option<usize>,
     output_dir: Option<PathBuf>,
     json: bool,
-    common: Common,
+    host: HostOptions,
     approve_mode: String,
     policy: Option<PathBuf>,
     session: Option<String>,
@@ -321,7 +328,7 @@ fn file_name(dest: &str) -> String {
 }
 
 /// `cairn run --hosts …` / `--inventory …`.
-pub async fn run(args: RunArgs, command: Vec<u8>) -> Result<i32, ExecError> {
+pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
     let f = &args.fleet;
     if args.destination.is_some() {
         return Err(ExecError::Input(
@@ -351,21 +358,21 @@ pub async fn run(args: RunArgs, command: Vec<u8>) -> Result<i32, ExecError> {
         None => format!("bt_{}", uuid::Uuid::now_v7().simple()),
     };
     crate::marker::validate_remote_dir(&args.remote_dir).map_err(ExecError::Input)?;
-    let intent = args.intent.intent(&args.common)?;
+    let intent = args.intent.intent(&args.host.connect.identity)?;
     intent.validate().map_err(ExecError::Input)?;
     let timeout_secs = args.timeout.map(|d| d.as_secs().max(1)).unwrap_or(0);
     let max_failures = if f.fail_fast { Some(0) } else { f.max_failures };
 
-    let mut ex = args.common.executor()?;
+    let mut ex = args.host.executor()?;
     if ex.journal.batch(&batch_id)?.is_some() {
         return Err(ExecError::Input(format!(
             "batch {batch_id} already exists; continue it with `cairn batch resume {batch_id}`"
         )));
     }
-    let session = crate::cli_gateway::prepare(
+    let session = crate::options::prepare(
         &mut ex,
-        &args.common,
-        &args.intent.approve,
+        args.host.intent_key.clone(),
+        &args.approve,
         "cli",
         &intent.actor,
     )?;
@@ -415,9 +422,9 @@ pub async fn run(args: RunArgs, command: Vec<u8>) -> Result<i32, ExecError> {
         max_failures,
         output_dir: f.output_dir.clone(),
         json: args.json,
-        common: args.common.clone(),
-        approve_mode: args.intent.approve.approve.clone(),
-        policy: args.intent.approve.policy.clone(),
+        host: args.host.clone(),
+        approve_mode: args.approve.mode.clone(),
+        policy: args.approve.policy.clone(),
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
@@ -430,8 +437,8 @@ pub async fn run(args: RunArgs, command: Vec<u8>) -> Result<i32, ExecError> {
 /// `cairn batch …`.
 pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
     match cmd {
-        BatchCommand::Ls { json, common } => {
-            let mut ex = common.executor()?;
+        BatchCommand::Ls { json, host } => {
+            let mut ex = host.executor()?;
             let mut rows = Vec::new();
             for id in ex.journal.batch_ids()? {
                 if let Some(b) = ex.journal.batch(&id)? {
@@ -459,12 +466,8 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
             }
             Ok(0)
         }
-        BatchCommand::Status {
-            batch,
-            json,
-            common,
-        } => {
-            let mut ex = common.executor()?;
+        BatchCommand::Status { batch, json, host } => {
+            let mut ex = host.executor()?;
             let b = ex.journal.batch(&batch)?.ok_or_else(|| {
                 ExecError::Input(format!(
                     "no batch {batch} in journal {}",
@@ -522,9 +525,9 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
             json,
             parallel,
             output_dir,
-            common,
+            host,
             approve,
-        } => resume(&batch, json, parallel, output_dir, common, approve).await,
+        } => resume(&batch, json, parallel, output_dir, host, approve).await,
     }
 }
 
@@ -567,10 +570,10 @@ async fn resume(
     json: bool,
     parallel: Option<usize>,
     output_dir: Option<PathBuf>,
-    common: Common,
-    approve: crate::cli_gateway::ApproveArgs,
+    host: HostOptions,
+    approve: ApproveOptions,
 ) -> Result<i32, ExecError> {
-    let mut ex = common.executor()?;
+    let mut ex = host.executor()?;
     let b = ex.journal.batch(batch)?.ok_or_else(|| {
         ExecError::Input(format!(
             "no batch {batch} in journal {}",
@@ -611,7 +614,13 @@ async fn resume(
             mode,
         });
     }
-    let session = crate::cli_gateway::prepare(&mut ex, &common, &approve, "cli", &intent.actor)?;
+    let session = crate::options::prepare(
+        &mut ex,
+        host.intent_key.clone(),
+        &approve,
+        "cli",
+        &intent.actor,
+    )?;
     let _ = ex.journal.session_event(
         &session,
         "batch-resume",
@@ -629,20 +638,23 @@ async fn resume(
     let plan = Plan {
         batch_id: b.id.clone(),
         command: b.command.clone(),
-        remote_dir: o["remote_dir"].as_str().unwrap_or(".cairn").to_owned(),
+        remote_dir: o["remote_dir"]
+            .as_str()
+            .unwrap_or(crate::options::DEFAULT_REMOTE_DIR)
+            .to_owned(),
         timeout_secs: o["timeout_secs"].as_u64().unwrap_or(0),
         intent,
         jobs,
         parallel: parallel
             .or(o["parallel"].as_u64().map(|p| p as usize))
-            .unwrap_or(32)
+            .unwrap_or(DEFAULT_PARALLEL)
             .max(1),
         batch_size: o["batch_size"].as_u64().map(|p| (p as usize).max(1)),
         max_failures: o["max_failures"].as_u64().map(|p| p as usize),
         output_dir,
         json,
-        common: common.clone(),
-        approve_mode: approve.approve.clone(),
+        host: host.clone(),
+        approve_mode: approve.mode.clone(),
         policy: approve.policy.clone(),
         session: Some(session.clone()),
     };
@@ -681,8 +693,8 @@ fn run_host(
         truncated: false,
     };
     let r: Result<Outcome, ExecError> = rt.block_on(async {
-        let mut ex = plan.common.executor()?;
-        ex.intent_key_path = plan.common.intent_key.clone();
+        let mut ex = plan.host.executor()?;
+        ex.intent_key_path = plan.host.intent_key.clone();
         ex.approver =
             crate::approve::from_flags(&plan.approve_mode, plan.policy.as_deref(), "local-cli")
                 .map_err(ExecError::Input)?;

@@ -4,7 +4,7 @@
 //! current-thread runtime of their own, and `execute` / `attach` are futures that the servers
 //! run as tasks on a few threads ([`Workers`]). The journal's
 //! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest. The
-//! calls share SSH connections (a [`crate::ssh::pool::Pool`], several executions per connection
+//! calls share SSH connections (a [`crate::pool::Pool`], several executions per connection
 //! on channels of their own) and SQLite connections (leased per journal operation).
 //!
 //! Parameters and results are JSON; `docs/GATEWAYS.md` documents them.
@@ -44,7 +44,7 @@ pub struct GatewayConfig {
     /// Recorded as who the result was delivered to (`jsonrpc`, `mcp`).
     pub transport: String,
     /// SSH connections shared by this server's executions (`None`: each connects for itself).
-    pub pool: Option<std::sync::Arc<crate::ssh::pool::Pool>>,
+    pub pool: Option<std::sync::Arc<crate::pool::Pool>>,
     /// Dispatch through host sessions (`--host-session`; needs `pool`).
     pub host_session: bool,
 }
@@ -356,7 +356,7 @@ fn parse_retention(v: &Value) -> GResult<Duration> {
         Value::Number(n) => n.as_u64().map(Duration::from_secs).ok_or_else(|| {
             GatewayError::params("retention must be a non-negative number of seconds")
         }),
-        Value::String(s) => crate::cli::parse_duration(s).map_err(GatewayError::params),
+        Value::String(s) => crate::options::parse_duration(s).map_err(GatewayError::params),
         _ => Err(GatewayError::params(
             "retention must be seconds or a duration like 5m",
         )),

@@ -28,6 +28,7 @@ use crate::state::State;
 
 const SCHEMA_VERSION: i64 = 1;
 
+pub mod anchor;
 mod batch;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
@@ -114,7 +115,7 @@ pub struct Status {
 
 pub struct Journal {
     path: PathBuf,
-    anchor: crate::audit::Anchor,
+    anchor: anchor::Anchor,
     /// Shared with every other handle on this file in this process (group commit).
     group: std::sync::Arc<group::Group>,
 }
@@ -177,7 +178,7 @@ impl Journal {
         }
         let mut identity = file_identity(path);
         let fresh = identity.is_none() && !path.exists();
-        let anchor = crate::audit::Anchor::for_journal(path);
+        let anchor = anchor::Anchor::for_journal(path);
         let j = Journal {
             path: path.to_owned(),
             group: group::group_for(path, &anchor.path),
@@ -1001,7 +1002,7 @@ fn is_busy(e: &rusqlite::Error) -> bool {
 
 /// Move `anchor` to a committed event; a failure is logged, never returned (see
 /// [`Journal::anchor_to`]).
-fn advance_anchor(anchor: &crate::audit::Anchor, ev: &Event) {
+fn advance_anchor(anchor: &anchor::Anchor, ev: &Event) {
     if let Err(e) = anchor.advance(ev.seq, &ev.hash) {
         tracing::warn!("cairn: journal anchor not updated: {e}");
     }

@@ -15,13 +15,18 @@
 //! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
 //!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
-//! - [`audit`]: the journal's anchor and offline verification (`cairn audit verify`).
+//! - [`audit`]: offline verification of the journal's chain and anchor (`cairn audit verify`).
 //! - [`recovery`]: the recovery table as a pure function (journal × probe → action).
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
+//! - [`pool`]: SSH connections and host sessions shared by a server's executions.
+//! - [`session`]: host sessions: one long-lived exec per connection starting dispatches in batches.
 //! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
+//! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
+//! - [`options`]: the plain option structs the library takes.
 //! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose.
-//! - [`cli`]: the `cairn` command line.
+//! - [`serve`], [`mcp`]: the JSON-RPC and MCP servers on stdio.
+//! - [`cli`]: the `cairn` command line; the only module that knows clap.
 //! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
 //!
 //! Data flows one way: front end ([`cli`]) → [`executor`] → ([`journal`], [`ssh`] + [`marker`]),
@@ -31,7 +36,7 @@ pub mod approve;
 pub mod audit;
 pub mod audit_show;
 pub mod cli;
-pub mod cli_gateway;
+pub mod error;
 pub mod executor;
 pub mod fleet;
 pub mod gateway;
@@ -40,6 +45,8 @@ pub mod intent;
 pub mod journal;
 pub mod marker;
 pub mod mcp;
+pub mod options;
+pub mod pool;
 pub mod recovery;
 pub mod review;
 pub mod serve;

@@ -26,7 +26,6 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::cli_gateway::McpArgs;
 use crate::executor::ExecError;
 use crate::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
 
@@ -245,8 +244,8 @@ impl ServerHandler for CairnMcp {
     }
 }
 
-pub async fn main(a: McpArgs) -> Result<i32, ExecError> {
-    let mut cfg = a.server.config("mcp");
+/// Serve MCP on stdin/stdout until the client leaves.
+pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     cfg.start_session("mcp")
         .map_err(|e| ExecError::Input(e.message))?;
     let server = CairnMcp::new(cfg.clone());

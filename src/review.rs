@@ -9,7 +9,7 @@
 
 use serde::Serialize;
 
-use crate::executor::ExecError;
+use crate::error::ExecError;
 use crate::id::ExecutionId;
 use crate::journal::Journal;
 use crate::state::State;

@@ -15,7 +15,6 @@ use std::sync::mpsc;
 
 use serde_json::{json, Value};
 
-use crate::cli_gateway::ServeArgs;
 use crate::executor::ExecError;
 use crate::gateway::{self, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
@@ -25,9 +24,8 @@ pub const METHODS: [&str; 7] = [
     "execute", "status", "output", "attach", "recover", "review", "resolve",
 ];
 
-pub async fn main(a: ServeArgs) -> Result<i32, ExecError> {
-    let _ = a.stdio;
-    let mut cfg = a.server.config("serve");
+/// Serve JSON-RPC on stdin/stdout until stdin ends.
+pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     cfg.start_session("serve")
         .map_err(|e| ExecError::Input(e.message))?;
     let code = tokio::task::spawn_blocking(move || {

@@ -25,8 +25,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use rusqlite::{Connection, TransactionBehavior};
 
+use super::anchor::Anchor;
 use super::{Event, ExecutionRecord};
-use crate::audit::Anchor;
 use crate::state::State;
 
 /// One write a caller wants committed.

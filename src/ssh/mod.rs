@@ -12,7 +12,6 @@ mod auth;
 mod config;
 mod keyfix;
 pub mod known_hosts;
-pub mod pool;
 mod stream;
 
 use std::collections::VecDeque;
@@ -567,7 +566,7 @@ fn preferred_host_key_algs(recorded: &[Algorithm]) -> Vec<Algorithm> {
     first
 }
 
-/// An authenticated SSH connection. Clones share it (a [`pool::Pool`] lends one to several
+/// An authenticated SSH connection. Clones share it (a [`crate::pool::Pool`] lends one to several
 /// executions); it closes when the last clone and the last [`Exec`] on it are dropped.
 #[derive(Clone)]
 pub struct Connection {

@@ -15,7 +15,7 @@
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::{ConnectOptions, Connection, SshError, Target};
+use crate::ssh::{ConnectOptions, Connection, SshError, Target};
 
 /// How long an unused connection stays open for the next execution to its host.
 pub const IDLE_FOR: Duration = Duration::from_secs(60);

@@ -2,18 +2,18 @@
 //! servers: `cairn run`'s intent flags, `cairn review`, `cairn resolve`, `cairn sessions`,
 //! `cairn serve --stdio`, `cairn mcp`.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::Args;
 
-use crate::cli::{parse_duration, Common};
+use super::{parse_duration, Common};
 use crate::executor::{ExecError, Executor};
 use crate::gateway::GatewayConfig;
 use crate::id::ExecutionId;
 use crate::intent::{Intent, OpClass};
-use crate::journal::{Journal, SessionRecord};
+use crate::journal::Journal;
+use crate::options::{ApproveOptions, IntentOptions};
 use crate::state::State;
 
 /// What the operation is, beyond host and command: the intent and who may start it.
@@ -55,7 +55,7 @@ pub struct IntentArgs {
 #[derive(Args, Debug, Clone)]
 pub struct ApproveArgs {
     /// allow (the request is the approval), deny, or prompt (ask on the terminal).
-    #[arg(long, default_value = "allow")]
+    #[arg(long, default_value = crate::options::DEFAULT_APPROVE)]
     pub approve: String,
     /// A JSON policy file of allow/deny rules (overrides --approve).
     #[arg(long, env = "CAIRN_POLICY")]
@@ -63,63 +63,33 @@ pub struct ApproveArgs {
 }
 
 impl IntentArgs {
-    pub fn intent(&self, common: &Common) -> Result<Intent, ExecError> {
-        let mut env = BTreeMap::new();
-        for kv in &self.env {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| ExecError::Input(format!("--env {kv:?}: expected NAME=VALUE")))?;
-            env.insert(k.to_owned(), v.to_owned());
-        }
-        let credential_ref = self.credential_ref.clone().or_else(|| {
-            (!common.identity.is_empty()).then(|| {
-                let files: Vec<String> = common
-                    .identity
-                    .iter()
-                    .map(|p| p.display().to_string())
-                    .collect();
-                format!("identity:{}", files.join(","))
-            })
-        });
-        let intent = Intent {
-            actor: self
-                .actor
-                .clone()
-                .unwrap_or_else(|| crate::intent::local_actor("local")),
-            command: None,
-            cwd: self.cwd.clone(),
-            env,
-            secret_env: self.secret_env.iter().cloned().collect(),
-            credential_ref,
+    /// The library's options from these flags.
+    pub fn options(&self) -> IntentOptions {
+        IntentOptions {
             class: self.class,
-            scope: self.scope.clone(),
             retention: self.retention,
-            correlation_id: None,
-            session_id: None,
-        };
-        intent.validate().map_err(ExecError::Input)?;
-        Ok(intent)
+            scope: self.scope.clone(),
+            actor: self.actor.clone(),
+            cwd: self.cwd.clone(),
+            env: self.env.clone(),
+            secret_env: self.secret_env.clone(),
+            credential_ref: self.credential_ref.clone(),
+        }
+    }
+
+    pub fn intent(&self, common: &Common) -> Result<Intent, ExecError> {
+        self.options().intent(&common.identity)
     }
 }
 
-/// Start a session row for this process.
-pub fn start_session(
-    j: &mut Journal,
-    kind: &str,
-    actor: &str,
-    detail: serde_json::Value,
-) -> Result<String, ExecError> {
-    let id = format!("se_{}", uuid::Uuid::now_v7().simple());
-    j.start_session(&SessionRecord {
-        id: id.clone(),
-        kind: kind.to_owned(),
-        actor: actor.to_owned(),
-        pid: std::process::id() as i64,
-        client: crate::journal::client_identity().to_owned(),
-        started_at: crate::journal::now_rfc3339(),
-        detail,
-    })?;
-    Ok(id)
+impl ApproveArgs {
+    /// The library's options from these flags.
+    pub fn options(&self) -> ApproveOptions {
+        ApproveOptions {
+            mode: self.approve.clone(),
+            policy: self.policy.clone(),
+        }
+    }
 }
 
 /// Prepare an executor for a command that creates executions: approver, key, session.
@@ -130,19 +100,13 @@ pub fn prepare(
     kind: &str,
     actor: &str,
 ) -> Result<String, ExecError> {
-    ex.intent_key_path = common.intent_key.clone();
-    ex.approver =
-        crate::approve::from_flags(&approve.approve, approve.policy.as_deref(), "local-cli")
-            .map_err(ExecError::Input)?;
-    let argv: Vec<String> = std::env::args().take(2).collect();
-    let s = start_session(
-        &mut ex.journal,
+    crate::options::prepare(
+        ex,
+        common.intent_key.clone(),
+        &approve.options(),
         kind,
         actor,
-        serde_json::json!({"argv": argv}),
-    )?;
-    ex.session_id = Some(s.clone());
-    Ok(s)
+    )
 }
 
 /// `cairn review`.
@@ -304,12 +268,12 @@ pub struct ServerArgs {
     #[arg(long, env = "CAIRN_ACTOR")]
     pub actor: Option<String>,
     /// Marker directory on the host (relative to the account's home).
-    #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = ".cairn")]
+    #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = crate::options::DEFAULT_REMOTE_DIR)]
     pub remote_dir: String,
     /// Executions in flight sharing one SSH connection to a host, each on a session channel of
     /// its own. Keep it below the server's `MaxSessions` (OpenSSH: 10 by default); 1 gives every
     /// execution a connection of its own.
-    #[arg(long, default_value_t = crate::ssh::pool::DEFAULT_PER_CONNECTION as u64,
+    #[arg(long, default_value_t = crate::pool::DEFAULT_PER_CONNECTION as u64,
           value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub channels_per_connection: u64,
     /// Start dispatches through one long-lived exec per connection (the host script's session
@@ -347,7 +311,7 @@ impl ServerArgs {
             remote_dir: self.remote_dir.clone(),
             session_id: None,
             transport: if kind == "mcp" { "mcp" } else { "jsonrpc" }.into(),
-            pool: Some(crate::ssh::pool::Pool::new(
+            pool: Some(crate::pool::Pool::new(
                 self.channels_per_connection as usize,
             )),
             host_session: self.host_session,

@@ -11,10 +11,14 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 
-use crate::executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
+pub mod fleet;
+pub mod gateway;
+
+use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::journal::Journal;
+use crate::options::HostOptions;
 use crate::recovery::{decide, Action, Prior, Probe};
 use crate::ssh::ConnectOptions;
 use crate::state::State;
@@ -100,19 +104,19 @@ pub enum Command {
         command: AuditCommand,
     },
     /// Executions waiting for a human (unknown, interrupted), with their original record.
-    Review(crate::cli_gateway::ReviewArgs),
+    Review(gateway::ReviewArgs),
     /// Record a human decision about an execution under review, as evidence.
-    Resolve(crate::cli_gateway::ResolveArgs),
+    Resolve(gateway::ResolveArgs),
     /// Which client processes and gateway runs existed, when, and what they created.
-    Sessions(crate::cli_gateway::SessionsArgs),
+    Sessions(gateway::SessionsArgs),
     /// JSON-RPC 2.0 server for gateways, on stdin/stdout (docs/GATEWAYS.md).
-    Serve(crate::cli_gateway::ServeArgs),
+    Serve(gateway::ServeArgs),
     /// MCP server on stdin/stdout: tools to run a command, get its status, read its output.
-    Mcp(crate::cli_gateway::McpArgs),
+    Mcp(gateway::McpArgs),
     /// Fleet batches: `ls`, `status B`, `resume B`.
     Batch {
         #[command(subcommand)]
-        command: crate::fleet::BatchCommand,
+        command: fleet::BatchCommand,
     },
     /// Stop an execution's remote process group and record `cancelled`.
     Cancel {
@@ -207,36 +211,19 @@ pub struct RunArgs {
     #[arg(long, value_parser = parse_duration)]
     pub timeout: Option<Duration>,
     /// Marker directory on the host (relative to the account's home).
-    #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = ".cairn")]
+    #[arg(long, env = "CAIRN_REMOTE_DIR", default_value = crate::options::DEFAULT_REMOTE_DIR)]
     pub remote_dir: String,
     /// Print one JSON object describing the outcome instead of streaming output.
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
-    pub intent: Box<crate::cli_gateway::IntentArgs>,
-    /// Many hosts: --hosts, --inventory, --parallel, --batch-size, … (src/fleet.rs).
+    pub intent: Box<gateway::IntentArgs>,
+    /// Many hosts: --hosts, --inventory, --parallel, --batch-size, … (src/cli/fleet.rs).
     #[command(flatten)]
-    pub fleet: crate::fleet::FleetArgs,
+    pub fleet: fleet::FleetArgs,
 }
 
-/// Parse `90`, `90s`, `5m`, `2h`, `1d`, `250ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration (examples: 30s, 5m, 2h, 250ms)"))?;
-    let d = match unit {
-        "" | "s" => Duration::from_secs(n),
-        "ms" => Duration::from_millis(n),
-        "m" => Duration::from_secs(n * 60),
-        "h" => Duration::from_secs(n * 3600),
-        "d" => Duration::from_secs(n * 86_400),
-        _ => return Err(format!("{s:?}: unknown unit {unit:?} (use ms, s, m, h, d)")),
-    };
-    Ok(d)
-}
+pub use crate::options::parse_duration;
 
 impl Common {
     pub(crate) fn connect_options(&self) -> ConnectOptions {
@@ -255,14 +242,18 @@ impl Common {
         }
     }
 
-    pub(crate) fn executor(&self) -> Result<Executor, ExecError> {
-        let path = self.journal.clone().unwrap_or_else(Journal::default_path);
-        let journal = Journal::open(&path)?;
-        let patience = Patience {
+    /// The library's options from these flags.
+    pub fn host_options(&self) -> HostOptions {
+        HostOptions {
+            journal: self.journal.clone(),
+            connect: self.connect_options(),
             reconnect_for: self.reconnect_for,
-            ..Patience::default()
-        };
-        Ok(Executor::new(journal, self.connect_options(), patience))
+            intent_key: self.intent_key.clone(),
+        }
+    }
+
+    pub(crate) fn executor(&self) -> Result<Executor, ExecError> {
+        self.host_options().executor()
     }
 }
 
@@ -513,12 +504,12 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             Ok(worst)
         }
         Command::Audit { command } => audit(command),
-        Command::Batch { command } => crate::fleet::batch(command).await,
-        Command::Review(a) => crate::cli_gateway::review(a),
-        Command::Resolve(a) => crate::cli_gateway::resolve(a).await,
-        Command::Sessions(a) => crate::cli_gateway::sessions(a),
-        Command::Serve(a) => crate::serve::main(a).await,
-        Command::Mcp(a) => crate::mcp::main(a).await,
+        Command::Batch { command } => crate::fleet::batch(command.options()).await,
+        Command::Review(a) => gateway::review(a),
+        Command::Resolve(a) => gateway::resolve(a).await,
+        Command::Sessions(a) => gateway::sessions(a),
+        Command::Serve(a) => crate::serve::main(a.server.config("serve")).await,
+        Command::Mcp(a) => crate::mcp::main(a.server.config("mcp")).await,
         Command::Gc {
             output_retention,
             tombstone_retention,
@@ -623,14 +614,14 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         ));
     }
     if args.fleet.is_fleet() {
-        return crate::fleet::run(args, command).await;
+        return crate::fleet::run(fleet::run_options(&args), command).await;
     }
     let destination = args.destination.clone().ok_or_else(|| {
         ExecError::Input("no destination: give HOST, or --hosts a,b / --inventory FILE".into())
     })?;
     let intent = args.intent.intent(&args.common)?;
     let mut ex = args.common.executor()?;
-    let session = crate::cli_gateway::prepare(
+    let session = gateway::prepare(
         &mut ex,
         &args.common,
         &args.intent.approve,
@@ -863,6 +854,58 @@ mod tests {
         assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
         assert!(parse_duration("5 parsecs").is_err());
         assert!(parse_duration("").is_err());
+    }
+
+    /// The flags' defaults are the library's: a front that builds the option structs itself
+    /// gets what `cairn` with no flags does.
+    #[test]
+    fn clap_defaults_are_the_library_defaults() {
+        use crate::options::{ApproveOptions, IntentOptions, DEFAULT_REMOTE_DIR};
+        // Flags that also read the environment can only be compared when it is silent.
+        let unset = |v: &str| std::env::var_os(v).is_none();
+        let c = Cli::try_parse_from(["cairn", "run", "h", "--", "x"]).unwrap();
+        let Command::Run(r) = c.command else {
+            panic!("not a run")
+        };
+        if unset("CAIRN_JOURNAL") && unset("CAIRN_INTENT_KEY") {
+            assert_eq!(
+                format!("{:?}", r.common.host_options()),
+                format!("{:?}", HostOptions::default())
+            );
+        }
+        assert_eq!(r.common.reconnect_for, HostOptions::default().reconnect_for);
+        if unset("CAIRN_REMOTE_DIR") {
+            assert_eq!(r.remote_dir, DEFAULT_REMOTE_DIR);
+        }
+        if unset("CAIRN_SCOPE") && unset("CAIRN_ACTOR") {
+            assert_eq!(
+                format!("{:?}", r.intent.options()),
+                format!("{:?}", IntentOptions::default())
+            );
+        }
+        if unset("CAIRN_POLICY") {
+            assert_eq!(
+                format!("{:?}", r.intent.approve.options()),
+                format!("{:?}", ApproveOptions::default())
+            );
+        }
+        assert_eq!(
+            format!("{:?}", r.fleet.options()),
+            format!("{:?}", crate::fleet::FleetOptions::default())
+        );
+
+        let c = Cli::try_parse_from(["cairn", "serve", "--stdio"]).unwrap();
+        let Command::Serve(a) = c.command else {
+            panic!("not serve")
+        };
+        if unset("CAIRN_REMOTE_DIR") {
+            assert_eq!(a.server.remote_dir, DEFAULT_REMOTE_DIR);
+        }
+        assert_eq!(
+            a.server.channels_per_connection,
+            crate::pool::DEFAULT_PER_CONNECTION as u64
+        );
+        assert_eq!(a.server.approve.approve, ApproveOptions::default().mode);
     }
 
     #[test]
