@@ -293,11 +293,7 @@ fn reboot_after_the_finish_still_returns_the_stored_result(fl: Flavour) {
     assert_eq!(s(&v["stdout"]), numbered("line", 5));
     assert_eq!(s(&v["stderr"]), numbered("err", 5));
     assert_eq!(h.count("h1", &counter), 1);
-    assert!(
-        matches!(c.state(&id), Some(State::Completed | State::Delivered)),
-        "{:?}",
-        c.state(&id)
-    );
+    assert_eq!(c.state(&id), Some(State::Delivered), "attach delivered it");
 }
 
 /// sshd restarts while the command runs: the session and the job go on; the result comes back.
@@ -361,15 +357,10 @@ fn hung_host_is_unknown_at_the_deadline_then_recover_finds_the_truth(fl: Flavour
     assert_eq!(out.status.code(), Some(254), "{v}");
     assert_eq!(v["state"], "unknown", "{v}");
     assert!(v["exit_code"].is_null(), "a missing status is never 0: {v}");
-    // Deadline: keepalive notices within ~3 intervals, then 8 s of trying, and one connection
-    // attempt of at most --connect-timeout; slack for a loaded machine.
+    // Order, not speed: it kept trying for its whole --reconnect-for (8 s) before it gave up.
     assert!(
         gave_up_after >= Duration::from_secs(8),
         "gave up before its deadline: {gave_up_after:?}"
-    );
-    assert!(
-        gave_up_after <= Duration::from_secs(3 + 1 + 8 + 3 + 4),
-        "gave up late: {gave_up_after:?}"
     );
     assert!(numbered("line", 30).starts_with(s(&v["stdout"])));
     assert_eq!(c.state(&id), Some(State::Unknown));
@@ -498,10 +489,11 @@ fn disk_full_during_the_run_reports_only_what_was_seen(fl: Flavour) {
         host_err.as_slice(),
         "returned stderr is not the command's stderr"
     );
-    assert!(matches!(
+    assert_eq!(
         c.state(&id),
-        Some(State::Completed | State::Delivered)
-    ));
+        Some(State::Delivered),
+        "run --json delivered it"
+    );
 }
 
 /// `cairn serve --host-session` on this host flavour: a dozen executions through the host's

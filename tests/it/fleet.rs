@@ -84,6 +84,20 @@ fn lines(out: &[u8]) -> Vec<String> {
         .collect()
 }
 
+/// Every descendant of process `pid` (children first, then theirs).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let kids = fs::read_to_string(format!("/proc/{p}/task/{p}/children")).unwrap_or_default();
+        for k in kids.split_whitespace().filter_map(|k| k.parse().ok()) {
+            out.push(k);
+            todo.push(k);
+        }
+    }
+    out
+}
+
 fn json_lines(out: &[u8]) -> Vec<Value> {
     lines(out)
         .iter()
@@ -354,21 +368,42 @@ fn docker_twenty_hosts_cut_reboot_kill_resume() {
     let summary = v.last().unwrap();
     assert_eq!(summary["type"], "summary", "{v:?}");
     assert_eq!(summary["hosts"], n as u64);
-    for h in &names {
-        let c = wait_for(&format!("{h} count"), Duration::from_secs(30), || {
-            Some(hosts.count(h, "/root/fleet.count"))
-        });
-        assert_eq!(c, 1, "{h} ran exactly once: {v:?}");
-    }
-    let state = |h: &str| {
+    let line = |h: &str| {
         v.iter()
             .find(|o| o["host"] == h)
-            .map(|o| o["state"].as_str().unwrap_or("").to_owned())
-            .unwrap_or_default()
+            .unwrap_or_else(|| panic!("no line for {h}: {v:?}"))
     };
-    assert_eq!(state("h3"), "interrupted", "{v:?}");
+    let j = cairn::journal::Journal::open(&journal).unwrap();
+    let journal_state = |h: &str| {
+        let id = cairn::ExecutionId::parse(line(h)["execution_id"].as_str().unwrap()).unwrap();
+        j.status(&id).unwrap().map(|s| s.state)
+    };
+    let h3 = line("h3");
+    assert_eq!(h3["state"], "interrupted", "{v:?}");
+    assert!(h3["exit_code"].is_null(), "{h3}");
+    assert_eq!(journal_state("h3"), Some(cairn::State::Interrupted));
     for h in names.iter().filter(|h| *h != "h3") {
-        assert_eq!(state(h), "completed", "{h}: {v:?}");
+        let o = line(h);
+        assert_eq!(o["state"], "completed", "{h}: {v:?}");
+        assert_eq!(o["exit_code"], 0, "{h}: {o}");
+        assert_eq!(o["stdout"], format!("done-{h}\n"), "{h}: {o}");
+        assert!(
+            matches!(
+                journal_state(h),
+                Some(cairn::State::Completed | cairn::State::Delivered)
+            ),
+            "{h}: {:?}",
+            journal_state(h)
+        );
+    }
+    // Every execution is settled now (no supervisor of this batch runs any more), so the
+    // counts are final.
+    for h in &names {
+        assert_eq!(
+            hosts.count(h, "/root/fleet.count"),
+            1,
+            "{h} ran exactly once: {v:?}"
+        );
     }
     assert_eq!(summary["ok"], (n - 1) as u64);
     assert_eq!(out.status.code(), Some(254));
@@ -411,11 +446,14 @@ fn resume_asks_for_authorization_a_host_left_accepted_by_a_killed_client() {
             (h["state"] == "accepted").then(|| h["execution_id"].as_str().unwrap().to_owned())
         },
     );
-    assert!(Command::new("pkill")
-        .args(["-KILL", "-f", batch])
-        .status()
-        .unwrap()
-        .success());
+    // Kill the cairn process under `script` (by its PID, found among script's descendants).
+    let bin = fs::canonicalize(BIN).unwrap();
+    let cairn_pid = wait_for("the cairn process under script", LIMIT, || {
+        descendants(first.id())
+            .into_iter()
+            .find(|p| fs::read_link(format!("/proc/{p}/exe")).is_ok_and(|e| e == bin))
+    });
+    assert!(crate::support::host::sigkill(cairn_pid as i32, false));
     let _ = first.kill();
     let _ = first.wait();
     assert_eq!(l.runs(0), 0);

@@ -144,6 +144,21 @@ impl Host {
             .state
     }
 
+    /// Wait until the journal records the execution `delivered` (a server records it after
+    /// writing the response the test has just read).
+    pub fn wait_delivered(&self, id: &str) {
+        let mut last = None;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_secs(30) {
+            last = Some(self.state(id));
+            if last == Some(State::Delivered) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        panic!("{id} was not recorded delivered within 30 s (last state {last:?})");
+    }
+
     pub fn x(&self) -> PathBuf {
         self.remote_dir.join("x")
     }
