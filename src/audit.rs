@@ -130,6 +130,7 @@ impl Row {
 
 /// Verify the journal at `journal` against `anchor`, reading the file only.
 pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
+    crate::journal::refuse_url(journal).map_err(|e| e.to_string())?;
     if !journal.exists() {
         return Err(format!("no journal at {}", journal.display()));
     }

@@ -50,6 +50,12 @@ pub enum JournalError {
          Use a matching cairn, or point --journal elsewhere"
     )]
     Version { path: PathBuf, found: i64 },
+    #[error(
+        "journal '{location}' looks like a {scheme}:// URL, but this build of cairn keeps its journal \
+         in a SQLite file only; nothing was created. Give a file path (--journal FILE or \
+         CAIRN_JOURNAL), or a file name without '://'"
+    )]
+    Unsupported { location: String, scheme: String },
     #[error("journal {path}: execution {id} has a corrupt row: {message}")]
     Corrupt {
         path: PathBuf,
@@ -164,6 +170,7 @@ impl Journal {
 
     /// Open (creating if needed) the journal at `path`.
     pub fn open(path: &Path) -> Result<Journal> {
+        refuse_url(path)?;
         let io = |message: String| JournalError::Io {
             path: path.to_owned(),
             message,
@@ -703,6 +710,49 @@ pub enum AcceptOrMatch {
     /// This earlier execution matched; the new record was not inserted. The `intent-matched`
     /// event was appended to it in the same transaction.
     Matched(Candidate),
+}
+
+/// A journal location that looks like a URL (`postgres://…`, `sqlite://…`, `file://…`) is
+/// refused before anything touches the file system: taken as a path, it would silently create
+/// a directory named `postgres:` in the working directory.
+pub fn refuse_url(path: &Path) -> Result<()> {
+    let text = path.to_string_lossy();
+    let Some((scheme, _)) = text.split_once("://") else {
+        return Ok(());
+    };
+    let looks_like_scheme = !scheme.is_empty()
+        && scheme.starts_with(|c: char| c.is_ascii_alphabetic())
+        && scheme
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'));
+    if !looks_like_scheme {
+        return Ok(());
+    }
+    Err(JournalError::Unsupported {
+        location: redact_url(&text),
+        scheme: scheme.to_owned(),
+    })
+}
+
+/// The URL with any password (`user:secret@`) replaced, so that an error never repeats it.
+fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split_once(':').map_or(userinfo, |(u, _)| u);
+            let shown = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_owned()
+            };
+            format!("{scheme}://{shown}@{host}{tail}")
+        }
+        None => url.to_owned(),
+    }
 }
 
 /// Milliseconds since the Unix epoch.
@@ -1318,6 +1368,26 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn url_looking_locations_are_refused_without_their_password() {
+        for ok in [
+            "journal.db",
+            "/var/lib/cairn/j.db",
+            "./a:b/j.db",
+            "1x://y",
+            "://y",
+        ] {
+            assert!(refuse_url(Path::new(ok)).is_ok(), "{ok}");
+        }
+        let e = refuse_url(Path::new("postgres://ops:pw@db:5432/cairn"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("'postgres://ops:***@db:5432/cairn'"), "{e}");
+        assert!(!e.contains("pw@"), "{e}");
+        let e = refuse_url(Path::new("postgresql+tls://db/cairn")).unwrap_err();
+        assert!(e.to_string().contains("postgresql+tls:// URL"), "{e}");
+    }
 
     pub(super) fn rec(id: &str) -> ExecutionRecord {
         ExecutionRecord {

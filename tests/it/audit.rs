@@ -364,3 +364,54 @@ fn the_sessions_journal_is_chained_and_anchored_too() {
         ("sessions", "record-modified")
     );
 }
+
+/// A URL-looking journal location is refused with a clear error by every command that opens a
+/// journal, the password is never repeated, and nothing is created in the working directory
+/// (taken as a path, `postgres://…` would make a directory named `postgres:`).
+#[test]
+fn a_url_looking_journal_is_refused_and_creates_nothing() {
+    let cwd = tempfile::tempdir().unwrap();
+    let url = "postgres://ops:s3cret-pw@db.internal:5432/cairn";
+    let cases: [&[&str]; 4] = [
+        &["ls", "--journal", url],
+        &["recover", "--journal", url],
+        &["audit", "verify", "--journal", url],
+        &[
+            "audit",
+            "show",
+            "ex_0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b",
+            "--journal",
+            url,
+        ],
+    ];
+    for args in cases {
+        let out = Command::new(BIN)
+            .args(args)
+            .current_dir(cwd.path())
+            .env_remove("CAIRN_JOURNAL")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(
+            stderr.contains("looks like a postgres:// URL") && stderr.contains("SQLite file"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            !stderr.contains("s3cret-pw"),
+            "{args:?} repeated the password: {stderr}"
+        );
+        let left: Vec<_> = std::fs::read_dir(cwd.path()).unwrap().collect();
+        assert!(left.is_empty(), "{args:?} created {left:?}");
+    }
+    // The same through the environment variable.
+    let out = Command::new(BIN)
+        .args(["ls"])
+        .current_dir(cwd.path())
+        .env("CAIRN_JOURNAL", "sqlite:///var/lib/cairn/j.db")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("looks like a sqlite:// URL"));
+    assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);
+}
