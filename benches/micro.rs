@@ -154,7 +154,11 @@ fn fingerprint(c: &mut Criterion) {
     ] {
         g.throughput(Throughput::Bytes(cmd.len() as u64));
         g.bench_function(name, |b| {
-            b.iter(|| intent.record(fp, "deploy", &cmd).fingerprint(&key))
+            b.iter(|| {
+                intent
+                    .record(fp, "10.0.0.5:22", "deploy", &cmd)
+                    .fingerprint(&key)
+            })
         });
     }
     g.finish();

@@ -12,6 +12,7 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::approve::{Allow, ApprovalRequest, Approver};
+use crate::epoch::{self, HostPlace};
 use crate::id::ExecutionId;
 use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
 use crate::journal::{
@@ -171,7 +172,17 @@ impl Reply {
 struct Run {
     rec: ExecutionRecord,
     prior: Prior,
-    expected_epoch: Option<String>,
+    /// The epoch the dispatch was sent into: the one last seen at the host when the
+    /// `dispatched` event was written, corrected by the host's own announcement in its reply
+    /// to the dispatch (`dispatch-epoch`). See [`crate::epoch`].
+    dispatch_epoch: Option<String>,
+    /// The epoch of the execution's started record, once seen.
+    start_epoch: Option<String>,
+    /// The epoch last seen at this execution's host (bookkeeping), as far as this run knows.
+    last_seen_epoch: Option<String>,
+    /// How the execution reached its host (from its `accepted` event; `None` for executions
+    /// accepted before it was recorded).
+    reach: Option<crate::reach::Reach>,
     out_off: u64,
     err_off: u64,
     reconnects: u32,
@@ -237,6 +248,62 @@ fn drop_overtaken(held: &mut Vec<(String, Option<State>, serde_json::Value)>, no
     }
 }
 
+/// The bookkeeping place of an execution's host (see [`crate::epoch`]).
+fn place_of(rec: &ExecutionRecord, host_key: &str) -> HostPlace {
+    HostPlace::new(&rec.user, &rec.host, rec.port, host_key, &rec.remote_dir)
+}
+
+/// The host's announced epoch against the one `run` is bound to: its started record's (as the
+/// journal knew it, else as this reply shows it), else its dispatch's.
+fn epoch_check(run: &Run, hello: &Hello) -> epoch::Check {
+    epoch::check(
+        epoch::expected(run.start_epoch.as_deref(), run.dispatch_epoch.as_deref()),
+        &hello.epoch,
+    )
+}
+
+/// The evidence behind a recovery conclusion, in words: what the host's reply showed that the
+/// decision rests on (epochs, boot identities, the supervisor), appended to the table's reason.
+fn with_evidence(reason: &str, run: &Run, reply: &Reply, probe: &Probe) -> String {
+    let Some(hello) = &reply.hello else {
+        return reason.to_owned();
+    };
+    let check = epoch_check(run, hello);
+    let detail = match probe {
+        Probe::Absent { .. }
+        | Probe::Started {
+            same_epoch: false, ..
+        } => check.evidence(),
+        Probe::Started {
+            liveness: Liveness::Rebooted,
+            ..
+        } => match &reply.start {
+            Some(s) => format!(
+                "the started record has boot identity {}, the host now {}; {}",
+                s.boot,
+                hello.boot,
+                check.evidence()
+            ),
+            None => check.evidence(),
+        },
+        Probe::Started {
+            liveness: Liveness::Dead,
+            ..
+        } => match &reply.start {
+            Some(s) => format!(
+                "supervisor PID {} with start time {} is not running under boot identity {}; {}",
+                s.sup_pid,
+                s.sup_start,
+                hello.boot,
+                check.evidence()
+            ),
+            None => check.evidence(),
+        },
+        _ => return reason.to_owned(),
+    };
+    format!("{reason} (evidence: {detail})")
+}
+
 fn digest(cmd: &[u8]) -> String {
     hex::encode(Sha256::digest(cmd))
 }
@@ -246,7 +313,10 @@ impl Run {
         Run {
             rec,
             prior: Prior::NotDispatched,
-            expected_epoch: None,
+            dispatch_epoch: None,
+            start_epoch: None,
+            last_seen_epoch: None,
+            reach: None,
             out_off: 0,
             err_off: 0,
             reconnects: 0,
@@ -471,6 +541,8 @@ impl Executor {
             client: crate::journal::client_identity().to_owned(),
         };
         let mut run = Run::new(rec.clone());
+        // How it reaches the host, for every later connection made for it.
+        let reach = crate::reach::Reach::of(&target, &self.connect, &req.remote_dir);
 
         // First contact: connect and learn the host's key (the host identity in the intent).
         // A failure here is a proven "never started": nothing was sent. The execution is
@@ -478,8 +550,9 @@ impl Executor {
         let conn_idx = match self.connection(&target).await {
             Ok(i) => i,
             Err(e) => {
-                self.journal
-                    .accept(&rec, crate::journal::accepted_evidence(&rec))?;
+                let mut evidence = crate::journal::accepted_evidence(&rec);
+                evidence["connection"] = json!(reach);
+                self.journal.accept(&rec, evidence)?;
                 self.correlate(&id, &intent, true)?;
                 // An outcome, not an error: `--json` callers get the object, and the reason
                 // carries the error (host key, auth, unreachable) for people.
@@ -491,7 +564,8 @@ impl Executor {
 
         // Intent: the keyed fingerprint of the canonical operation record.
         let key = self.intent_key()?;
-        let op = intent.record(&fp, &target.user, &req.command);
+        let host = crate::intent::canonical_host(&target.hostname, target.port);
+        let op = intent.record(&fp, &host, &target.user, &req.command);
         let fingerprint = op.fingerprint(&key);
         let cols = IntentColumns {
             fingerprint: fingerprint.clone(),
@@ -504,6 +578,7 @@ impl Executor {
             intent: op.display_json(),
         };
         let mut evidence = crate::journal::accepted_evidence(&rec);
+        evidence["connection"] = json!(reach);
         evidence["fingerprint"] = fingerprint.clone().into();
         evidence["actor"] = cols.actor.clone().into();
         evidence["scope"] = cols.scope.clone().into();
@@ -616,14 +691,15 @@ impl Executor {
         intent: &Intent,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(run)?;
         let conn_idx = match self.connection(&target).await {
             Ok(i) => i,
             Err(e) => return self.conclude(run, State::Failed, &format!("never dispatched: {e}")),
         };
         let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
         run.host_key = Some(fp.clone());
-        let op = intent.record(&fp, &target.user, command);
+        let host = crate::intent::canonical_host(&target.hostname, target.port);
+        let op = intent.record(&fp, &host, &target.user, command);
         let (actor, scope) = (op.actor_canonical(), op.scope_canonical());
         let destination = run.rec.destination.clone();
         let asked = Asked {
@@ -677,12 +753,14 @@ impl Executor {
         }
         run.held
             .push(("authorized".into(), Some(State::Authorized), decided));
-        let epoch = match self.journal.host_epoch(&fp, &run.rec.remote_dir)? {
+        // The epoch last seen at this host; on first contact, the one it announces now. The
+        // reply to the dispatch says which epoch it really ran under (see `drive`).
+        let place = place_of(&run.rec, &fp);
+        let epoch = match self.journal.host_epoch_at(&place)? {
             Some(e) => e,
             None => match self.hello(conn_idx, &run.rec.remote_dir).await {
                 Ok(h) => {
-                    self.journal
-                        .set_host_epoch(&fp, &run.rec.remote_dir, &h.epoch)?;
+                    self.note_epoch(run, &h.epoch)?;
                     h.epoch
                 }
                 Err(why) => {
@@ -695,7 +773,8 @@ impl Executor {
                 }
             },
         };
-        run.expected_epoch = Some(epoch);
+        run.last_seen_epoch = Some(epoch.clone());
+        run.dispatch_epoch = Some(epoch);
         self.drive(target, run, true, detach, true, sink).await
     }
 
@@ -846,12 +925,13 @@ impl Executor {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         if run.prior == Prior::Settled {
             return self.outcome_from_journal(&run);
         }
-        // Whatever the marker home's epoch is now, this dispatch is meant to run there.
-        run.expected_epoch = None;
+        // Whatever the marker home's epoch is now, this dispatch is meant to run there (the
+        // reply to it records which one that was).
+        run.dispatch_epoch = None;
         run.prior = Prior::Dispatched;
         self.drive(&target, &mut run, true, detach, true, sink)
             .await
@@ -877,7 +957,7 @@ impl Executor {
             return self.attach(id, sink).await;
         }
         let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         self.journal.append(
             id,
             "retry",
@@ -895,11 +975,12 @@ impl Executor {
                 .ask_then_dispatch(&mut run, command, intent, sink)
                 .await;
         }
-        // The epoch this journal last saw on the host, when it knows the host's key.
-        run.expected_epoch = match &run.host_key {
-            Some(k) => self.journal.host_epoch(k, &run.rec.remote_dir)?,
+        // The epoch this journal last saw at the host, when it knows the host's key.
+        run.dispatch_epoch = match &run.host_key {
+            Some(k) => self.journal.host_epoch_at(&place_of(&run.rec, k))?,
             None => None,
         };
+        run.last_seen_epoch.clone_from(&run.dispatch_epoch);
         run.prior = Prior::Dispatched;
         self.drive(&target, &mut run, true, false, true, sink).await
     }
@@ -995,7 +1076,7 @@ impl Executor {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         run.prior = Prior::Dispatched;
         self.drive(&target, &mut run, true, false, true, sink).await
     }
@@ -1050,7 +1131,7 @@ impl Executor {
         let mut run = self.load(id)?;
         run.out_off = offsets.0;
         run.err_off = offsets.1;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         self.drive(&target, &mut run, false, !wait, true, sink)
             .await
     }
@@ -1065,7 +1146,7 @@ impl Executor {
         let mut run = self.load(id)?;
         run.out_off = NO_BYTES;
         run.err_off = NO_BYTES;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         self.drive(&target, &mut run, false, !wait, false, &mut Discard)
             .await
     }
@@ -1076,7 +1157,7 @@ impl Executor {
         id: &ExecutionId,
     ) -> Result<(Outcome, Result<Probe, String>), ExecError> {
         let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         let journal_outcome = self.outcome_from_journal(&run)?;
         let probe = match self.connection(&target).await {
             Err(e) => Err(e.to_string()),
@@ -1123,7 +1204,7 @@ impl Executor {
     ) -> Result<Option<FinishRecord>, ExecError> {
         let offset = offset.min(NO_BYTES - 1);
         let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
         let (o, e) = if stderr {
@@ -1169,7 +1250,7 @@ impl Executor {
         grace_secs: u64,
     ) -> Result<Outcome, ExecError> {
         let mut run = self.load(id)?;
-        let target = self.target_for(&run.rec)?;
+        let target = self.target_for(&run)?;
         if run.prior == Prior::Settled {
             return self.outcome_from_journal(&run);
         }
@@ -1227,15 +1308,16 @@ impl Executor {
         output_age: Duration,
         tombstone_age: Duration,
     ) -> Result<String, ExecError> {
-        let target = self.target_for(rec)?;
-        let ci = self.connection(&target).await?;
-        let nonce = marker::new_nonce();
+        // (connected as `rec` was: its recorded connection, its pinned key)
         let mut run = Run {
             prior: Prior::Settled,
             out_off: NO_BYTES,
             err_off: NO_BYTES,
-            ..Run::new(rec.clone())
+            ..self.load(&rec.id)?
         };
+        let target = self.target_for(&run)?;
+        let ci = self.connection(&target).await?;
+        let nonce = marker::new_nonce();
         let op = Op::Gc {
             output_age_secs: output_age.as_secs(),
             tombstone_age_secs: tombstone_age.as_secs(),
@@ -1264,10 +1346,16 @@ impl Executor {
             ..Run::new(rec)
         };
         for ev in &events {
-            if let Some(e) = ev.evidence.get("epoch").and_then(|v| v.as_str()) {
-                if ev.kind == "dispatched" {
-                    run.expected_epoch = Some(e.to_owned());
-                }
+            if ev.kind == "accepted" {
+                run.reach = crate::reach::Reach::from_accepted(&ev.evidence);
+            }
+            if ev.kind == "dispatched" || ev.kind == "dispatch-epoch" {
+                // (a dispatch without a recorded epoch resets it: it runs wherever it lands)
+                run.dispatch_epoch = ev
+                    .evidence
+                    .get("epoch")
+                    .and_then(|v| v.as_str())
+                    .map(str::to_owned);
             }
             if let Some(k) = ev.evidence.get("host_key").and_then(|v| v.as_str()) {
                 run.host_key = Some(k.to_owned());
@@ -1277,6 +1365,9 @@ impl Executor {
             }
             if let Some(s) = ev.evidence.get("start_record").and_then(|v| v.as_str()) {
                 run.start = StartRecord::parse(s).ok();
+                if run.start_epoch.is_none() {
+                    run.start_epoch = run.start.as_ref().map(|s| s.epoch.clone());
+                }
             }
             if let Some(s) = ev.evidence.get("finish_record").and_then(|v| v.as_str()) {
                 run.done = FinishRecord::parse(s).ok();
@@ -1285,16 +1376,65 @@ impl Executor {
         Ok(run)
     }
 
-    fn target_for(&self, rec: &ExecutionRecord) -> Result<Target, ExecError> {
-        let mut t = crate::ssh::resolve(&rec.destination, &self.connect)?;
+    /// The host of `run` announced `announced`: keep the bookkeeping of its place (per
+    /// destination, key and remote dir), recording a change or a shared key once.
+    fn note_epoch(&mut self, run: &mut Run, announced: &str) -> Result<(), ExecError> {
+        if run.last_seen_epoch.as_deref() == Some(announced) {
+            return Ok(());
+        }
+        let Some(key) = run.host_key.clone() else {
+            return Ok(());
+        };
+        // Events of this run still held go first: they happened before this reply.
+        self.flush_held(run)?;
+        let place = place_of(&run.rec, &key);
+        let a = self
+            .journal
+            .observe_host_epoch(&run.rec.id, &place, announced)?;
+        if let Some(old) = &a.changed_from {
+            tracing::warn!(
+                "cairn: the marker home {} on {} has a new epoch ({old} -> {announced}): it was \
+                 wiped or replaced; executions dispatched there before keep the old epoch's rule",
+                place.remote_dir,
+                place.destination
+            );
+        }
+        for (other, other_epoch) in &a.shared_with {
+            tracing::warn!(
+                "cairn: {} and {other} present the same host key {key} with different epochs \
+                 ({announced}, {other_epoch}): probably hosts cloned from one image; cairn keeps \
+                 them apart, but consider giving each its own host key",
+                place.destination
+            );
+        }
+        run.last_seen_epoch = Some(announced.to_owned());
+        Ok(())
+    }
+
+    /// How to reach the host of `run` again: as its execution recorded (see [`crate::reach`]),
+    /// with what the command line sets overriding the matching part, and pinned to the host key
+    /// verified at dispatch.
+    fn target_for(&self, run: &Run) -> Result<Target, ExecError> {
+        let rec = &run.rec;
+        let mut t = match &run.reach {
+            Some(r) => {
+                let mut t =
+                    crate::ssh::resolve(&rec.destination, &r.resolve_options(&self.connect))?;
+                r.apply(&mut t, &self.connect);
+                t
+            }
+            None => crate::ssh::resolve(&rec.destination, &self.connect)?,
+        };
         // Reach the host the execution was dispatched to, whatever the config says today.
         t.hostname = rec.host.clone();
         t.port = rec.port;
         t.user = rec.user.clone();
+        t.pinned_host_key.clone_from(&run.host_key);
         Ok(t)
     }
 
-    /// A live connection to `target`, reusing one if it is still open.
+    /// A live connection to `target`, reusing one if it is still open (and presents the key
+    /// the target is pinned to, if any).
     async fn connection(&mut self, target: &Target) -> Result<usize, SshError> {
         let key = format!("{}@{}:{}", target.user, target.hostname, target.port);
         if let Some(i) = self
@@ -1302,7 +1442,15 @@ impl Executor {
             .iter()
             .position(|(k, c, _)| *k == key && !c.is_closed())
         {
-            return Ok(i);
+            let presented = self.conns[i].1.host_key_fingerprint();
+            return match &target.pinned_host_key {
+                Some(p) if p != presented => Err(SshError::HostKeyPinned {
+                    host: target.display(),
+                    pinned: p.clone(),
+                    presented: presented.to_owned(),
+                }),
+                _ => Ok(i),
+            };
         }
         self.conns.retain(|(k, _, _)| *k != key);
         let (c, lease) = match &self.pool {
@@ -1552,6 +1700,12 @@ impl Executor {
                     run.held_since = Some(Instant::now());
                     run.prior = Prior::Started;
                 }
+                if run.start_epoch.is_none()
+                    && s.id == run.rec.id.as_str()
+                    && s.digest == run.rec.command_digest
+                {
+                    run.start_epoch = Some(s.epoch.clone());
+                }
                 run.start = Some(s.clone());
                 reply.start = Some(s);
             }
@@ -1603,10 +1757,7 @@ impl Executor {
         let Some(hello) = &reply.hello else {
             return Probe::Unreadable("no hello line".into());
         };
-        let same_epoch = run
-            .expected_epoch
-            .as_deref()
-            .is_none_or(|e| e == hello.epoch);
+        let same_epoch = epoch_check(run, hello).same();
         if let Some(s) = &reply.start {
             if s.digest != run.rec.command_digest {
                 return Probe::Unreadable(format!(
@@ -1762,10 +1913,12 @@ impl Executor {
             let fp = self.conns[ci].1.host_key_fingerprint().to_owned();
             match &run.host_key {
                 Some(k) if *k != fp => {
-                    let reason = format!(
-                        "the host now presents key {fp}, but the execution was dispatched to {k}; \
-                         refusing to treat it as the same host"
-                    );
+                    let reason = SshError::HostKeyPinned {
+                        host: target.display(),
+                        pinned: k.clone(),
+                        presented: fp,
+                    }
+                    .to_string();
                     return self.conclude(run, State::Unknown, &reason);
                 }
                 None => run.host_key = Some(fp),
@@ -1776,7 +1929,7 @@ impl Executor {
             let nonce = marker::new_nonce();
             let reply = if next_dispatch {
                 let secrets = self.secrets_for(&run.rec.id)?;
-                let epoch = run.expected_epoch.clone();
+                let epoch = run.dispatch_epoch.clone();
                 self.record(
                     run,
                     "dispatched",
@@ -1843,7 +1996,23 @@ impl Executor {
                 };
                 self.exec_op(ci, &op, &nonce, None, run, sink).await?
             };
-            next_dispatch = false;
+            let was_dispatch = std::mem::take(&mut next_dispatch);
+            if let Some(h) = &reply.hello {
+                if was_dispatch && run.dispatch_epoch.as_deref() != Some(h.epoch.as_str()) {
+                    // The host said, before its start guard, which epoch this dispatch ran
+                    // under: that is the one the execution is bound to.
+                    self.record(
+                        run,
+                        "dispatch-epoch",
+                        None,
+                        json!({"epoch": h.epoch, "recorded_before": run.dispatch_epoch,
+                               "evidence": "announced by the host in its reply to the dispatch, before the start guard"}),
+                    )?;
+                    run.dispatch_epoch = Some(h.epoch.clone());
+                }
+                let announced = h.epoch.clone();
+                self.note_epoch(run, &announced)?;
+            }
 
             if let Some(why) = &reply.broken {
                 // Lost mid-reply. Whatever was streamed is kept (offsets advanced); ask the
@@ -1957,7 +2126,10 @@ impl Executor {
                     }
                     return self.complete(run, done, recovered);
                 }
-                Action::Conclude { state, reason } => return self.conclude(run, state, &reason),
+                Action::Conclude { state, reason } => {
+                    let reason = with_evidence(&reason, run, &reply, &probe);
+                    return self.conclude(run, state, &reason);
+                }
                 Action::Retry { reason } => {
                     tracing::info!("{reason}");
                     tokio::time::sleep(backoff).await;

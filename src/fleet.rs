@@ -32,6 +32,7 @@ use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::intent::{Intent, OpClass};
 use crate::options::{ApproveOptions, HostOptions, IntentOptions};
+use crate::ssh::ConnectOptions;
 use crate::state::State;
 
 /// Options of `cairn run` for many hosts.
@@ -400,6 +401,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
         "class": intent.class,
         "scope": intent.scope,
         "retention_secs": intent.retention.map(|d| d.as_secs()),
+        "connect": connect_flags(&args.host.connect),
     });
     let members: Vec<(String, ExecutionId)> = jobs
         .iter()
@@ -565,6 +567,37 @@ fn counts_text(c: &BTreeMap<String, usize>) -> String {
         .join(", ")
 }
 
+/// The connection flags of a batch, recorded with it (paths made absolute; no key material).
+fn connect_flags(c: &ConnectOptions) -> serde_json::Value {
+    let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+    serde_json::json!({
+        "ssh_config": c.ssh_config.as_ref().map(abs),
+        "identity": c.identity.iter().map(abs).collect::<Vec<_>>(),
+        "known_hosts": c.known_hosts.as_ref().map(abs),
+        "port": c.port,
+    })
+}
+
+/// Fill in the recorded connection flags the command line of `batch resume` does not give.
+fn apply_connect_flags(rec: &serde_json::Value, c: &mut ConnectOptions) {
+    let path = |v: &serde_json::Value| v.as_str().map(PathBuf::from);
+    if c.ssh_config.is_none() {
+        c.ssh_config = path(&rec["ssh_config"]);
+    }
+    if c.identity.is_empty() {
+        c.identity = rec["identity"]
+            .as_array()
+            .map(|a| a.iter().filter_map(path).collect())
+            .unwrap_or_default();
+    }
+    if c.known_hosts.is_none() {
+        c.known_hosts = path(&rec["known_hosts"]);
+    }
+    if c.port.is_none() {
+        c.port = rec["port"].as_u64().and_then(|p| u16::try_from(p).ok());
+    }
+}
+
 async fn resume(
     batch: &str,
     json: bool,
@@ -581,6 +614,10 @@ async fn resume(
         ))
     })?;
     let o = &b.options;
+    // Hosts never reached are connected to as the batch was, unless flags say otherwise (those
+    // already accepted follow their own recorded connection).
+    let mut host = host;
+    apply_connect_flags(&o["connect"], &mut host.connect);
     let intent = Intent {
         actor: o["actor"]
             .as_str()

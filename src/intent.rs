@@ -14,7 +14,7 @@
 //!
 //! # The record and its canonical form
 //!
-//! The canonical bytes are `cairn-intent-v1` followed by every field below, **in this order**,
+//! The canonical bytes are `cairn-intent-v2` followed by every field below, **in this order**,
 //! each as `name`, `0x00`, the value's length as 8 bytes big-endian, the value's bytes. Nothing
 //! else goes in: not the correlation ID, not the execution ID, not the time, not the output, not
 //! a secret's value. A JSON request is parsed into [`OperationSpec`] first, so JSON key order and
@@ -24,14 +24,15 @@
 //! |---|---|---|---|
 //! | 1 | `actor` | who asks (`local:alice`, `mcp:alice`, a gateway's principal), surrounding whitespace trimmed | CLI: `local:$USER` |
 //! | 2 | `host_key` | SHA256 fingerprint of the host key the connection verified (`SHA256:…`), not the name | — (always the verified key) |
-//! | 3 | `account` | the remote login name, exact | from ssh_config / `user@`, else the local user |
-//! | 4 | `command` | the exact bytes the remote login shell receives (see below) | — |
-//! | 5 | `cwd` | `~` for the account's home; otherwise the path with `~/` removed (relative = under home), `//` collapsed, trailing `/` removed | `~` |
-//! | 6 | `env` | `NAME=VALUE` lines, sorted by name, joined with `\n` (behaviour-changing variables only) | empty |
-//! | 7 | `secret_env` | the **names** of secret variables, sorted, joined with `\n`; never a value | empty |
-//! | 8 | `credential` | a reference to the credential (`default`, `identity:/path/key`, `agent`, a vault path), never the credential | `default` |
-//! | 9 | `class` | `read-only`, `idempotent`, `conditional`, `irreversible`, `remote-command` | `remote-command` |
-//! | 10 | `scope` | the caller's intent scope (a task, a change ticket, a conversation), trimmed | `default` |
+//! | 3 | `host` | the destination as resolved: `HostName:port`, HostName lower-cased | from ssh_config's HostName and Port, else the name given and 22 |
+//! | 4 | `account` | the remote login name, exact | from ssh_config / `user@`, else the local user |
+//! | 5 | `command` | the exact bytes the remote login shell receives (see below) | — |
+//! | 6 | `cwd` | `~` for the account's home; otherwise the path with `~/` removed (relative = under home), `//` collapsed, trailing `/` removed | `~` |
+//! | 7 | `env` | `NAME=VALUE` lines, sorted by name, joined with `\n` (behaviour-changing variables only) | empty |
+//! | 8 | `secret_env` | the **names** of secret variables, sorted, joined with `\n`; never a value | empty |
+//! | 9 | `credential` | a reference to the credential (`default`, `identity:/path/key`, `agent`, a vault path), never the credential | `default` |
+//! | 10 | `class` | `read-only`, `idempotent`, `conditional`, `irreversible`, `remote-command` | `remote-command` |
+//! | 11 | `scope` | the caller's intent scope (a task, a change ticket, a conversation), trimmed | `default` |
 //!
 //! **Command, string form.** `cairn run host -- a b` is `ssh`'s string form: the words after `--`
 //! joined with single spaces, `a b`, exactly the bytes the remote login shell parses. Those bytes
@@ -44,9 +45,14 @@
 //! `argv ["echo", "hi"]` and the string `echo hi` are the same operation (the host runs the same
 //! bytes) and have the same fingerprint, while `argv ["echo", "a b"]` is `echo 'a b'`.
 //!
+//! **Host identity** is the verified key *and* the resolved destination: hosts cloned from one
+//! image share a host key, and the same command sent to two of them is two operations, never a
+//! retry of one (`cairn-intent-v1` had the key alone). A host reached under two different
+//! resolved names is, for intent matching, two hosts: a retry must use the same destination.
+//!
 //! Fields that do not change the effect are not in the record: the correlation ID, the caller's
-//! execution ID, the host's name or address (the key identifies the host), the marker directory,
-//! the timeout, `--detach`.
+//! execution ID, the name as typed (an ssh_config alias counts by what it resolves to), the
+//! marker directory, the timeout, `--detach`.
 //!
 //! # Operation classes
 //!
@@ -70,7 +76,7 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// Version tag at the start of the canonical bytes.
-pub const CANONICAL_VERSION: &str = "cairn-intent-v1";
+pub const CANONICAL_VERSION: &str = "cairn-intent-v2";
 
 /// A read-only operation whose earlier attempts ended `unknown` this many times within the
 /// window stops for review instead of trying again.
@@ -221,6 +227,8 @@ pub fn quote_word(w: &[u8]) -> Vec<u8> {
 pub struct OperationRecord {
     pub actor: String,
     pub host_key: String,
+    /// The destination as resolved, `HostName:port` (see [`canonical_host`]).
+    pub host: String,
     pub account: String,
     pub command: CommandForm,
     pub cwd: Option<String>,
@@ -231,7 +239,18 @@ pub struct OperationRecord {
     pub scope: Option<String>,
 }
 
-/// The canonical working directory (module doc, field 5).
+/// The canonical resolved destination (module doc, field 3): `HostName:port`, HostName
+/// lower-cased (DNS names are case-insensitive), brackets of an IPv6 literal removed.
+pub fn canonical_host(hostname: &str, port: u16) -> String {
+    let h = hostname.trim();
+    let h = h
+        .strip_prefix('[')
+        .and_then(|x| x.strip_suffix(']'))
+        .unwrap_or(h);
+    format!("{}:{port}", h.to_ascii_lowercase())
+}
+
+/// The canonical working directory (module doc, field 6).
 pub fn canonical_cwd(cwd: Option<&str>) -> String {
     let Some(c) = cwd else { return "~".into() };
     let mut c = c.to_owned();
@@ -287,6 +306,7 @@ impl OperationRecord {
         vec![
             ("actor", self.actor.trim().as_bytes().to_vec()),
             ("host_key", self.host_key.trim().as_bytes().to_vec()),
+            ("host", self.host.trim().as_bytes().to_vec()),
             ("account", self.account.as_bytes().to_vec()),
             ("command", self.command.shell_bytes()),
             ("cwd", canonical_cwd(self.cwd.as_deref()).into_bytes()),
@@ -330,6 +350,7 @@ impl OperationRecord {
         serde_json::json!({
             "actor": self.actor.trim(),
             "host_key": self.host_key.trim(),
+            "host": self.host.trim(),
             "account": self.account,
             "command": String::from_utf8_lossy(&cmd),
             "command_sha256": hex::encode(Sha256::digest(&cmd)),
@@ -460,11 +481,19 @@ impl Intent {
         out
     }
 
-    /// The operation record for this intent, once the host key and account are known.
-    pub fn record(&self, host_key: &str, account: &str, command: &[u8]) -> OperationRecord {
+    /// The operation record for this intent, once the host key, the resolved destination
+    /// ([`canonical_host`]) and the account are known.
+    pub fn record(
+        &self,
+        host_key: &str,
+        host: &str,
+        account: &str,
+        command: &[u8],
+    ) -> OperationRecord {
         OperationRecord {
             actor: self.actor.clone(),
             host_key: host_key.to_owned(),
+            host: host.to_owned(),
             account: account.to_owned(),
             command: self
                 .command
@@ -634,6 +663,7 @@ mod tests {
         OperationRecord {
             actor: "local:alice".into(),
             host_key: "SHA256:abc".into(),
+            host: "10.0.0.5:22".into(),
             account: "ops".into(),
             command: CommandForm::Shell(b"echo hi".to_vec()),
             cwd: None,
@@ -653,6 +683,7 @@ mod tests {
             [
                 "actor",
                 "host_key",
+                "host",
                 "account",
                 "command",
                 "cwd",
@@ -664,7 +695,22 @@ mod tests {
             ]
         );
         let b = base().canonical_bytes();
-        assert!(b.starts_with(b"cairn-intent-v1actor\0"));
+        assert!(b.starts_with(b"cairn-intent-v2actor\0"));
+    }
+
+    #[test]
+    fn two_hosts_sharing_a_host_key_are_two_operations() {
+        let a = base();
+        let mut b = base();
+        b.host = canonical_host("10.0.0.6", 22);
+        assert_eq!(a.host_key, b.host_key);
+        assert_ne!(a.fingerprint(&key()), b.fingerprint(&key()));
+        let mut c = base();
+        c.host = canonical_host("10.0.0.5", 2222);
+        assert_ne!(a.fingerprint(&key()), c.fingerprint(&key()));
+        assert_eq!(canonical_host("DB-1.Example", 22), "db-1.example:22");
+        assert_eq!(canonical_host("[::1]", 22), "::1:22");
+        assert_eq!(a.display_json()["host"], "10.0.0.5:22");
     }
 
     #[test]
@@ -742,7 +788,7 @@ mod tests {
         )
         .unwrap();
         let (cmd, intent) = spec.into_intent("local:alice").unwrap();
-        let rec = intent.record("SHA256:abc", "ops", &cmd);
+        let rec = intent.record("SHA256:abc", "10.0.0.5:22", "ops", &cmd);
         for hay in [
             String::from_utf8_lossy(&rec.canonical_bytes()).into_owned(),
             rec.display_json().to_string(),
@@ -836,6 +882,7 @@ mod tests {
 
     prop_compose! {
         fn record()(actor in "[a-z:]{1,10}", host_key in "SHA256:[A-Za-z0-9+/]{4,12}",
+                    host in "[a-z0-9.]{1,12}:[0-9]{2,5}",
                     account in "[a-z]{1,8}", argv in prop::bool::ANY,
                     words in prop::collection::vec(word(), 1..4),
                     cwd in prop::option::of("[a-z/]{1,10}"),
@@ -849,7 +896,7 @@ mod tests {
                 CommandForm::Shell(words.join(" ").into_bytes())
             };
             let secrets = secrets.into_iter().filter(|s| !env.contains_key(s)).collect();
-            OperationRecord { actor, host_key, account, command, cwd, env, secret_env: secrets,
+            OperationRecord { actor, host_key, host, account, command, cwd, env, secret_env: secrets,
                               credential_ref: cred, class, scope }
         }
     }
@@ -860,6 +907,7 @@ mod tests {
         match which {
             0 => m.actor = format!("{}x{salt}", r.actor.trim()),
             1 => m.host_key = format!("{}Q{salt}", r.host_key.trim()),
+            10 => m.host = format!("{}h{salt}", r.host.trim()),
             2 => m.account = format!("{}z", r.account),
             3 => {
                 let mut b = r.command.shell_bytes();
@@ -893,7 +941,7 @@ mod tests {
     proptest! {
         #[test]
         fn any_change_to_the_effect_changes_the_fingerprint(
-            r in record(), which in 0usize..10, salt in "[a-z0-9]{0,4}")
+            r in record(), which in 0usize..11, salt in "[a-z0-9]{0,4}")
         {
             let m = mutate(&r, which, &salt);
             prop_assert_ne!(r.fingerprint(&key()), m.fingerprint(&key()), "field {}", which);
@@ -937,7 +985,7 @@ mod tests {
                 let v: serde_json::Value = serde_json::from_str(t).unwrap();
                 let spec: OperationSpec = serde_json::from_value(v["params"].clone()).unwrap();
                 let (cmd, intent) = spec.into_intent(&r.actor).unwrap();
-                intent.record(&r.host_key, &r.account, &cmd).fingerprint(&key())
+                intent.record(&r.host_key, &r.host, &r.account, &cmd).fingerprint(&key())
             };
             let mut plain = r.clone();
             plain.command = CommandForm::Shell(r.command.shell_bytes());

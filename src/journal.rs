@@ -33,6 +33,7 @@ mod batch;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
 pub use group::GroupCommitStats;
+mod hosts;
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -259,7 +260,8 @@ impl Journal {
             0 => self.create_schema(&c),
             SCHEMA_VERSION => self
                 .add_intent_schema(&c)
-                .and_then(|()| self.add_batch_schema(&c)),
+                .and_then(|()| self.add_batch_schema(&c))
+                .and_then(|()| self.add_host_schema(&c)),
             found => Err(JournalError::Version {
                 path: self.path.clone(),
                 found,
@@ -307,14 +309,6 @@ impl Journal {
                     out_off INTEGER NOT NULL,
                     err_off INTEGER NOT NULL
                  );
-                 -- The epoch each host's marker home had when last seen, keyed by host key.
-                 CREATE TABLE IF NOT EXISTS host_epochs (
-                    host_key TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    epoch TEXT NOT NULL,
-                    seen_at TEXT NOT NULL,
-                    PRIMARY KEY (host_key, remote_dir)
-                 );
                  PRAGMA user_version = 1;
                  COMMIT;",
         )
@@ -322,7 +316,8 @@ impl Journal {
         // The later parts of version 1 are created by the same steps that add them to a
         // journal made before them.
         self.add_intent_schema(c)?;
-        self.add_batch_schema(c)
+        self.add_batch_schema(c)?;
+        self.add_host_schema(c)
     }
 
     /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
@@ -646,28 +641,6 @@ impl Journal {
                 [],
             )
             .map_err(|e| self.err(e))
-    }
-
-    pub fn host_epoch(&self, host_key: &str, remote_dir: &str) -> Result<Option<String>> {
-        self.conn()?
-            .query_row(
-                "SELECT epoch FROM host_epochs WHERE host_key = ?1 AND remote_dir = ?2",
-                [host_key, remote_dir],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.err(e))
-    }
-
-    pub fn set_host_epoch(&self, host_key: &str, remote_dir: &str, epoch: &str) -> Result<()> {
-        self.conn()?
-            .execute(
-                "INSERT INTO host_epochs (host_key, remote_dir, epoch, seen_at) VALUES (?1, ?2, ?3, ?4)
-                 ON CONFLICT(host_key, remote_dir) DO UPDATE SET epoch = ?3, seen_at = ?4",
-                params![host_key, remote_dir, epoch, now_rfc3339()],
-            )
-            .map_err(|e| self.err(e))?;
-        Ok(())
     }
 }
 

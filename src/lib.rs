@@ -12,11 +12,15 @@
 //! - [`state`]: the lifecycle states of DESIGN.md.
 //! - [`intent`]: the canonical operation record, its keyed fingerprint, operation classes.
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, cursors.
+//! - [`epoch`]: host epochs as evidence: which epoch an execution is bound to, per-host
+//!   bookkeeping (destination, key, remote dir), pure.
 //! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
 //!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
 //! - [`audit`]: offline verification of the journal's chain and anchor (`cairn audit verify`).
 //! - [`recovery`]: the recovery table as a pure function (journal × probe → action).
+//! - [`reach`]: how an execution reached its host (recorded at acceptance), so recovery needs
+//!   no flags retyped; flags override it part by part.
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
 //! - [`pool`]: SSH connections and host sessions shared by a server's executions.
@@ -36,6 +40,7 @@ pub mod approve;
 pub mod audit;
 pub mod audit_show;
 pub mod cli;
+pub mod epoch;
 pub mod error;
 pub mod executor;
 pub mod fleet;
@@ -47,6 +52,7 @@ pub mod marker;
 pub mod mcp;
 pub mod options;
 pub mod pool;
+pub mod reach;
 pub mod recovery;
 pub mod review;
 pub mod serve;

@@ -603,6 +603,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         keepalive_max,
         identity_agent,
         host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
+        pinned_host_key: None,
     })
 }
 

@@ -97,6 +97,11 @@ pub struct Target {
     /// HostKeyAlias: when set, the only name looked up in (and written to) known_hosts,
     /// verbatim (no `[host]:port` form), as OpenSSH does.
     pub host_key_alias: Option<String>,
+    /// The host key (`SHA256:…`) verified when an execution was dispatched: a connection made
+    /// for that execution accepts this key and no other, even where known_hosts would now
+    /// accept another. It only restricts: the key must still pass known_hosts as well.
+    /// `None`: known_hosts alone decides.
+    pub pinned_host_key: Option<String>,
 }
 
 impl Target {
@@ -186,6 +191,21 @@ pub enum SshError {
         fingerprint: String,
     },
 
+    #[error(
+        "{host} presents host key {presented}, but the execution was dispatched to the host with \
+         key {pinned} (verified then), and that key pins every later connection made for it: \
+         cairn refused to connect, even if known_hosts accepts the new key. This may be another \
+         machine at that address (re-imaged, replaced, or an impostor). If the host really was \
+         re-keyed or replaced, its marker home is probably gone too: find out what happened to \
+         the command there, then record it with `cairn resolve ID --as completed|failed \
+         --reason ...`"
+    )]
+    HostKeyPinned {
+        host: String,
+        pinned: String,
+        presented: String,
+    },
+
     #[error("could not read or write the known_hosts file {}: {source}", file.display())]
     KnownHosts {
         file: PathBuf,
@@ -259,6 +279,7 @@ impl SshError {
                 true
             }
             SshError::UnknownHostKey { .. }
+            | SshError::HostKeyPinned { .. }
             | SshError::HostKeyChanged { .. }
             | SshError::HostKeyRevoked { .. }
             | SshError::KnownHosts { .. }
@@ -307,6 +328,15 @@ impl SshError {
                 file: file.clone(),
                 line: *line,
                 fingerprint: fingerprint.clone(),
+            },
+            SshError::HostKeyPinned {
+                host,
+                pinned,
+                presented,
+            } => SshError::HostKeyPinned {
+                host: host.clone(),
+                pinned: pinned.clone(),
+                presented: presented.clone(),
             },
             SshError::KnownHosts { file, source } => SshError::KnownHosts {
                 file: file.clone(),
@@ -392,6 +422,8 @@ struct ClientHandler {
     write_name: String,
     accept_new: bool,
     hash_known_hosts: bool,
+    /// See [`Target::pinned_host_key`].
+    pinned: Option<String>,
     shared: Arc<Shared>,
 }
 
@@ -405,6 +437,13 @@ impl ClientHandler {
             file: self.files[0].clone(),
             source,
         };
+        if let Some(p) = self.pinned.as_ref().filter(|p| **p != fingerprint) {
+            return Err(SshError::HostKeyPinned {
+                host: self.host.clone(),
+                pinned: p.clone(),
+                presented: fingerprint,
+            });
+        }
         let mut verdict = known_hosts::check(&self.files, &self.names, key).map_err(io_err)?;
         if verdict == known_hosts::Verdict::Unknown && !self.bare_names.is_empty() {
             // Nothing for `[host]:port`: a matching key under the bare name is accepted and a
@@ -468,6 +507,13 @@ impl ClientHandler {
         let fingerprint = key.fingerprint(HashAlg::Sha256).to_string();
         if let Ok(mut f) = self.shared.fingerprint.lock() {
             f.clone_from(&fingerprint);
+        }
+        if let Some(p) = self.pinned.as_ref().filter(|p| **p != fingerprint) {
+            return Err(SshError::HostKeyPinned {
+                host: self.host.clone(),
+                pinned: p.clone(),
+                presented: fingerprint,
+            });
         }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -661,6 +707,7 @@ impl Connection {
             files,
             accept_new: target.accept_new,
             hash_known_hosts: target.hash_known_hosts,
+            pinned: target.pinned_host_key.clone(),
             shared: shared.clone(),
         };
         let mut handle = client::connect_stream(Arc::new(config), stream, handler)

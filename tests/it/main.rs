@@ -1,9 +1,11 @@
 mod audit;
 mod docker;
+mod epochs;
 mod fleet;
 mod fuzz;
 mod gateway;
 mod known_hosts_diff;
+mod recorded;
 mod run;
 mod script;
 mod ssh;

@@ -1,0 +1,287 @@
+//! Host bookkeeping (issue 16): the epoch last seen at each marker home, per place (the
+//! destination as resolved, the host key, the remote dir; see [`crate::epoch`]), and which
+//! destinations were already said to share a host key. Progress, not evidence: what the
+//! bookkeeping learns is also appended as events (`host-epoch-changed`, `host-key-shared`) to
+//! the execution whose reply taught it, so the chain holds the evidence.
+//!
+//! Journals made before this kept one epoch per (host key, remote dir) in `host_epochs`; that
+//! table is no longer read (it joined hosts that share a key) and is left as it was.
+
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
+
+use super::{append_in, now_rfc3339, Journal, JournalError, Result};
+use crate::epoch::{self, Announced, HostPlace};
+use crate::id::ExecutionId;
+
+impl Journal {
+    /// Add the host bookkeeping tables to a journal made before them.
+    pub(super) fn add_host_schema(&self, c: &rusqlite::Connection) -> Result<()> {
+        let have: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'host_key_shared'",
+                [],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))?;
+        if have > 0 {
+            return Ok(());
+        }
+        c.execute_batch(
+            "BEGIN IMMEDIATE;
+                 -- The epoch each marker home had when last seen, per place.
+                 CREATE TABLE IF NOT EXISTS host_places (
+                    destination TEXT NOT NULL,
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    epoch TEXT NOT NULL,
+                    seen_at TEXT NOT NULL,
+                    PRIMARY KEY (destination, host_key, remote_dir)
+                 );
+                 CREATE INDEX IF NOT EXISTS host_places_by_key ON host_places(host_key, remote_dir);
+                 -- Pairs of destinations (a < b) already said to present one host key.
+                 CREATE TABLE IF NOT EXISTS host_key_shared (
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    destination_a TEXT NOT NULL,
+                    destination_b TEXT NOT NULL,
+                    said_at TEXT NOT NULL,
+                    PRIMARY KEY (host_key, remote_dir, destination_a, destination_b)
+                 );
+                 COMMIT;",
+        )
+        .map_err(|e| {
+            let _ = c.execute_batch("ROLLBACK");
+            self.err(e)
+        })
+    }
+
+    /// The epoch last seen at `place`.
+    pub fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        self.conn()?
+            .query_row(
+                "SELECT epoch FROM host_places
+                 WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
+                params![place.destination, place.host_key, place.remote_dir],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    /// `place` announced `epoch` in a reply about execution `id`: update the bookkeeping and,
+    /// in the same transaction, append to `id` a `host-epoch-changed` event when the epoch
+    /// differs from the one last seen there, and a `host-key-shared` event for each other
+    /// destination presenting the same key with another epoch that was not yet said.
+    pub fn observe_host_epoch(
+        &mut self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let last: Option<String> = tx
+            .query_row(
+                "SELECT epoch FROM host_places
+                 WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
+                params![place.destination, place.host_key, place.remote_dir],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(sq)?;
+        let same_key: Vec<(String, String)> = {
+            let mut st = tx
+                .prepare_cached(
+                    "SELECT destination, epoch FROM host_places
+                     WHERE host_key = ?1 AND remote_dir = ?2 AND destination != ?3
+                     ORDER BY destination",
+                )
+                .map_err(sq)?;
+            let it = st
+                .query_map(
+                    params![place.host_key, place.remote_dir, place.destination],
+                    |r| Ok((r.get(0)?, r.get(1)?)),
+                )
+                .map_err(sq)?;
+            it.collect::<rusqlite::Result<_>>().map_err(sq)?
+        };
+        let said: std::collections::BTreeSet<String> = {
+            let mut st = tx
+                .prepare_cached(
+                    "SELECT CASE WHEN destination_a = ?3 THEN destination_b ELSE destination_a END
+                     FROM host_key_shared
+                     WHERE host_key = ?1 AND remote_dir = ?2
+                       AND (destination_a = ?3 OR destination_b = ?3)",
+                )
+                .map_err(sq)?;
+            let it = st
+                .query_map(
+                    params![place.host_key, place.remote_dir, place.destination],
+                    |r| r.get(0),
+                )
+                .map_err(sq)?;
+            it.collect::<rusqlite::Result<_>>().map_err(sq)?
+        };
+        let a = epoch::announce(place, epoch, last.as_deref(), &same_key, &said);
+        let now = now_rfc3339();
+        if a.store {
+            tx.execute(
+                "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)
+                 ON CONFLICT(destination, host_key, remote_dir) DO UPDATE SET epoch = ?4, seen_at = ?5",
+                params![place.destination, place.host_key, place.remote_dir, epoch, now],
+            )
+            .map_err(sq)?;
+        }
+        let mut last_ev = None;
+        if let Some(old) = &a.changed_from {
+            let ev = serde_json::json!({
+                "destination": place.destination, "host_key": place.host_key,
+                "remote_dir": place.remote_dir, "old": old, "new": epoch, "at": now,
+                "meaning": "the host's marker home was wiped or replaced since this journal last saw it; \
+                            executions dispatched into the old epoch keep its rule (a missing marker proves nothing)",
+            });
+            last_ev =
+                Some(append_in(&tx, id.as_str(), "host-epoch-changed", None, &ev).map_err(sq)?);
+        }
+        for (other, other_epoch) in &a.shared_with {
+            let (x, y) = epoch::pair(other, &place.destination);
+            tx.execute(
+                "INSERT OR IGNORE INTO host_key_shared
+                    (host_key, remote_dir, destination_a, destination_b, said_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5)",
+                params![place.host_key, place.remote_dir, x, y, now],
+            )
+            .map_err(sq)?;
+            let ev = serde_json::json!({
+                "host_key": place.host_key, "remote_dir": place.remote_dir,
+                "destination": place.destination, "epoch": epoch,
+                "other_destination": other, "other_epoch": other_epoch, "at": now,
+                "meaning": "two destinations present one host key with different epochs (a cloned image?); \
+                            cairn keeps their bookkeeping and executions apart",
+            });
+            last_ev = Some(append_in(&tx, id.as_str(), "host-key-shared", None, &ev).map_err(sq)?);
+        }
+        tx.commit().map_err(sq)?;
+        drop(lease);
+        if let Some(ev) = &last_ev {
+            self.anchor_to(ev);
+        }
+        Ok(a)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::rec;
+    use super::*;
+
+    fn place(host: &str, key: &str) -> HostPlace {
+        HostPlace::new("ops", host, 22, key, ".cairn")
+    }
+
+    #[test]
+    fn a_journal_made_before_the_host_tables_gets_them_and_still_verifies() {
+        let dir = tempfile::tempdir().unwrap();
+        let old = dir.path().join("old.db");
+        {
+            let mut j = Journal::open(&old).unwrap();
+            let r = rec("o1");
+            j.accept(&r, crate::journal::accepted_evidence(&r)).unwrap();
+        }
+        // Back to the earlier layout: the key-only table, none of the new ones.
+        let c = rusqlite::Connection::open(&old).unwrap();
+        c.execute_batch(
+            "DROP TABLE host_places; DROP TABLE host_key_shared;
+             CREATE TABLE host_epochs (host_key TEXT NOT NULL, remote_dir TEXT NOT NULL,
+                epoch TEXT NOT NULL, seen_at TEXT NOT NULL, PRIMARY KEY (host_key, remote_dir));
+             INSERT INTO host_epochs VALUES ('SHA256:k', '.cairn', 'stale', 'then');
+             PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .unwrap();
+        drop(c);
+        // A copy is another file to this process, so it is opened (and migrated) afresh.
+        let path = dir.path().join("j.db");
+        std::fs::copy(&old, &path).unwrap();
+        for tail in [".anchor", ".anchor.key"] {
+            let name = |p: &std::path::Path| format!("{}{tail}", p.display());
+            std::fs::copy(name(&old), name(&path)).unwrap();
+        }
+        let mut j = Journal::open(&path).unwrap();
+        let id = ExecutionId::parse("o1").unwrap();
+        let p = place("10.0.0.5", "SHA256:k");
+        assert!(
+            j.host_epoch_at(&p).unwrap().is_none(),
+            "the key-only row is not used"
+        );
+        j.observe_host_epoch(&id, &p, "e1").unwrap();
+        assert_eq!(j.host_epoch_at(&p).unwrap().as_deref(), Some("e1"));
+        assert_eq!(
+            j.events(&id).unwrap().len(),
+            1,
+            "a first sighting is no event"
+        );
+        let report =
+            crate::audit::verify(&path, &crate::audit::Anchor::for_journal(&path)).unwrap();
+        assert!(report.findings.is_empty(), "{:?}", report.findings);
+    }
+
+    #[test]
+    fn bookkeeping_is_per_place_and_each_change_is_one_event() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j.db");
+        let mut j = Journal::open(&path).unwrap();
+        let r = rec("h1");
+        j.accept(&r, crate::journal::accepted_evidence(&r)).unwrap();
+        let (a, b) = (place("10.0.0.5", "SHA256:k"), place("10.0.0.6", "SHA256:k"));
+        assert!(j.host_epoch_at(&a).unwrap().is_none());
+        j.observe_host_epoch(&r.id, &a, "e1").unwrap();
+        assert_eq!(j.host_epoch_at(&a).unwrap().as_deref(), Some("e1"));
+        // wiped once, then twice: one event per change
+        for (new, old) in [("e2", "e1"), ("e2", ""), ("e3", "e2")] {
+            let got = j.observe_host_epoch(&r.id, &a, new).unwrap();
+            assert_eq!(got.changed_from.as_deref().unwrap_or(""), old);
+        }
+        // a clone with its own epoch: its own row, said once, and a's epoch untouched
+        let s = j.observe_host_epoch(&r.id, &b, "eb").unwrap();
+        assert_eq!(s.shared_with.len(), 1);
+        assert!(j
+            .observe_host_epoch(&r.id, &b, "eb")
+            .unwrap()
+            .shared_with
+            .is_empty());
+        assert!(j.observe_host_epoch(&r.id, &a, "e3").unwrap() == Announced::default());
+        assert_eq!(j.host_epoch_at(&a).unwrap().as_deref(), Some("e3"));
+        assert_eq!(j.host_epoch_at(&b).unwrap().as_deref(), Some("eb"));
+        let kinds: Vec<String> = j
+            .events(&r.id)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "accepted",
+                "host-epoch-changed",
+                "host-epoch-changed",
+                "host-key-shared"
+            ]
+        );
+        let evs = j.events(&r.id).unwrap();
+        assert_eq!(evs[2].evidence["old"], "e2");
+        assert_eq!(evs[2].evidence["new"], "e3");
+        assert_eq!(evs[2].evidence["destination"], "ops@10.0.0.5:22");
+        let report =
+            crate::audit::verify(&path, &crate::audit::Anchor::for_journal(&path)).unwrap();
+        assert!(report.ok(), "{:?}", report.findings);
+        assert_eq!(report.anchored_seq, Some(report.head_seq));
+    }
+}
