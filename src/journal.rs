@@ -34,6 +34,8 @@ pub use batch::{BatchMember, BatchRecord};
 mod group;
 pub use group::GroupCommitStats;
 mod hosts;
+mod http;
+pub use http::{StoredEvent, StreamRecord, TokenRecord};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -261,7 +263,8 @@ impl Journal {
             SCHEMA_VERSION => self
                 .add_intent_schema(&c)
                 .and_then(|()| self.add_batch_schema(&c))
-                .and_then(|()| self.add_host_schema(&c)),
+                .and_then(|()| self.add_host_schema(&c))
+                .and_then(|()| self.add_http_schema(&c)),
             found => Err(JournalError::Version {
                 path: self.path.clone(),
                 found,
@@ -317,7 +320,8 @@ impl Journal {
         // journal made before them.
         self.add_intent_schema(c)?;
         self.add_batch_schema(c)?;
-        self.add_host_schema(c)
+        self.add_host_schema(c)?;
+        self.add_http_schema(c)
     }
 
     /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1

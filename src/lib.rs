@@ -30,6 +30,8 @@
 //! - [`options`]: the plain option structs the library takes.
 //! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose.
 //! - [`serve`], [`mcp`]: the JSON-RPC and MCP servers on stdio.
+//! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
+//!   bearer tokens ([`token`]) that decide each request's actor.
 //! - [`cli`]: the `cairn` command line; the only module that knows clap.
 //! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
 //!
@@ -45,6 +47,7 @@ pub mod error;
 pub mod executor;
 pub mod fleet;
 pub mod gateway;
+pub mod http;
 pub mod id;
 pub mod intent;
 pub mod journal;
@@ -59,6 +62,7 @@ pub mod serve;
 pub mod session;
 pub mod ssh;
 pub mod state;
+pub mod token;
 
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
 pub use id::ExecutionId;

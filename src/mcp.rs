@@ -1,4 +1,6 @@
-//! `cairn mcp`: a Model Context Protocol server over stdio, on the official Rust SDK (`rmcp`).
+//! `cairn mcp`: a Model Context Protocol server over stdio, on the official Rust SDK (`rmcp`);
+//! with `--listen`, the same tools over Streamable HTTP ([`crate::http`]), where each request acts
+//! as its bearer token's actor.
 //!
 //! Tools (each declares its input with a JSON schema):
 //! - `run_command`: run a command on a host (or attach to the execution already doing the
@@ -73,12 +75,12 @@ fn correlation(id: &rmcp::model::RequestId) -> String {
     }
 }
 
-fn tool_error(e: GatewayError) -> CallToolResult {
+pub(crate) fn tool_error(e: GatewayError) -> CallToolResult {
     CallToolResult::structured_error(json!({"error": e.message, "code": e.code}))
 }
 
 /// A result: the plain sentence first, then the record as JSON; structured content too.
-fn result(v: Value) -> CallToolResult {
+pub(crate) fn result(v: Value) -> CallToolResult {
     let summary = v
         .get("summary")
         .and_then(Value::as_str)
@@ -92,6 +94,22 @@ fn result(v: Value) -> CallToolResult {
     content.push(ContentBlock::text(v.to_string()));
     r.content = content;
     r
+}
+
+/// Over HTTP, a caller reads only its own executions.
+fn own(
+    cfg: &GatewayConfig,
+    caller: Option<&crate::http::HttpCaller>,
+    params: &Value,
+) -> Result<(), GatewayError> {
+    let id = params.get("execution_id").and_then(Value::as_str);
+    match (
+        caller,
+        id.and_then(|s| crate::id::ExecutionId::parse(s).ok()),
+    ) {
+        (Some(c), Some(id)) => crate::http::admit_read(cfg, c, &id),
+        _ => Ok(()),
+    }
 }
 
 async fn blocking<T: Send + 'static>(
@@ -109,9 +127,17 @@ async fn blocking<T: Send + 'static>(
 #[tool_router]
 impl CairnMcp {
     pub fn new(cfg: GatewayConfig) -> Self {
+        Self::with_workers(
+            cfg,
+            std::sync::Arc::new(gateway::Workers::start(gateway::WORKER_THREADS)),
+        )
+    }
+
+    /// A server whose `run_command` calls run on `workers` (shared with other front ends).
+    pub fn with_workers(cfg: GatewayConfig, workers: std::sync::Arc<gateway::Workers>) -> Self {
         CairnMcp {
             cfg,
-            workers: std::sync::Arc::new(gateway::Workers::start(gateway::WORKER_THREADS)),
+            workers,
             tool_router: Self::tool_router(),
         }
     }
@@ -128,16 +154,33 @@ impl CairnMcp {
     async fn run_command(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(p): Parameters<ExecuteParams>,
+        Parameters(mut p): Parameters<ExecuteParams>,
     ) -> Result<CallToolResult, ErrorData> {
-        let cfg = self.cfg.clone();
-        let corr = correlation(&ctx.id);
+        let mut cfg = self.cfg.clone();
+        let mut corr = correlation(&ctx.id);
+        // Over HTTP: the token's actor, its scopes, its cap on calls in flight.
+        let mut slot = None;
+        if let Some(caller) = crate::http::caller_of(&ctx.extensions) {
+            cfg = caller.config(&self.cfg);
+            corr = caller.correlation(&corr);
+            let admitted = {
+                let (cfg, caller) = (cfg.clone(), caller.clone());
+                blocking(move || crate::http::admit_execute(&cfg, &caller, &mut p).map(|()| p))
+                    .await
+            };
+            match admitted.and_then(|p2| caller.slot().map(|s| (p2, s))) {
+                Ok((p2, s)) => (p, slot) = (p2, Some(s)),
+                Err(e) => return Ok(tool_error(e)),
+            }
+        }
+        let delivered_cfg = cfg.clone();
         // A task on a worker thread: if the client cancels the call, the execution still runs
         // to its recorded outcome; only the answer (and so `delivered`) is dropped.
         let (tx, rx) = tokio::sync::oneshot::channel();
         self.workers.submit(Box::new(move || {
             Box::pin(async move {
                 let _ = tx.send(gateway::execute(&cfg, p, Some(corr)).await);
+                drop(slot);
             })
         }));
         let r = rx.await.unwrap_or_else(|_| {
@@ -154,7 +197,7 @@ impl CairnMcp {
                 // Not delivered if the client cancelled the call (or is gone: the process
                 // exits when the transport closes, before this point).
                 if let (Some(id), false) = (deliver, ctx.ct.is_cancelled()) {
-                    let cfg = self.cfg.clone();
+                    let cfg = delivered_cfg;
                     let _ = blocking(move || {
                         gateway::delivered(&cfg, &id);
                         Ok(())
@@ -176,12 +219,19 @@ impl CairnMcp {
     )]
     async fn execution_status(
         &self,
+        ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<StatusParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
+        let caller = crate::http::caller_of(&ctx.extensions);
         let params = json!({"execution_id": p.execution_id, "probe": p.probe});
         Ok(
-            match blocking(move || gateway::status(&cfg, &params)).await {
+            match blocking(move || {
+                own(&cfg, caller.as_ref(), &params)?;
+                gateway::status(&cfg, &params)
+            })
+            .await
+            {
                 Ok(v) => result(v),
                 Err(e) => tool_error(e),
             },
@@ -197,9 +247,11 @@ impl CairnMcp {
     )]
     async fn read_output(
         &self,
+        ctx: RequestContext<RoleServer>,
         Parameters(p): Parameters<OutputParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
+        let caller = crate::http::caller_of(&ctx.extensions);
         let params = json!({"execution_id": p.execution_id, "stream": p.stream.unwrap_or_else(|| "stdout".into()),
                             "offset": p.offset.unwrap_or(0), "limit": p.limit});
         let params = if params["limit"].is_null() {
@@ -210,7 +262,12 @@ impl CairnMcp {
             params
         };
         Ok(
-            match blocking(move || gateway::output(&cfg, &params)).await {
+            match blocking(move || {
+                own(&cfg, caller.as_ref(), &params)?;
+                gateway::output(&cfg, &params)
+            })
+            .await
+            {
                 Ok(mut v) => {
                     v["summary"] = format!(
                         "{} bytes of {} from offset {}; next_offset {}{}",

@@ -109,7 +109,18 @@ async fn handle_waiting(
     params: Value,
     id: &Value,
 ) -> (Value, Option<ExecutionId>) {
-    let corr = correlation(id);
+    handle_waiting_as(cfg, method, params, id, correlation(id)).await
+}
+
+/// [`handle_waiting`] with the correlation recorded given by the caller (the HTTP front
+/// records the actor and the request ID, not the JSON-RPC id alone).
+pub async fn handle_waiting_as(
+    cfg: &GatewayConfig,
+    method: &str,
+    params: Value,
+    id: &Value,
+    corr: Option<String>,
+) -> (Value, Option<ExecutionId>) {
     let r = match method {
         "execute" => match serde_json::from_value::<gateway::ExecuteParams>(params) {
             Ok(p) => gateway::execute(cfg, p, corr).await,

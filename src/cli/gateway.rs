@@ -334,4 +334,6 @@ pub struct ServeArgs {
 pub struct McpArgs {
     #[command(flatten)]
     pub server: ServerArgs,
+    #[command(flatten)]
+    pub http: super::listen::HttpArgs,
 }

@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod fleet;
 pub mod gateway;
+pub mod listen;
 
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
@@ -111,8 +112,14 @@ pub enum Command {
     Sessions(gateway::SessionsArgs),
     /// JSON-RPC 2.0 server for gateways, on stdin/stdout (docs/GATEWAYS.md).
     Serve(gateway::ServeArgs),
-    /// MCP server on stdin/stdout: tools to run a command, get its status, read its output.
+    /// MCP server on stdin/stdout (or Streamable HTTP with --listen): tools to run a command,
+    /// get its status, read its output.
     Mcp(gateway::McpArgs),
+    /// Bearer tokens for `cairn mcp --listen`: add (printed once, stored hashed), ls, revoke.
+    Token {
+        #[command(subcommand)]
+        command: listen::TokenCommand,
+    },
     /// Fleet batches: `ls`, `status B`, `resume B`.
     Batch {
         #[command(subcommand)]
@@ -509,7 +516,11 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
         Command::Resolve(a) => gateway::resolve(a).await,
         Command::Sessions(a) => gateway::sessions(a),
         Command::Serve(a) => crate::serve::main(a.server.config("serve")).await,
-        Command::Mcp(a) => crate::mcp::main(a.server.config("mcp")).await,
+        Command::Mcp(a) => match a.http.options(a.server.actor.is_some())? {
+            Some(http) => crate::http::serve_mcp(a.server.config("mcp"), http).await,
+            None => crate::mcp::main(a.server.config("mcp")).await,
+        },
+        Command::Token { command } => listen::token(command),
         Command::Gc {
             output_retention,
             tombstone_retention,

@@ -4,6 +4,7 @@ mod epochs;
 mod fleet;
 mod fuzz;
 mod gateway;
+mod http;
 mod known_hosts_diff;
 mod recorded;
 mod run;

@@ -1,0 +1,657 @@
+//! `cairn mcp --listen`: the MCP server over Streamable HTTP, and the `cairn serve` JSON-RPC
+//! methods over HTTP, for gateways that run cairn as a service many agents reach.
+//!
+//! Routes (one listener):
+//! - `/mcp`: MCP Streamable HTTP (rmcp's server transport; the same tools as `cairn mcp` on
+//!   stdio). Sessions (`Mcp-Session-Id`) and SSE event IDs for the 2025-11-25 revision, so a
+//!   client that lost a response stream resumes it with `Last-Event-ID` instead of sending its
+//!   `tools/call` again.
+//! - `/rpc`: one JSON-RPC 2.0 request per `POST`, the methods of `cairn serve --stdio`.
+//! - `/healthz`: `ok` (no token needed; says nothing else).
+//!
+//! Every request but `/healthz` passes one guard, in this order, before anything else runs:
+//! the `Host` header must name this server (DNS rebinding), an `Origin` header, when present,
+//! must be one that was allowed (`--allow-origin`), and `Authorization: Bearer <token>` must
+//! carry a valid token ([`crate::token`]). A refused request gets 403 or 401, touches no
+//! execution, and is recorded as a `refused` event of the server's session (with the reason
+//! and the peer address; never the token). An accepted request acts as its token's actor: the
+//! actor of every execution it starts, the `by` of every decision; an MCP session belongs to
+//! the actor that opened it. Calls in flight are capped per actor.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode};
+use serde_json::{json, Value};
+
+use crate::executor::ExecError;
+use crate::gateway::{ExecuteParams, GatewayConfig, GatewayError, Workers};
+use crate::id::ExecutionId;
+use crate::journal::Journal;
+use crate::token::Caller;
+
+mod events;
+mod rpc;
+
+/// How the HTTP front listens and what it lets in (plain options: the CLI fills them).
+#[derive(Clone, Debug)]
+pub struct HttpOptions {
+    pub listen: SocketAddr,
+    /// Host names (or addresses) the `Host` header may name, besides the defaults: the
+    /// loopback names on a loopback listener, the listening address otherwise.
+    pub allow_hosts: Vec<String>,
+    /// Browser origins (`https://app.example.com`) allowed to call; an `Origin` not listed is
+    /// refused with 403. Clients that are not browsers send none.
+    pub allow_origins: Vec<String>,
+    /// Largest request body accepted (413 past it).
+    pub max_body_bytes: usize,
+    /// Calls in flight per actor (`tools/call`, `execute`, `attach`); past it a call is refused
+    /// with an error saying so, and nothing starts.
+    pub max_in_flight_per_actor: usize,
+}
+
+/// The default address of `cairn mcp --listen`.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8421";
+/// The default request size limit (4 MiB, as rmcp's).
+pub const DEFAULT_MAX_BODY: usize = 4 << 20;
+/// How long stored response streams are kept for a client to resume (pruned at start).
+pub const STREAM_RETENTION: std::time::Duration = std::time::Duration::from_secs(7 * 86_400);
+/// The default cap of calls in flight per actor.
+pub const DEFAULT_MAX_IN_FLIGHT: usize = 64;
+
+/// What a request carries past the guard, in its extensions (and so in the MCP request's
+/// `http::request::Parts`).
+#[derive(Clone, Debug)]
+pub struct HttpCaller {
+    pub caller: Caller,
+    /// The MCP session the request belongs to (`Mcp-Session-Id`), if any.
+    pub mcp_session: Option<String>,
+    in_flight: Arc<InFlight>,
+}
+
+impl HttpCaller {
+    /// The correlation recorded in the journal: who asked, and in which MCP session or with
+    /// which request ID (a JSON-RPC id alone identifies nothing across clients).
+    pub fn correlation(&self, request_id: &str) -> String {
+        match &self.mcp_session {
+            Some(s) => format!(
+                "actor={} mcp-session={s} request={request_id}",
+                self.caller.actor
+            ),
+            None => format!("actor={} request={request_id}", self.caller.actor),
+        }
+    }
+
+    /// A slot for one call in flight, or the error saying the actor has too many.
+    pub fn slot(&self) -> Result<Slot, GatewayError> {
+        self.in_flight.acquire(&self.caller.actor)
+    }
+
+    /// The gateway configuration this caller's requests run with: its actor, and the server's
+    /// session.
+    pub fn config(&self, base: &GatewayConfig) -> GatewayConfig {
+        let mut c = base.clone();
+        c.actor = self.caller.actor.clone();
+        c
+    }
+}
+
+/// Calls in flight per actor.
+#[derive(Debug, Default)]
+struct InFlight {
+    cap: usize,
+    by_actor: Mutex<HashMap<String, usize>>,
+}
+
+/// One call in flight; the count drops when this does.
+pub struct Slot {
+    in_flight: Arc<InFlight>,
+    actor: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut m = self
+            .in_flight
+            .by_actor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.actor) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.actor);
+            }
+        }
+    }
+}
+
+impl InFlight {
+    fn acquire(self: &Arc<Self>, actor: &str) -> Result<Slot, GatewayError> {
+        let mut m = self.by_actor.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(actor.to_owned()).or_insert(0);
+        if *n >= self.cap {
+            return Err(GatewayError {
+                code: -32005,
+                message: format!(
+                    "actor {actor} already has {} calls in flight, the most this server allows \
+                     (--max-in-flight); nothing was started: retry when one has finished",
+                    self.cap
+                ),
+                data: Some(json!({"in_flight": *n, "cap": self.cap})),
+            });
+        }
+        *n += 1;
+        Ok(Slot {
+            in_flight: self.clone(),
+            actor: actor.to_owned(),
+        })
+    }
+}
+
+/// The HTTP caller of an MCP request (`None` on stdio).
+pub fn caller_of(ext: &rmcp::model::Extensions) -> Option<HttpCaller> {
+    ext.get::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<HttpCaller>())
+        .cloned()
+}
+
+/// What an HTTP caller may do with a `run_command` / `execute`: act in a scope its token
+/// allows (a token with a scope prefix and no scope given acts in the prefix itself), and name
+/// an execution ID only of its own.
+pub fn admit_execute(
+    cfg: &GatewayConfig,
+    caller: &HttpCaller,
+    p: &mut ExecuteParams,
+) -> Result<(), GatewayError> {
+    if let Some(prefix) = &caller.caller.scope_prefix {
+        match &p.scope {
+            None => p.scope = Some(prefix.clone()),
+            Some(s) if s.starts_with(prefix.as_str()) => {}
+            Some(s) => {
+                return Err(GatewayError::params(format!(
+                "scope {s:?}: the token of actor {} acts only in scopes starting with {prefix:?}",
+                caller.caller.actor
+            )))
+            }
+        }
+    }
+    if let Some(id) = &p.execution_id {
+        if let Ok(id) = ExecutionId::parse(id) {
+            admit_read(cfg, caller, &id)?;
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP caller sees only its own executions: another actor's is "not found", as one that
+/// does not exist (no oracle for IDs).
+pub fn admit_read(
+    cfg: &GatewayConfig,
+    caller: &HttpCaller,
+    id: &ExecutionId,
+) -> Result<(), GatewayError> {
+    let j = Journal::open(&cfg.journal).map_err(ExecError::from)?;
+    let owner = j.intent_of(id).map_err(ExecError::from)?.map(|c| c.actor);
+    if owner.as_deref() == Some(caller.caller.actor.as_str()) {
+        return Ok(());
+    }
+    if owner.is_none() && j.execution(id).map_err(ExecError::from)?.is_none() {
+        // Nothing by that ID: the ordinary answer of the method says so.
+        return Ok(());
+    }
+    Err(GatewayError {
+        code: -32004,
+        message: format!("no execution {id} of actor {}", caller.caller.actor),
+        data: None,
+    })
+}
+
+/// The server's shared state.
+struct Front {
+    cfg: GatewayConfig,
+    hosts: Vec<String>,
+    origins: Vec<String>,
+    max_body: usize,
+    in_flight: Arc<InFlight>,
+    workers: Arc<Workers>,
+    /// MCP session → the actor that opened it (also in the journal, for a restarted server).
+    sessions: Mutex<HashMap<String, String>>,
+}
+
+fn loopback_names() -> Vec<String> {
+    ["localhost", "127.0.0.1", "::1"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect()
+}
+
+/// The host part of a `Host` header value (`[::1]:8421` → `::1`), lowercased.
+fn host_of(v: &str) -> String {
+    let v = v.trim();
+    let host = if let Some(rest) = v.strip_prefix('[') {
+        rest.split(']').next().unwrap_or_default()
+    } else {
+        v.rsplit_once(':').map_or(v, |(h, p)| {
+            if p.chars().all(|c| c.is_ascii_digit()) {
+                h
+            } else {
+                v
+            }
+        })
+    };
+    host.to_ascii_lowercase()
+}
+
+fn origin_norm(v: &str) -> String {
+    v.trim().trim_end_matches('/').to_ascii_lowercase()
+}
+
+fn plain(status: StatusCode, msg: impl Into<String>) -> Response {
+    let body = json!({"error": msg.into()}).to_string();
+    let mut r = (status, body).into_response();
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+impl Front {
+    /// Record a refused request as an event of the server's session (blocking: call from a
+    /// blocking context).
+    fn record_refusal(&self, evidence: Value) {
+        tracing::warn!(
+            "cairn: refused {} {} from {}: {}",
+            evidence["method"].as_str().unwrap_or(""),
+            evidence["path"].as_str().unwrap_or(""),
+            evidence["peer"].as_str().unwrap_or(""),
+            evidence["reason"].as_str().unwrap_or("")
+        );
+        if let Some(s) = &self.cfg.session_id {
+            match Journal::open(&self.cfg.journal) {
+                Ok(mut j) => {
+                    if let Err(e) = j.session_event(s, "refused", evidence) {
+                        tracing::warn!("cairn: recording a refused request: {e}");
+                    }
+                }
+                Err(e) => tracing::warn!("cairn: recording a refused request: {e}"),
+            }
+        }
+    }
+
+    async fn refuse(
+        self: &Arc<Self>,
+        status: StatusCode,
+        reason: String,
+        seen: &Seen,
+        token_id: Option<String>,
+    ) -> Response {
+        let evidence = json!({
+            "status": status.as_u16(),
+            "reason": reason,
+            "method": seen.method,
+            "path": seen.path,
+            "peer": seen.peer.to_string(),
+            "origin": seen.origin,
+            "token_id": token_id,
+        });
+        let me = self.clone();
+        let _ = tokio::task::spawn_blocking(move || me.record_refusal(evidence)).await;
+        let mut r = plain(status, reason);
+        if status == StatusCode::UNAUTHORIZED {
+            r.headers_mut().insert(
+                http::header::WWW_AUTHENTICATE,
+                HeaderValue::from_static("Bearer realm=\"cairn\""),
+            );
+        }
+        r
+    }
+
+    /// The actor an MCP session is bound to, if it is known.
+    fn session_actor(&self, id: &str) -> Option<String> {
+        if let Some(a) = self
+            .sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(id)
+        {
+            return Some(a.clone());
+        }
+        let j = Journal::open(&self.cfg.journal).ok()?;
+        let actor = j.http_session(id).ok().flatten()?.0?;
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned(), actor.clone());
+        Some(actor)
+    }
+
+    fn bind_session(&self, id: &str, actor: &str) {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(id.to_owned(), actor.to_owned());
+        if let Ok(j) = Journal::open(&self.cfg.journal) {
+            if let Err(e) = j.bind_http_session(id, actor) {
+                tracing::warn!("cairn: recording MCP session {id}: {e}");
+            }
+        }
+    }
+}
+
+/// What a refusal records of the request.
+struct Seen {
+    method: String,
+    path: String,
+    peer: SocketAddr,
+    origin: Option<String>,
+}
+
+/// The guard in front of every route (see the module doc; `/healthz` needs no token).
+async fn guard(
+    State(front): State<Arc<Front>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    let seen = Seen {
+        method: req.method().to_string(),
+        path: req.uri().path().to_owned(),
+        peer,
+        origin: req
+            .headers()
+            .get(http::header::ORIGIN)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
+    };
+    let host = req
+        .headers()
+        .get(http::header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(host_of);
+    if !host.as_ref().is_some_and(|h| front.hosts.contains(h)) {
+        let reason = format!(
+            "Host {:?} is not a name of this server (allow it with --allow-host)",
+            host.unwrap_or_default()
+        );
+        return front
+            .refuse(StatusCode::FORBIDDEN, reason, &seen, None)
+            .await;
+    }
+    if let Some(o) = req.headers().get(http::header::ORIGIN) {
+        let o = o.to_str().map(origin_norm).unwrap_or_default();
+        if !front.origins.contains(&o) {
+            let reason = format!("Origin {o:?} is not allowed (allow it with --allow-origin)");
+            return front
+                .refuse(StatusCode::FORBIDDEN, reason, &seen, None)
+                .await;
+        }
+    }
+    if req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let auth = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .map(|v| v.to_str().unwrap_or("?").to_owned());
+    let f = front.clone();
+    let verified = tokio::task::spawn_blocking(move || {
+        let j = Journal::open(&f.cfg.journal).map_err(crate::token::VerifyError::from)?;
+        crate::token::verify(&j, auth.as_deref())
+    })
+    .await;
+    let caller = match verified {
+        Ok(Ok(c)) => c,
+        Ok(Err(crate::token::VerifyError::Refused(r))) => {
+            let token_id = match &r {
+                crate::token::Refusal::Revoked(id) | crate::token::Refusal::Expired(id) => {
+                    Some(id.clone())
+                }
+                _ => None,
+            };
+            return front
+                .refuse(StatusCode::UNAUTHORIZED, r.reason(), &seen, token_id)
+                .await;
+        }
+        Ok(Err(e)) => return plain(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(e) => return plain(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    };
+    let mcp_session = req
+        .headers()
+        .get("mcp-session-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    if let Some(s) = &mcp_session {
+        let (f, s2) = (front.clone(), s.clone());
+        let owner = tokio::task::spawn_blocking(move || f.session_actor(&s2))
+            .await
+            .ok()
+            .flatten();
+        if owner.is_some_and(|a| a != caller.actor) {
+            // Another actor's session is, to this caller, a session that does not exist.
+            let reason = format!("MCP session {s} is not a session of actor {}", caller.actor);
+            return front
+                .refuse(StatusCode::NOT_FOUND, reason, &seen, Some(caller.token_id))
+                .await;
+        }
+    }
+    let actor = caller.actor.clone();
+    req.extensions_mut().insert(HttpCaller {
+        caller,
+        mcp_session: mcp_session.clone(),
+        in_flight: front.in_flight.clone(),
+    });
+    let resp = next.run(req).await;
+    if mcp_session.is_none() {
+        if let Some(s) = resp
+            .headers()
+            .get("mcp-session-id")
+            .and_then(|v| v.to_str().ok())
+        {
+            let (f, s) = (front.clone(), s.to_owned());
+            let _ = tokio::task::spawn_blocking(move || f.bind_session(&s, &actor)).await;
+        }
+    }
+    resp
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+/// Serve MCP (and JSON-RPC) over HTTP until interrupted (SIGINT / SIGTERM).
+pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32, ExecError> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+
+    if !opts.listen.ip().is_loopback() && opts.allow_hosts.is_empty() {
+        tracing::warn!(
+            "cairn: listening on {} (not loopback) without TLS: put a TLS-terminating proxy in \
+             front, or keep it on a trusted network",
+            opts.listen
+        );
+    }
+    cfg.transport = "mcp-http".into();
+    // Streams a client could still resume are minutes old; a week is far beyond any retry.
+    if let Ok(j) = Journal::open(&cfg.journal) {
+        let week_ago = crate::journal::now_ms() - STREAM_RETENTION.as_millis() as i64;
+        if let Err(e) = j.prune_http_events(week_ago) {
+            tracing::warn!("cairn: pruning old response streams: {e}");
+        }
+    }
+    cfg.start_session("mcp-http")
+        .map_err(|e| ExecError::Input(e.message))?;
+    let listener = tokio::net::TcpListener::bind(opts.listen)
+        .await
+        .map_err(|e| ExecError::Input(format!("cannot listen on {}: {e}", opts.listen)))?;
+    let addr = listener
+        .local_addr()
+        .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
+    let mut hosts = if addr.ip().is_loopback() {
+        loopback_names()
+    } else {
+        vec![addr.ip().to_string()]
+    };
+    hosts.extend(opts.allow_hosts.iter().map(|h| host_of(h)));
+    let workers = Arc::new(Workers::start(crate::gateway::WORKER_THREADS));
+    let front = Arc::new(Front {
+        cfg: cfg.clone(),
+        hosts,
+        origins: opts.allow_origins.iter().map(|o| origin_norm(o)).collect(),
+        max_body: opts.max_body_bytes,
+        in_flight: Arc::new(InFlight {
+            cap: opts.max_in_flight_per_actor.max(1),
+            ..Default::default()
+        }),
+        workers: workers.clone(),
+        sessions: Mutex::new(HashMap::new()),
+    });
+    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), workers);
+    let ct = tokio_util::sync::CancellationToken::new();
+    // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
+    // off; its body limit stays.
+    let mut mcp_cfg = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
+        .with_max_request_body_bytes(opts.max_body_bytes)
+        .with_cancellation_token(ct.clone());
+    // Sessions and response streams live in the journal: a client resumes after a cut or a
+    // restart (events.rs).
+    mcp_cfg.session_store = Some(Arc::new(events::JournalSessions {
+        journal: cfg.journal.clone(),
+    }));
+    let store = events::JournalEvents::new(cfg.clone(), front.workers.clone());
+    let sessions = events::Sessions {
+        inner: LocalSessionManager::default().with_event_store(Arc::new(events::Events(store))),
+        journal: cfg.journal.clone(),
+    };
+    let mcp = StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_cfg);
+    let app = axum::Router::new()
+        .route_service("/mcp", mcp)
+        .route("/rpc", axum::routing::post(rpc::rpc))
+        .route("/healthz", axum::routing::get(healthz))
+        .layer(axum::middleware::from_fn_with_state(front.clone(), guard))
+        .with_state(front.clone());
+    // Tests and supervisors read the address from this line (with --listen 127.0.0.1:0).
+    eprintln!("cairn: listening on http://{addr} (MCP at /mcp, JSON-RPC at /rpc)");
+    let shutdown = async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("a SIGTERM handler");
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        ct.cancel();
+    };
+    let r = axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown)
+    .await;
+    cfg.end_session(
+        json!({"reason": match &r { Ok(()) => "signal".to_owned(), Err(e) => e.to_string() }}),
+    );
+    r.map_err(|e| ExecError::Input(format!("http server: {e}")))?;
+    // Calls still running stay in the journal as they are; a client's retry attaches.
+    std::process::exit(0)
+}
+
+/// The body of a response that records `delivered` once the connection has taken it whole
+/// (when the body is dropped after its data was taken; a connection that failed before taking
+/// it delivers nothing).
+pub(crate) struct DeliverOnEnd {
+    data: Option<bytes::Bytes>,
+    len: u64,
+    on_end: Option<Box<dyn FnOnce() + Send>>,
+}
+
+impl http_body::Body for DeliverOnEnd {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::task::Poll::Ready(self.data.take().map(|d| Ok(http_body::Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.data.is_none()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        // Exact: the response carries a Content-Length.
+        http_body::SizeHint::with_exact(self.len)
+    }
+}
+
+impl Drop for DeliverOnEnd {
+    fn drop(&mut self) {
+        if self.data.is_none() {
+            if let Some(f) = self.on_end.take() {
+                f();
+            }
+        }
+    }
+}
+
+impl DeliverOnEnd {
+    pub(crate) fn response(
+        status: StatusCode,
+        body: Value,
+        on_end: Option<Box<dyn FnOnce() + Send>>,
+    ) -> Response {
+        let data = bytes::Bytes::from(body.to_string());
+        let b = DeliverOnEnd {
+            len: data.len() as u64,
+            data: Some(data),
+            on_end,
+        };
+        let mut r = Response::new(Body::new(b));
+        *r.status_mut() = status;
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        r
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_headers_are_compared_by_host_alone() {
+        assert_eq!(host_of("127.0.0.1:8421"), "127.0.0.1");
+        assert_eq!(host_of("[::1]:8421"), "::1");
+        assert_eq!(host_of("LocalHost"), "localhost");
+        assert_eq!(host_of("evil.example:80"), "evil.example");
+        assert_eq!(
+            origin_norm("HTTPS://App.Example.com/"),
+            "https://app.example.com"
+        );
+    }
+
+    #[test]
+    fn a_cap_on_calls_in_flight_per_actor_refuses_past_it_and_frees_on_drop() {
+        let f = Arc::new(InFlight {
+            cap: 2,
+            ..Default::default()
+        });
+        let a = f.acquire("alice").unwrap();
+        let _b = f.acquire("alice").unwrap();
+        let e = f.acquire("alice").err().expect("the third is refused");
+        assert!(e.message.contains("2 calls in flight"), "{}", e.message);
+        let _c = f.acquire("bob").expect("another actor has its own count");
+        drop(a);
+        assert!(f.acquire("alice").is_ok());
+    }
+}

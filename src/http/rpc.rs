@@ -1,0 +1,183 @@
+//! `POST /rpc`: one JSON-RPC 2.0 request per HTTP request, the methods of `cairn serve
+//! --stdio`, acting as the token's actor. The response is the JSON-RPC response (HTTP 200,
+//! also for JSON-RPC errors); a notification (no `id`) is answered 202 with no body. A result
+//! is recorded `delivered` once the response has been handed to the connection whole.
+//!
+//! The per-execution methods (`status`, `output`, `attach`, `resolve`) see only the caller's
+//! own executions; `review` lists only them; `recover` (every unsettled execution of the
+//! journal) is an operator's command and is not offered over HTTP: `cairn recover` runs it.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use http::StatusCode;
+use serde_json::{json, Value};
+
+use super::{admit_execute, admit_read, DeliverOnEnd, Front, HttpCaller};
+use crate::gateway::{self, GatewayConfig, GatewayError};
+use crate::id::ExecutionId;
+use crate::serve;
+
+fn error(id: &Value, e: &GatewayError) -> Value {
+    let mut err = json!({"code": e.code, "message": e.message});
+    if let Some(d) = &e.data {
+        err["data"] = d.clone();
+    }
+    json!({"jsonrpc": "2.0", "id": id, "error": err})
+}
+
+fn correlation(id: &Value) -> String {
+    match id {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The execution a request names, if it names one.
+fn named(params: &Value) -> Option<ExecutionId> {
+    params
+        .get("execution_id")
+        .and_then(Value::as_str)
+        .and_then(|s| ExecutionId::parse(s).ok())
+}
+
+pub(super) async fn rpc(State(front): State<Arc<Front>>, req: Request) -> Response {
+    let Some(caller) = req.extensions().get::<HttpCaller>().cloned() else {
+        return (StatusCode::UNAUTHORIZED, "no caller").into_response();
+    };
+    let body = match axum::body::to_bytes(req.into_body(), front.max_body).await {
+        Ok(b) => b,
+        Err(_) => {
+            return super::plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!(
+                    "the request is larger than {} bytes (--max-body) or was cut off",
+                    front.max_body
+                ),
+            )
+        }
+    };
+    let line = String::from_utf8_lossy(&body);
+    let r = match serve::decode_line(&line) {
+        Ok(r) => r,
+        Err(resp) => return DeliverOnEnd::response(StatusCode::OK, resp, None),
+    };
+    let shown = r.id.clone().unwrap_or(Value::Null);
+    let cfg = caller.config(&front.cfg);
+    let (resp, deliver) = answer(&front, &caller, cfg.clone(), r.method, r.params, &shown).await;
+    if r.id.is_none() {
+        return StatusCode::ACCEPTED.into_response();
+    }
+    let on_end = deliver.map(|id| {
+        Box::new(move || {
+            // On a blocking thread of its own: the journal write must not stall the
+            // connection's task.
+            std::thread::spawn(move || gateway::delivered(&cfg, &id));
+        }) as Box<dyn FnOnce() + Send>
+    });
+    DeliverOnEnd::response(StatusCode::OK, resp, on_end)
+}
+
+/// Check what the caller may do, then run the method.
+async fn answer(
+    front: &Arc<Front>,
+    caller: &HttpCaller,
+    cfg: GatewayConfig,
+    method: String,
+    mut params: Value,
+    id: &Value,
+) -> (Value, Option<ExecutionId>) {
+    let corr = caller.correlation(&correlation(id));
+    let admitted = {
+        let (cfg, caller) = (cfg.clone(), caller.clone());
+        let m = method.clone();
+        let p = params.clone();
+        tokio::task::spawn_blocking(move || -> Result<Option<Value>, GatewayError> {
+            // Some(scope): the scope the call acts in (a token's prefix when none was given).
+            match m.as_str() {
+                "execute" => {
+                    let mut e: gateway::ExecuteParams = serde_json::from_value(p)
+                        .map_err(|e| GatewayError::params(format!("execute: {e}")))?;
+                    admit_execute(&cfg, &caller, &mut e)?;
+                    Ok(e.scope.map(Value::String))
+                }
+                "recover" => Err(GatewayError {
+                    code: -32601,
+                    message: "recover acts on every execution of the journal: an operator's \
+                              command (cairn recover), not offered over HTTP"
+                        .into(),
+                    data: None,
+                }),
+                _ => {
+                    if let Some(x) = named(&p) {
+                        admit_read(&cfg, &caller, &x)?;
+                    }
+                    Ok(None)
+                }
+            }
+        })
+        .await
+        .unwrap_or_else(|e| Err(GatewayError::params(format!("internal error: {e}"))))
+    };
+    match admitted {
+        Ok(Some(scope)) => params["scope"] = scope,
+        Ok(None) => {}
+        Err(e) => return (error(id, &e), None),
+    }
+    if matches!(method.as_str(), "execute" | "attach") {
+        let slot = match caller.slot() {
+            Ok(s) => s,
+            Err(e) => return (error(id, &e), None),
+        };
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let shown = id.clone();
+        front.workers.submit(Box::new(move || {
+            Box::pin(async move {
+                let r = serve::handle_waiting_as(&cfg, &method, params, &shown, Some(corr)).await;
+                drop(slot);
+                let _ = tx.send(r);
+            })
+        }));
+        return rx.await.unwrap_or_else(|_| {
+            let e = GatewayError {
+                code: -32603,
+                message: "internal error: the execution's task ended without an answer; its \
+                          journal record says what happened"
+                    .into(),
+                data: None,
+            };
+            (error(id, &e), None)
+        });
+    }
+    let shown = id.clone();
+    let actor = caller.caller.actor.clone();
+    tokio::task::spawn_blocking(move || {
+        let (mut resp, deliver) = serve::handle(&cfg, &method, params, &shown);
+        if method == "review" {
+            own_only(&cfg, &actor, &mut resp);
+        }
+        (resp, deliver)
+    })
+    .await
+    .unwrap_or_else(|e| {
+        (
+            error(id, &GatewayError::params(format!("internal error: {e}"))),
+            None,
+        )
+    })
+}
+
+/// Keep, of a `review` result, the executions of `actor`.
+fn own_only(cfg: &GatewayConfig, actor: &str, resp: &mut Value) {
+    let Ok(j) = crate::journal::Journal::open(&cfg.journal) else {
+        return;
+    };
+    if let Some(items) = resp.get_mut("result").and_then(Value::as_array_mut) {
+        items.retain(|it| {
+            named(it)
+                .and_then(|id| j.intent_of(&id).ok().flatten())
+                .is_some_and(|c| c.actor == actor)
+        });
+    }
+}
