@@ -62,6 +62,7 @@ pub mod serve;
 pub mod session;
 pub mod ssh;
 pub mod state;
+pub mod tasks;
 pub mod token;
 
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

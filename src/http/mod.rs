@@ -53,6 +53,8 @@ pub struct HttpOptions {
     /// Calls in flight per actor (`tools/call`, `execute`, `attach`); past it a call is refused
     /// with an error saying so, and nothing starts.
     pub max_in_flight_per_actor: usize,
+    /// Classes whose executions are cancelled when the caller's stream closes (src/tasks.rs).
+    pub cancel_on_closed_stream: Vec<crate::intent::OpClass>,
 }
 
 /// The default address of `cairn mcp --listen`.
@@ -512,7 +514,11 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         workers: workers.clone(),
         sessions: Mutex::new(HashMap::new()),
     });
-    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), workers);
+    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), workers).with_closed_stream(
+        crate::tasks::ClosedStream {
+            cancel_classes: opts.cancel_on_closed_stream.clone(),
+        },
+    );
     let ct = tokio_util::sync::CancellationToken::new();
     // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
     // off; its body limit stays.

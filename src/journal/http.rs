@@ -326,4 +326,30 @@ impl Journal {
             .map_err(|e| self.err(e))?;
         Ok(n)
     }
+
+    /// [`Journal::execution_by_correlation`] among events after `after_seq`.
+    pub fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>> {
+        self.conn()?
+            .query_row(
+                "SELECT execution_id FROM events
+                 WHERE seq > ?2 AND kind IN ('correlation', 'intent-matched', 'request-reused')
+                   AND json_extract(evidence, '$.correlation_id') = ?1
+                 ORDER BY seq DESC LIMIT 1",
+                params![correlation, after_seq],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    /// The sequence of the journal's last execution event (0 when empty).
+    pub fn last_event_seq(&self) -> Result<i64> {
+        self.conn()?
+            .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))
+            .map_err(|e| self.err(e))
+    }
 }
