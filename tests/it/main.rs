@@ -1,5 +1,6 @@
 mod audit;
 mod docker;
+mod docker_epochs;
 mod epochs;
 mod fleet;
 mod fuzz;
