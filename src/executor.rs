@@ -567,6 +567,12 @@ impl Executor {
         let host = crate::intent::canonical_host(&target.hostname, target.port);
         let op = intent.record(&fp, &host, &target.user, &req.command);
         let fingerprint = op.fingerprint(&key);
+        let legacy_fp = op.fingerprint_v1(&key);
+        let legacy = crate::journal::LegacyIntent {
+            fingerprint: &legacy_fp,
+            host: &target.hostname,
+            port: target.port,
+        };
         let cols = IntentColumns {
             fingerprint: fingerprint.clone(),
             actor: op.actor_canonical(),
@@ -597,9 +603,10 @@ impl Executor {
         for _ in 0..5 {
             let mut cols = cols.clone();
             cols.accepted_ms = crate::journal::now_ms();
-            match self.journal.accept_or_match(
+            match self.journal.accept_or_match_with(
                 &rec,
                 &cols,
+                Some(legacy),
                 evidence.clone(),
                 match_evidence.clone(),
                 choose_match,
