@@ -188,12 +188,9 @@ impl CairnMcp {
         let as_task = ctx
             .client_capabilities()
             .is_some_and(|c| c.supports_tasks());
-        let after = {
-            let c = cfg.clone();
-            blocking(move || Ok(crate::tasks::last_seq(&c)))
-                .await
-                .unwrap_or(0)
-        };
+        // One indexed read of the journal's last seq, done here: on the blocking pool, every
+        // call in flight held a thread of its own (52 threads for 40 calls).
+        let after = crate::tasks::last_seq(&cfg);
         let (job_cfg, job_corr) = (cfg.clone(), corr.clone());
         let results = self.tasks.results.clone();
         // A job on a worker thread: if the client cancels the call, the execution still runs
