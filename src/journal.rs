@@ -35,7 +35,7 @@ mod group;
 pub use group::GroupCommitStats;
 mod hosts;
 mod http;
-pub use http::{StoredEvent, StreamRecord, TokenRecord};
+pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

@@ -145,9 +145,9 @@ impl CairnMcp {
         }
     }
 
-    /// What a closed response stream does per operation class (src/tasks.rs).
-    pub fn with_closed_stream(mut self, c: crate::tasks::ClosedStream) -> Self {
-        self.tasks.closed_stream = c;
+    /// Tasks' state shared with the rest of the server (src/tasks.rs).
+    pub fn with_tasks(mut self, t: crate::tasks::TaskState) -> Self {
+        self.tasks = t;
         self
     }
 
@@ -197,19 +197,24 @@ impl CairnMcp {
         // to its recorded outcome; only the answer (and so `delivered`) is dropped.
         let (tx, mut rx) = tokio::sync::oneshot::channel();
         let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+        // Every log line of the call names who asked and which request it was.
+        let span = tracing::info_span!("call", actor = %job_cfg.actor, correlation = %job_corr);
         self.workers.submit(Box::new(move || {
-            Box::pin(async move {
-                let r = gateway::execute(&job_cfg, p, Some(job_corr)).await;
-                if let Ok((v, _)) = &r {
-                    if let Some(id) = v["execution_id"].as_str() {
-                        results.put(id, v.clone());
-                        results.unwatch(id);
+            Box::pin(tracing::Instrument::instrument(
+                async move {
+                    let r = gateway::execute(&job_cfg, p, Some(job_corr)).await;
+                    if let Ok((v, _)) = &r {
+                        if let Some(id) = v["execution_id"].as_str() {
+                            results.put(id, v.clone());
+                            results.unwatch(id);
+                        }
                     }
-                }
-                drop(slot);
-                let _ = tx.send(r);
-                let _ = done_tx.send(());
-            })
+                    drop(slot);
+                    let _ = tx.send(r);
+                    let _ = done_tx.send(());
+                },
+                span,
+            ))
         }));
         if as_task {
             if let Some(id) = crate::tasks::wait_accepted(&cfg, &corr, after, &mut done_rx).await {

@@ -56,6 +56,11 @@ impl Results {
             .remove(id);
     }
 
+    /// How many executions jobs of this process watch as tasks.
+    pub fn watched_count(&self) -> usize {
+        self.watched.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
     fn watched(&self, id: &str) -> bool {
         self.watched
             .lock()
@@ -225,15 +230,19 @@ async fn attach(
 async fn recover(cfg: GatewayConfig, workers: &Workers, id: &ExecutionId) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let id = id.clone();
+    let span = tracing::info_span!("task", execution_id = %id);
     workers.submit(Box::new(move || {
-        Box::pin(async move {
-            if let Ok(mut ex) = cfg.executor() {
-                if let Err(e) = ex.recover_one(&id, false).await {
-                    tracing::warn!("cairn: probing task {id}: {e}");
+        Box::pin(tracing::Instrument::instrument(
+            async move {
+                if let Ok(mut ex) = cfg.executor() {
+                    if let Err(e) = ex.recover_one(&id, false).await {
+                        tracing::warn!("cairn: probing task {id}: {e}");
+                    }
                 }
-            }
-            let _ = tx.send(());
-        })
+                let _ = tx.send(());
+            },
+            span,
+        ))
     }));
     let _ = rx.await;
 }

@@ -46,6 +46,12 @@ pub struct HttpArgs {
         requires = "listen"
     )]
     pub cancel_on_closed_stream: Vec<crate::intent::OpClass>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "PEM", requires_all = ["listen", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (keep it readable by this user only).
+    #[arg(long, value_name = "PEM", requires_all = ["listen", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl HttpArgs {
@@ -75,6 +81,7 @@ impl HttpArgs {
             max_body_bytes: self.max_body,
             max_in_flight_per_actor: self.max_in_flight as usize,
             cancel_on_closed_stream: self.cancel_on_closed_stream.clone(),
+            tls: self.tls_cert.clone().zip(self.tls_key.clone()),
         }))
     }
 }

@@ -40,7 +40,11 @@ impl Server {
         let l2 = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
+                if let Some(rest) = line
+                    .split("listening on http://")
+                    .nth(1)
+                    .or_else(|| line.split("listening on https://").nth(1))
+                {
                     let addr = rest.split_whitespace().next().unwrap_or_default();
                     let p: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
                     let _ = tx.send(p);
@@ -160,6 +164,18 @@ fn initialize_body() -> String {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "hand-written", "version": "0"}}})
     .to_string()
+}
+
+/// `/metrics` with a token: the value of each sample line, by its name and labels.
+fn metrics(port: u16, token: &str) -> std::collections::BTreeMap<String, f64> {
+    let auth = format!("Bearer {token}");
+    let (status, text) = request(port, "GET", "/metrics", &[("Authorization", &auth)], "");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
+        .collect()
 }
 
 /// The server's session events of `kind` (refusals are events of the server's session).
@@ -395,6 +411,20 @@ fn json_rpc_over_http_acts_as_the_token_actor_who_alone_sees_its_executions() {
     let r: Value = serde_json::from_str(&text).unwrap();
     assert_ne!(r["result"]["execution_id"], id.as_str(), "{r}");
     assert_eq!(h.runs(), 2);
+
+    // /metrics, from the journal: two executions, each dispatched once, no attach.
+    let m = metrics(s.port, bob.trim_start_matches("Bearer "));
+    let executions: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("cairn_executions{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(executions, 2.0, "{m:?}");
+    assert_eq!(m["cairn_dispatch_latency_seconds_count"], 2.0, "{m:?}");
+    assert_eq!(m["cairn_attaches_total{by=\"intent\"}"], 0.0, "{m:?}");
+    assert_eq!(m["cairn_http_refused_total"], 0.0, "{m:?}");
+    let (status, _) = request(s.port, "GET", "/metrics", &[], "");
+    assert_eq!(status, 401, "metrics need a token too");
 }
 
 /// The shared Python environment with the official MCP SDK (`target/mcp-venv`, or
@@ -514,7 +544,21 @@ struct PyCall {
 
 impl PyCall {
     fn start(url: &str, token: &str, tool: &str, args: &Value) -> PyCall {
-        let mut child = Command::new(python())
+        PyCall::start_with_ca(url, token, tool, args, None)
+    }
+
+    fn start_with_ca(
+        url: &str,
+        token: &str,
+        tool: &str,
+        args: &Value,
+        ca: Option<&std::path::Path>,
+    ) -> PyCall {
+        let mut c = Command::new(python());
+        if let Some(ca) = ca {
+            c.env("CAIRN_TEST_CA", ca);
+        }
+        let mut child = c
             .arg(script("mcp_http_call.py"))
             .args([url, token, tool, &args.to_string()])
             .stdin(Stdio::null())
@@ -879,4 +923,60 @@ fn a_closed_stream_cancels_the_request_not_the_dispatched_command_and_a_resend_a
     assert_eq!(h.runs(), 1, "ran once");
     let kinds = h.kinds(&id);
     assert!(!kinds.contains(&"cancelled".to_owned()), "{kinds:?}");
+    let m = metrics(s.port, &tok);
+    assert_eq!(m["cairn_delivery_abandoned_total"], 1.0, "{m:?}");
+    assert_eq!(m["cairn_attaches_total{by=\"intent\"}"], 1.0, "{m:?}");
+}
+
+#[test]
+fn over_tls_the_python_sdk_gets_the_same_tools_and_plain_http_is_not_answered() {
+    let h = Host::new();
+    let tok = token(&h, "agent:tls", &[]);
+    let dir = h.sshd.dir();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(out.status.success(), "{out:?}");
+    let (c, k) = (cert.display().to_string(), key.display().to_string());
+    let s = Server::start(&h, 0, &["--tls-cert", &c, "--tls-key", &k]);
+    assert!(s.log().contains("https://"), "{}", s.log());
+    let url = format!("https://127.0.0.1:{}/mcp", s.port);
+    let cmd = format!("{}echo over-tls", h.count());
+    let mut call = PyCall::start_with_ca(
+        &url,
+        &tok,
+        "run_command",
+        &json!({"destination": "127.0.0.1", "command": cmd}),
+        Some(&cert),
+    );
+    assert_eq!(call.next()["event"], "initialized");
+    let last = call.finish();
+    assert_eq!(last["structured"]["stdout"], "over-tls\n", "{last}");
+    assert_eq!(h.runs(), 1);
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    let mut st = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    st.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = Vec::new();
+    let _ = st.read_to_end(&mut resp);
+    assert!(
+        !resp.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&resp)
+    );
 }
