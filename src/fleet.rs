@@ -32,8 +32,6 @@ use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::intent::{Intent, OpClass};
 use crate::options::{ApproveOptions, HostOptions, IntentOptions};
-use crate::outcome::Capture;
-use crate::runner::ExecutorBuilder;
 use crate::ssh::ConnectOptions;
 use crate::state::State;
 
@@ -208,7 +206,8 @@ struct Plan {
     output_dir: Option<PathBuf>,
     json: bool,
     host: HostOptions,
-    approve: ApproveOptions,
+    approve_mode: String,
+    policy: Option<PathBuf>,
     session: Option<String>,
 }
 
@@ -225,8 +224,9 @@ struct HostResult {
     reconnects: u32,
     reason: Option<String>,
     outcome: Option<Outcome>,
-    /// With `--json`, the output kept for the host's JSON object.
-    output: Capture,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+    truncated: bool,
 }
 
 impl HostResult {
@@ -258,7 +258,9 @@ struct HostSink {
     json: bool,
     part_out: Vec<u8>,
     part_err: Vec<u8>,
-    kept: Capture,
+    out: Vec<u8>,
+    err: Vec<u8>,
+    truncated: bool,
 }
 
 const JSON_CAP: usize = 1 << 20;
@@ -273,11 +275,13 @@ impl HostSink {
             };
         }
         if self.json {
-            return if stderr {
-                self.kept.stderr(d)
-            } else {
-                self.kept.stdout(d)
-            };
+            let buf = if stderr { &mut self.err } else { &mut self.out };
+            let room = JSON_CAP.saturating_sub(buf.len());
+            if d.len() > room {
+                self.truncated = true;
+            }
+            buf.extend_from_slice(&d[..d.len().min(room)]);
+            return Ok(());
         }
         let part = if stderr {
             &mut self.part_err
@@ -360,13 +364,19 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
     let timeout_secs = args.timeout.map(|d| d.as_secs().max(1)).unwrap_or(0);
     let max_failures = if f.fail_fast { Some(0) } else { f.max_failures };
 
-    let mut ex = ExecutorBuilder::host(&args.host).build()?;
+    let mut ex = args.host.executor()?;
     if ex.journal.batch(&batch_id)?.is_some() {
         return Err(ExecError::Input(format!(
             "batch {batch_id} already exists; continue it with `cairn batch resume {batch_id}`"
         )));
     }
-    let session = crate::runner::prepare(&mut ex, &args.approve, "cli", &intent.actor)?;
+    let session = crate::options::prepare(
+        &mut ex,
+        args.host.intent_key.clone(),
+        &args.approve,
+        "cli",
+        &intent.actor,
+    )?;
     let jobs: Vec<Job> = hosts
         .iter()
         .enumerate()
@@ -415,7 +425,8 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
         output_dir: f.output_dir.clone(),
         json: args.json,
         host: args.host.clone(),
-        approve: args.approve.clone(),
+        approve_mode: args.approve.mode.clone(),
+        policy: args.approve.policy.clone(),
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
@@ -429,7 +440,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
 pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
     match cmd {
         BatchCommand::Ls { json, host } => {
-            let mut ex = ExecutorBuilder::host(&host).build()?;
+            let mut ex = host.executor()?;
             let mut rows = Vec::new();
             for id in ex.journal.batch_ids()? {
                 if let Some(b) = ex.journal.batch(&id)? {
@@ -458,7 +469,7 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
             Ok(0)
         }
         BatchCommand::Status { batch, json, host } => {
-            let mut ex = ExecutorBuilder::host(&host).build()?;
+            let mut ex = host.executor()?;
             let b = ex.journal.batch(&batch)?.ok_or_else(|| {
                 ExecError::Input(format!(
                     "no batch {batch} in journal {}",
@@ -595,7 +606,7 @@ async fn resume(
     host: HostOptions,
     approve: ApproveOptions,
 ) -> Result<i32, ExecError> {
-    let mut ex = ExecutorBuilder::host(&host).build()?;
+    let mut ex = host.executor()?;
     let b = ex.journal.batch(batch)?.ok_or_else(|| {
         ExecError::Input(format!(
             "no batch {batch} in journal {}",
@@ -640,7 +651,13 @@ async fn resume(
             mode,
         });
     }
-    let session = crate::runner::prepare(&mut ex, &approve, "cli", &intent.actor)?;
+    let session = crate::options::prepare(
+        &mut ex,
+        host.intent_key.clone(),
+        &approve,
+        "cli",
+        &intent.actor,
+    )?;
     let _ = ex.journal.session_event(
         &session,
         "batch-resume",
@@ -674,7 +691,8 @@ async fn resume(
         output_dir,
         json,
         host: host.clone(),
-        approve: approve.clone(),
+        approve_mode: approve.mode.clone(),
+        policy: approve.policy.clone(),
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
@@ -707,16 +725,17 @@ fn run_host(
         json: plan.json,
         part_out: Vec::new(),
         part_err: Vec::new(),
-        kept: Capture {
-            cap: JSON_CAP,
-            ..Capture::default()
-        },
+        out: Vec::new(),
+        err: Vec::new(),
+        truncated: false,
     };
     let r: Result<Outcome, ExecError> = rt.block_on(async {
-        let mut ex = ExecutorBuilder::host(&plan.host)
-            .approve(&plan.approve, "local-cli")
-            .session(plan.session.clone())
-            .build()?;
+        let mut ex = plan.host.executor()?;
+        ex.intent_key_path = plan.host.intent_key.clone();
+        ex.approver =
+            crate::approve::from_flags(&plan.approve_mode, plan.policy.as_deref(), "local-cli")
+                .map_err(ExecError::Input)?;
+        ex.session_id = plan.session.clone();
         let o = match job.mode {
             Mode::Fresh => {
                 let req = RunRequest {
@@ -779,7 +798,9 @@ fn run_host(
         reconnects,
         reason,
         outcome: r.ok(),
-        output: std::mem::take(&mut sink.kept),
+        stdout: std::mem::take(&mut sink.out),
+        stderr: std::mem::take(&mut sink.err),
+        truncated: sink.truncated,
     }
 }
 
@@ -912,8 +933,16 @@ fn host_json(r: &HostResult, batch_id: &str) -> serde_json::Value {
         m.insert("host".into(), r.destination.clone().into());
         m.insert("state".into(), r.state.clone().into());
         m.insert("duration_ms".into(), (r.duration.as_millis() as u64).into());
+        m.insert(
+            "stdout".into(),
+            String::from_utf8_lossy(&r.stdout).into_owned().into(),
+        );
+        m.insert(
+            "stderr".into(),
+            String::from_utf8_lossy(&r.stderr).into_owned().into(),
+        );
+        m.insert("output_truncated".into(), r.truncated.into());
     }
-    crate::outcome::with_output(&mut v, &r.output);
     v
 }
 
@@ -1022,7 +1051,9 @@ fn engine(plan: Plan) -> i32 {
                             .into(),
                     ),
                     outcome: None,
-                    output: Capture::default(),
+                    stdout: Vec::new(),
+                    stderr: Vec::new(),
+                    truncated: false,
                 };
                 display.skipped(&r, &plan.batch_id);
                 r
@@ -1137,7 +1168,9 @@ mod tests {
             reconnects: 0,
             reason: None,
             outcome: None,
-            output: Capture::default(),
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            truncated: false,
         }
     }
 

@@ -1,4 +1,7 @@
-//! Public-key authentication: ssh-agent first, then key files. Never prompts.
+//! Public-key authentication: ssh-agent first, then key files, each with its user certificate
+//! first when there is one (`CertificateFile`, `KEY-cert.pub` beside a key file, certificates
+//! held by the agent), as OpenSSH offers them. `IdentitiesOnly` limits the agent to the
+//! configured identities. Never prompts.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -6,7 +9,8 @@ use std::sync::Arc;
 use russh::client::{AuthResult, Handle};
 use russh::keys::agent::client::AgentClient;
 use russh::keys::agent::AgentIdentity;
-use russh::keys::ssh_key::{HashAlg, PrivateKey, PublicKey};
+use russh::keys::ssh_key::public::KeyData;
+use russh::keys::ssh_key::{Certificate, HashAlg, PrivateKey, PublicKey};
 use russh::keys::PrivateKeyWithHashAlg;
 
 use super::config::AgentSetting;
@@ -66,6 +70,145 @@ impl Attempts<'_> {
     }
 }
 
+/// The user certificates this target may offer, and the first one found outside its validity
+/// window (the error to give if nothing else is accepted).
+struct Certs {
+    usable: Vec<(String, Certificate)>,
+    not_valid: Option<SshError>,
+}
+
+impl Certs {
+    fn load(target: &Target) -> Certs {
+        let mut c = Certs {
+            usable: Vec::new(),
+            not_valid: None,
+        };
+        let beside = target.identity_files.iter().map(|p| {
+            let mut s = p.as_os_str().to_owned();
+            s.push("-cert.pub");
+            (std::path::PathBuf::from(s), false)
+        });
+        let named = target.certificate_files.iter().map(|p| (p.clone(), true));
+        for (path, explicit) in named.chain(beside) {
+            let text = match super::read_text_capped(&path, 1 << 20) {
+                Ok(t) => t,
+                Err(e) => {
+                    if explicit || e.kind() != std::io::ErrorKind::NotFound {
+                        tracing::warn!(file = %path.display(), "cannot read certificate: {e}");
+                    }
+                    continue;
+                }
+            };
+            match Certificate::from_openssh(text.trim()) {
+                Ok(cert) => c.admit(path.display().to_string(), cert),
+                Err(e) => {
+                    tracing::warn!(file = %path.display(), "not an OpenSSH certificate: {e}")
+                }
+            }
+        }
+        c
+    }
+
+    /// Keep `cert` if it is valid now; else remember why not.
+    fn admit(&mut self, what: String, cert: Certificate) {
+        match validity(&what, &cert) {
+            Ok(()) => {
+                if !self
+                    .usable
+                    .iter()
+                    .any(|(_, c)| c.public_key() == cert.public_key() && c == &cert)
+                {
+                    self.usable.push((what, cert));
+                }
+            }
+            Err(e) => {
+                self.not_valid.get_or_insert(e);
+            }
+        }
+    }
+
+    fn for_key<'c>(&'c self, key: &'c KeyData) -> impl Iterator<Item = &'c (String, Certificate)> {
+        self.usable
+            .iter()
+            .filter(move |(_, c)| c.public_key() == key)
+    }
+}
+
+/// A certificate is offered only inside its validity window; outside it, the error names the
+/// window so the user knows to fetch a fresh one.
+fn validity(what: &str, cert: &Certificate) -> Result<(), SshError> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let when = if now < cert.valid_after() {
+        "not yet valid"
+    } else if now >= cert.valid_before() {
+        "expired"
+    } else {
+        return Ok(());
+    };
+    Err(SshError::CertificateNotValid {
+        what: what.to_owned(),
+        when,
+        valid_after: utc(cert.valid_after()),
+        valid_before: utc(cert.valid_before()),
+        now: utc(now),
+    })
+}
+
+/// `YYYY-MM-DD HH:MM:SS` in UTC, or `forever` for OpenSSH's "no end" value.
+fn utc(secs: u64) -> String {
+    if secs >= i64::MAX as u64 {
+        return "forever".into();
+    }
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// The public keys of the configured identities (`IdentityFile`, `-i`, certificates), for
+/// `IdentitiesOnly`: from `KEY.pub` when present, else from the key file itself.
+fn configured_keys(target: &Target, certs: &Certs) -> Vec<KeyData> {
+    let mut keys: Vec<KeyData> = certs
+        .usable
+        .iter()
+        .map(|(_, c)| c.public_key().clone())
+        .collect();
+    for path in &target.identity_files {
+        let mut pub_path = path.as_os_str().to_owned();
+        pub_path.push(".pub");
+        let from_pub = super::read_text_capped(std::path::Path::new(&pub_path), 1 << 20)
+            .ok()
+            .and_then(|t| PublicKey::from_openssh(t.trim()).ok());
+        let key = from_pub.or_else(|| {
+            let text = super::read_capped(path, 1 << 20).ok()?;
+            PrivateKey::from_openssh(&text)
+                .ok()
+                .map(|k| k.public_key().clone())
+        });
+        if let Some(k) = key {
+            keys.push(k.key_data().clone());
+        }
+    }
+    keys
+}
+
 pub(super) async fn authenticate(
     handle: &mut Handle<ClientHandler>,
     target: &Target,
@@ -78,6 +221,11 @@ pub(super) async fn authenticate(
     };
     let user = target.user.clone();
     let mut agent_keys: Vec<PublicKey> = Vec::new();
+    let certs = Certs::load(target);
+    let only: Option<Vec<KeyData>> = target
+        .identities_only
+        .then(|| configured_keys(target, &certs));
+    let allowed = |k: &KeyData| only.as_ref().is_none_or(|o| o.contains(k));
 
     // 1. ssh-agent.
     if let Some(mut agent) = connect_agent(&target.identity_agent).await {
@@ -89,14 +237,58 @@ pub(super) async fn authenticate(
             }
         };
         for id in identities {
-            let AgentIdentity::PublicKey { key, .. } = id else {
-                continue; // certificates: not used yet
+            let key = match id {
+                AgentIdentity::PublicKey { key, .. } => key,
+                AgentIdentity::Certificate { certificate, .. } => {
+                    if !allowed(certificate.public_key()) {
+                        continue;
+                    }
+                    let label = format!("agent certificate {}", certificate.key_id());
+                    if let Err(e) = validity(&label, &certificate) {
+                        a.tried.push(format!("{label} (skipped: {e})"));
+                        continue;
+                    }
+                    let hash = if certificate.algorithm().is_rsa() {
+                        a.rsa_hash().await?
+                    } else {
+                        None
+                    };
+                    let r = a
+                        .handle
+                        .authenticate_certificate_with(user.clone(), certificate, hash, &mut agent)
+                        .await;
+                    match r {
+                        Ok(AuthResult::Success) => return Ok(()),
+                        Ok(AuthResult::Failure { .. }) => a.tried.push(label),
+                        Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
+                    }
+                    a.check_alive()?;
+                    continue;
+                }
             };
+            if !allowed(key.key_data()) {
+                continue;
+            }
             let hash = if key.algorithm().is_rsa() {
                 a.rsa_hash().await?
             } else {
                 None
             };
+            // A certificate file for a key the agent holds: the agent signs, the certificate
+            // is offered first.
+            for (what, cert) in certs.for_key(key.key_data()) {
+                let label = format!("certificate {what} (key in agent)");
+                let r = a
+                    .handle
+                    .authenticate_certificate_with(user.clone(), cert.clone(), hash, &mut agent)
+                    .await;
+                match r {
+                    Ok(AuthResult::Success) => return Ok(()),
+                    Ok(AuthResult::Failure { .. }) => a.tried.push(label),
+                    Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
+                }
+                a.check_alive()?;
+            }
             let label = format!("agent key {}", describe(&key));
             tracing::debug!(user = %user, "trying {label}");
             agent_keys.push(key.clone());
@@ -178,14 +370,24 @@ pub(super) async fn authenticate(
         } else {
             None
         };
+        let key = Arc::new(key);
+        for (what, cert) in certs.for_key(key.public_key().key_data()) {
+            tracing::debug!(user = %user, certificate = %what, "trying user certificate");
+            let r = a
+                .handle
+                .authenticate_openssh_cert(user.clone(), key.clone(), cert.clone())
+                .await?;
+            if r.success() {
+                return Ok(());
+            }
+            a.tried.push(format!("certificate {what}"));
+            a.check_alive()?;
+        }
         let label = format!("{} ({})", path.display(), describe(key.public_key()));
         tracing::debug!(user = %user, file = %path.display(), "trying key file");
         let r = a
             .handle
-            .authenticate_publickey(
-                user.clone(),
-                PrivateKeyWithHashAlg::new(Arc::new(key), hash),
-            )
+            .authenticate_publickey(user.clone(), PrivateKeyWithHashAlg::new(key, hash))
             .await?;
         if r.success() {
             return Ok(());
@@ -196,6 +398,11 @@ pub(super) async fn authenticate(
 
     if let Some(path) = encrypted {
         return Err(SshError::EncryptedKey { path });
+    }
+    // A certificate that would have been offered but for its validity window is the likely
+    // reason nothing was accepted: say that, with the window.
+    if let Some(e) = certs.not_valid {
+        return Err(e);
     }
     Err(SshError::Auth {
         user,

@@ -35,6 +35,10 @@ struct Collected {
     hash_known_hosts: Option<Val>,
     identity_agent: Option<Val>,
     host_key_alias: Option<Val>,
+    identities_only: Option<Val>,
+    certificate_files: Vec<Val>,
+    proxy_jump: Option<Val>,
+    proxy_command: Option<Val>,
 }
 
 const MAX_INCLUDE_DEPTH: usize = 16;
@@ -120,10 +124,20 @@ fn host_matches(patterns: &[String], alias: &str) -> bool {
 }
 
 struct Parser<'a> {
+    /// The name as given (`Match originalhost`, `%n`).
     alias: &'a str,
+    /// The same, lower-cased as OpenSSH does for `Host` lines, `Match host` and `%h`.
+    host: &'a str,
     home: &'a Path,
     out: Collected,
     files_read: usize,
+    /// The user of `user@host`, which (as in OpenSSH) is known before any config is read.
+    dest_user: Option<&'a str>,
+    local_user: &'a str,
+    /// The second pass that `Match final` asks for, where the HostName is settled.
+    final_pass: bool,
+    /// A `Match final` or `Match canonical` was seen: run the final pass.
+    want_final: bool,
 }
 
 /// Most files one resolution reads through `Include`.
@@ -177,15 +191,11 @@ impl Parser<'_> {
                     if args.is_empty() {
                         return Err(cfg_err(&loc, "Host needs at least one pattern"));
                     }
-                    active = host_matches(args, self.alias);
+                    active = host_matches(args, self.host);
                     continue;
                 }
                 "match" => {
-                    // Only "Match all" is understood; other Match blocks are skipped.
-                    active = args.len() == 1 && args[0].eq_ignore_ascii_case("all");
-                    if !active {
-                        tracing::debug!(file = %path.display(), line = idx + 1, "skipping unsupported Match block");
-                    }
+                    active = self.match_line(args, &loc)?;
                     continue;
                 }
                 _ => {}
@@ -239,11 +249,234 @@ impl Parser<'_> {
                 "hashknownhosts" => first(&mut o.hash_known_hosts),
                 "identityagent" => first(&mut o.identity_agent),
                 "hostkeyalias" => first(&mut o.host_key_alias),
+                "identitiesonly" => first(&mut o.identities_only),
+                "certificatefile" => o.certificate_files.push(Val {
+                    value: args[0].clone(),
+                    loc: loc.clone(),
+                }),
+                "proxyjump" => first(&mut o.proxy_jump),
+                "proxycommand" if o.proxy_command.is_none() => {
+                    o.proxy_command = Some(Val {
+                        value: args.join(" "),
+                        loc: loc.clone(),
+                    });
+                }
                 _ => {}
             }
         }
         Ok(())
     }
+
+    /// The host name `Match host` tests: the HostName set so far (with `%h` expanded), else
+    /// the name given; in the final pass, the HostName as resolved. Lower-cased, as OpenSSH does.
+    fn current_host(&self) -> String {
+        match &self.out.hostname {
+            Some(v) => v.value.replace("%h", self.host).replace("%%", "%"),
+            None => self.host.to_owned(),
+        }
+        .to_ascii_lowercase()
+    }
+
+    /// The remote user `Match user` tests: `user@` of the destination, else the first `User`
+    /// seen so far, else the local user (OpenSSH's order).
+    fn current_user(&self) -> String {
+        self.dest_user
+            .map(str::to_owned)
+            .or_else(|| self.out.user.as_ref().map(|v| v.value.clone()))
+            .unwrap_or_else(|| self.local_user.to_owned())
+    }
+
+    fn current_port(&self) -> u16 {
+        self.out
+            .port
+            .as_ref()
+            .and_then(|v| v.value.parse().ok())
+            .unwrap_or(22)
+    }
+
+    /// Evaluate one `Match` line as OpenSSH's client does: every criterion must hold (`!`
+    /// negates one); `exec` runs only while the line still holds; `all` stands alone (beside
+    /// `canonical`/`final`); `canonical` and `final` hold only in the final pass, and `final`
+    /// asks for one.
+    fn match_line(&mut self, args: &[String], loc: &Loc) -> Result<bool, SshError> {
+        if args.is_empty() {
+            return Err(cfg_err(
+                loc,
+                "Match needs criteria (for example `Match host web-*` or `Match all`)",
+            ));
+        }
+        let mut result = true;
+        let (mut saw_all, mut with_argument) = (false, 0usize);
+        let mut words = args.iter();
+        while let Some(word) = words.next() {
+            let (negate, attr) = match word.strip_prefix('!') {
+                Some(a) => (true, a),
+                None => (false, word.as_str()),
+            };
+            let attr = attr.to_ascii_lowercase();
+            let holds = match attr.as_str() {
+                "all" => {
+                    saw_all = true;
+                    true
+                }
+                "canonical" | "final" => {
+                    self.want_final |= attr == "final";
+                    self.final_pass
+                }
+                "host" | "originalhost" | "user" | "localuser" | "exec" => {
+                    let Some(arg) = words.next() else {
+                        return Err(cfg_err(loc, format!("Match {attr} needs an argument")));
+                    };
+                    with_argument += 1;
+                    match attr.as_str() {
+                        "host" => pattern_list(&self.current_host(), arg, true),
+                        "originalhost" => pattern_list(&self.alias.to_ascii_lowercase(), arg, true),
+                        "user" => pattern_list(&self.current_user(), arg, false),
+                        "localuser" => pattern_list(self.local_user, arg, false),
+                        // OpenSSH skips the command once an earlier criterion failed.
+                        _ if !result => false,
+                        _ => self.match_exec(arg, loc)?,
+                    }
+                }
+                other => {
+                    return Err(cfg_err(
+                        loc,
+                        format!(
+                            "Match criterion '{other}' is not supported by cairn (it understands \
+                             all, host, originalhost, user, localuser, exec, canonical and final, \
+                             each negated with '!')"
+                        ),
+                    ))
+                }
+            };
+            if holds == negate {
+                result = false;
+            }
+        }
+        if saw_all && with_argument > 0 {
+            return Err(cfg_err(
+                loc,
+                "Match all cannot be combined with other criteria",
+            ));
+        }
+        Ok(result)
+    }
+
+    /// `Match exec CMD`: the command (tokens expanded) runs through `$SHELL -c` (else
+    /// `/bin/sh`), stdin and stdout on /dev/null, stderr passed through, as OpenSSH runs it;
+    /// it holds when the command exits 0. A command that runs past a minute is an error
+    /// rather than a hang.
+    fn match_exec(&self, command: &str, loc: &Loc) -> Result<bool, SshError> {
+        let host = self.current_host();
+        let user = self.current_user();
+        let home = self.home.to_string_lossy();
+        let tokens = Tokens {
+            alias: self.alias,
+            hostname: &host,
+            user: &user,
+            local_user: self.local_user,
+            home: &home,
+            port: self.current_port(),
+        };
+        let command = expand_tokens(command, &tokens, loc)?;
+        let shell = std::env::var_os("SHELL")
+            .filter(|s| !s.is_empty())
+            .unwrap_or_else(|| "/bin/sh".into());
+        let mut child = std::process::Command::new(&shell)
+            .arg("-c")
+            .arg(&command)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .map_err(|e| {
+                cfg_err(
+                    loc,
+                    format!(
+                        "Match exec: cannot run {}: {e}",
+                        Path::new(&shell).display()
+                    ),
+                )
+            })?;
+        let deadline = std::time::Instant::now() + MATCH_EXEC_LIMIT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) => return Ok(status.success()),
+                Ok(None) if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(cfg_err(
+                        loc,
+                        format!(
+                            "Match exec \"{command}\" ran for more than {}s; stopped it",
+                            MATCH_EXEC_LIMIT.as_secs()
+                        ),
+                    ));
+                }
+                Err(e) => return Err(cfg_err(loc, format!("Match exec: {e}"))),
+            }
+        }
+    }
+}
+
+/// The longest a `Match exec` command may run.
+const MATCH_EXEC_LIMIT: Duration = Duration::from_secs(60);
+
+/// OpenSSH's pattern lists (`a,b*,!c`): true when some pattern matches and no negated one
+/// does; a list of negations alone never matches.
+fn pattern_list(subject: &str, list: &str, lower: bool) -> bool {
+    let mut positive = false;
+    for pattern in list.split(',').filter(|p| !p.is_empty()) {
+        let pattern = if lower {
+            pattern.to_ascii_lowercase()
+        } else {
+            pattern.to_owned()
+        };
+        match pattern.strip_prefix('!') {
+            Some(neg) if wildcard_match(neg, subject) => return false,
+            Some(_) => {}
+            None => positive |= wildcard_match(&pattern, subject),
+        }
+    }
+    positive
+}
+
+impl Parser<'_> {
+    fn parse_all(&mut self, config: Option<&Path>) -> Result<(), SshError> {
+        match config {
+            Some(p) => self.parse_file(p, 0, true),
+            None => {
+                self.parse_file(&self.home.join(".ssh/config"), 0, false)?;
+                self.parse_file(Path::new("/etc/ssh/ssh_config"), 0, false)
+            }
+        }
+    }
+}
+
+/// A ProxyJump or ProxyCommand other than `none` means OpenSSH reaches this host another way;
+/// connecting straight to it could reach another machine or none. Say so instead.
+fn refuse_proxies(c: &Collected) -> Result<(), SshError> {
+    for (keyword, val) in [
+        ("ProxyJump", &c.proxy_jump),
+        ("ProxyCommand", &c.proxy_command),
+    ] {
+        if let Some(v) = val
+            .as_ref()
+            .filter(|v| !v.value.eq_ignore_ascii_case("none"))
+        {
+            return Err(cfg_err(
+                &v.loc,
+                format!(
+                    "{keyword} \"{}\" is set for this host, and this cairn cannot connect through \
+                     a jump host or a proxy command yet; it will not connect directly instead",
+                    v.value
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Include paths: `~` expanded, relative ones are relative to ~/.ssh, `*`/`?` in the last
@@ -395,28 +628,38 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         return Err(SshError::InvalidDestination(destination.to_string()));
     }
     let alias = host.to_string();
+    // OpenSSH lower-cases the host name before matching `Host` lines and expanding `%h`; the
+    // name as typed stays for `Match originalhost` and `%n`.
+    let lower = host.to_ascii_lowercase();
     let (local_user, home) = local_user_and_home();
 
     let mut parser = Parser {
         alias: &alias,
+        host: &lower,
         home: &home,
         out: Collected::default(),
         files_read: 0,
+        dest_user: dest_user.as_deref(),
+        local_user: &local_user,
+        final_pass: false,
+        want_final: false,
     };
-    match &opts.ssh_config {
-        Some(p) => parser.parse_file(p, 0, true)?,
-        None => {
-            parser.parse_file(&home.join(".ssh/config"), 0, false)?;
-            parser.parse_file(Path::new("/etc/ssh/ssh_config"), 0, false)?;
-        }
+    parser.parse_all(opts.ssh_config.as_deref())?;
+    if parser.want_final {
+        // As OpenSSH: read the files again with the HostName settled; values already set
+        // stay (the first value wins), `Match final` blocks now apply.
+        parser.final_pass = true;
+        parser.files_read = 0;
+        parser.parse_all(opts.ssh_config.as_deref())?;
     }
     let c = parser.out;
+    refuse_proxies(&c)?;
 
     let hostname = match &c.hostname {
         Some(v) => {
             let t = Tokens {
                 alias: &alias,
-                hostname: &alias,
+                hostname: &lower,
                 user: "",
                 local_user: &local_user,
                 home: &home.to_string_lossy(),
@@ -446,7 +689,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
             }
             s
         }
-        None => alias.clone(),
+        None => lower.clone(),
     };
     let port = match (opts.port, &c.port) {
         (Some(p), _) => p,
@@ -502,6 +745,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
             .map(|s| Ok(expand_tilde(&expand_tokens(s, &tokens, &list.1)?, &home)))
             .collect()
     };
+    let mut global_known_hosts = Vec::new();
     let (known_hosts, known_hosts_read) = match &opts.known_hosts {
         Some(p) => (p.clone(), Vec::new()),
         None => {
@@ -523,6 +767,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
                 user_files.push(home.join(".ssh/known_hosts"));
             }
             let first = user_files.remove(0);
+            global_known_hosts = global.clone();
             user_files.extend(global);
             (first, user_files)
         }
@@ -562,14 +807,15 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
             })?,
         None => opts.keepalive_max,
     };
-    // "no"/"off" would also accept changed keys in OpenSSH; cairn never does: treat as accept-new.
-    let accept_new = opts.accept_new
-        || c.strict.as_ref().is_some_and(|v| {
-            matches!(
-                v.value.to_ascii_lowercase().as_str(),
-                "accept-new" | "no" | "off"
-            )
-        });
+    let accept_new = opts.accept_new || strict_accepts_new(c.strict.as_ref())?;
+    let identities_only = c.identities_only.as_ref().is_some_and(yes_no);
+    let mut certificate_files = Vec::new();
+    for v in &c.certificate_files {
+        let p = expand_tilde(&expand_tokens(&v.value, &tokens, &v.loc)?, &home);
+        if !certificate_files.contains(&p) {
+            certificate_files.push(p);
+        }
+    }
     let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
     let identity_agent = match &c.identity_agent {
         None => AgentSetting::Env,
@@ -604,7 +850,95 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         identity_agent,
         host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
         pinned_host_key: None,
+        identities_only,
+        certificate_files,
+        global_known_hosts,
     })
+}
+
+/// `StrictHostKeyChecking`: `yes` and `ask` check strictly (cairn never prompts), `accept-new`
+/// records the keys of hosts not yet known, and `no`/`off` are refused: they would accept a
+/// changed key, and cairn's guarantees rest on knowing which host answered.
+fn strict_accepts_new(v: Option<&Val>) -> Result<bool, SshError> {
+    let Some(v) = v else { return Ok(false) };
+    match v.value.to_ascii_lowercase().as_str() {
+        "yes" | "true" | "ask" => Ok(false),
+        "accept-new" => Ok(true),
+        "no" | "off" | "false" => Err(cfg_err(
+            &v.loc,
+            format!(
+                "StrictHostKeyChecking {} would accept a host whose key changed; cairn's \
+                 guarantees rest on knowing which host answered, so it refuses. Use \
+                 `accept-new` (records keys of hosts not yet known, never a changed one) or `yes`",
+                v.value
+            ),
+        )),
+        other => Err(cfg_err(
+            &v.loc,
+            format!("StrictHostKeyChecking must be yes, ask, accept-new or no, not \"{other}\""),
+        )),
+    }
+}
+
+/// The resolved options in the format `ssh -G` prints them (lower-case keyword, a space, the
+/// value), for the keywords cairn honours; `cairn config DEST` prints these lines.
+pub fn ssh_g_lines(t: &Target) -> Vec<(&'static str, String)> {
+    let join = |v: &[PathBuf]| {
+        v.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    let user_files: Vec<PathBuf> = std::iter::once(t.known_hosts.clone())
+        .chain(
+            t.known_hosts_read
+                .iter()
+                .filter(|p| !t.global_known_hosts.contains(p))
+                .cloned(),
+        )
+        .collect();
+    let mut out = vec![
+        ("user", t.user.clone()),
+        ("hostname", t.hostname.clone()),
+        ("port", t.port.to_string()),
+        (
+            "identitiesonly",
+            if t.identities_only { "yes" } else { "no" }.into(),
+        ),
+        (
+            "stricthostkeychecking",
+            if t.accept_new { "accept-new" } else { "true" }.into(),
+        ),
+        ("connecttimeout", t.connect_timeout.as_secs().to_string()),
+        (
+            "serveraliveinterval",
+            t.keepalive_interval.as_secs().to_string(),
+        ),
+        ("serveralivecountmax", t.keepalive_max.to_string()),
+    ];
+    out.extend(
+        t.identity_files
+            .iter()
+            .map(|p| ("identityfile", p.display().to_string())),
+    );
+    out.extend(
+        t.certificate_files
+            .iter()
+            .map(|p| ("certificatefile", p.display().to_string())),
+    );
+    if !t.global_known_hosts.is_empty() {
+        out.push(("globalknownhostsfile", join(&t.global_known_hosts)));
+    }
+    out.push(("userknownhostsfile", join(&user_files)));
+    if let Some(a) = &t.host_key_alias {
+        out.push(("hostkeyalias", a.clone()));
+    }
+    match &t.identity_agent {
+        AgentSetting::Env => {}
+        AgentSetting::None => out.push(("identityagent", "none".into())),
+        AgentSetting::Path(p) => out.push(("identityagent", p.display().to_string())),
+    }
+    out
 }
 
 /// Which ssh-agent to use (IdentityAgent).
@@ -749,5 +1083,80 @@ mod tests {
         let t = resolve("h", &o).unwrap();
         assert_eq!(t.known_hosts, PathBuf::from("/explicit"));
         assert!(t.known_hosts_read.is_empty());
+    }
+
+    #[test]
+    fn match_blocks_as_openssh_reads_them() {
+        let (_d, o) = opts_with(
+            "Match originalhost web* user alice\n  Port 2201\n\
+             Match host !db* exec \"test %h = web1\"\n  User carol\n\
+             Match host db*,!db-9 !user root\n  Port 2202\n\
+             Host web*\n  HostName %h.example.com\n\
+             Match host *.example.com\n  ConnectTimeout 9\n\
+             Match exec \"test %n = web2\" originalhost web*\n  User dave\n\
+             Match localuser nobody-here-xyz\n  User never\n\
+             Match all\n  ServerAliveInterval 3\n",
+        );
+        // `!db*` alone never matches (a list of negations only), so carol is not set for web1.
+        let t = resolve("web1", &o).unwrap();
+        assert_eq!(t.hostname, "web1.example.com");
+        assert_eq!(t.port, 22);
+        assert_eq!(t.connect_timeout, Duration::from_secs(9));
+        assert_eq!(t.keepalive_interval, Duration::from_secs(3));
+        let (local, _) = local_user_and_home();
+        assert_eq!(t.user, local);
+        // user@ is known before the config: Match user sees it.
+        let t = resolve("alice@web2", &o).unwrap();
+        assert_eq!((t.user.as_str(), t.port), ("alice", 2201));
+        let t = resolve("web2", &o).unwrap();
+        assert_eq!(t.user, "dave", "exec ran with %n expanded");
+        assert_eq!(resolve("ops@db-1", &o).unwrap().port, 2202);
+        assert_eq!(resolve("ops@db-9", &o).unwrap().port, 22);
+        assert_eq!(resolve("root@db-1", &o).unwrap().port, 22);
+    }
+
+    #[test]
+    fn match_final_sees_the_settled_hostname_and_bad_matches_name_their_line() {
+        let (_d, o) = opts_with(
+            "Host short\n  HostName short.corp\nMatch final host *.corp\n  User finaluser\n",
+        );
+        assert_eq!(resolve("short", &o).unwrap().user, "finaluser");
+        for (cfg, needle) in [
+            ("Match\n", "Match needs criteria"),
+            ("Match host\n", "Match host needs an argument"),
+            ("Match all host x\n", "cannot be combined"),
+            ("Match tagged x\n", "'tagged' is not supported"),
+            ("Host x\n StrictHostKeyChecking no\n", "refuses"),
+            ("Host x\n StrictHostKeyChecking maybe\n", "must be yes"),
+            ("Host x\n ProxyJump bastion\n", "cannot connect through"),
+            ("Host x\n ProxyCommand ssh -W %h:%p b\n", "ProxyCommand"),
+        ] {
+            let (_d, o) = opts_with(cfg);
+            match resolve("x", &o) {
+                Err(SshError::Config { line, message, .. }) => {
+                    assert!(message.contains(needle), "{cfg:?}: {message}");
+                    assert!(line >= 1, "{cfg:?}");
+                }
+                other => panic!("{cfg:?}: {other:?}"),
+            }
+        }
+        let (_d, o) = opts_with("Host x\n ProxyJump none\n StrictHostKeyChecking ask\n");
+        assert!(!resolve("x", &o).unwrap().accept_new);
+    }
+
+    #[test]
+    fn identities_only_and_certificate_files() {
+        let (_d, o) = opts_with(
+            "Host c\n IdentitiesOnly yes\n CertificateFile ~/.ssh/%r-cert.pub\n \
+             CertificateFile /c/two\n IdentityFile /k/id\n",
+        );
+        let t = resolve("ops@c", &o).unwrap();
+        let (_, home) = local_user_and_home();
+        assert!(t.identities_only);
+        assert_eq!(
+            t.certificate_files,
+            vec![home.join(".ssh/ops-cert.pub"), PathBuf::from("/c/two")]
+        );
+        assert!(!resolve("other", &o).unwrap().identities_only);
     }
 }

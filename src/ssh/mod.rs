@@ -23,7 +23,7 @@ use russh::client;
 use russh::keys::ssh_key::{Algorithm, HashAlg, PublicKey};
 use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
 
-pub use config::AgentSetting;
+pub use config::{ssh_g_lines, AgentSetting};
 
 /// How to connect; mirrors the `ssh` command-line options cairn offers.
 #[derive(Debug, Clone)]
@@ -102,6 +102,13 @@ pub struct Target {
     /// accept another. It only restricts: the key must still pass known_hosts as well.
     /// `None`: known_hosts alone decides.
     pub pinned_host_key: Option<String>,
+    /// IdentitiesOnly: offer only the configured identities (agent keys only when a
+    /// configured identity names them).
+    pub identities_only: bool,
+    /// CertificateFile entries, tried with their private keys before the keys alone.
+    pub certificate_files: Vec<PathBuf>,
+    /// GlobalKnownHostsFile entries (also in `known_hosts_read`), kept apart for `cairn config`.
+    pub global_known_hosts: Vec<PathBuf>,
 }
 
 impl Target {
@@ -139,8 +146,10 @@ impl Target {
 /// Parse `[user@]host` and apply ssh_config: Host patterns (with `*`, `?` and `!negation`, first
 /// value wins), HostName (with %h), User, Port, IdentityFile (with `~`, %d %u %h %r %p %n),
 /// UserKnownHostsFile, GlobalKnownHostsFile, ConnectTimeout, ServerAliveInterval,
-/// ServerAliveCountMax, StrictHostKeyChecking accept-new, HashKnownHosts, IdentityAgent,
-/// HostKeyAlias, Include. `Match` blocks other than `Match all` are skipped.
+/// ServerAliveCountMax, StrictHostKeyChecking (`no` refused), HashKnownHosts, IdentityAgent,
+/// HostKeyAlias, IdentitiesOnly, CertificateFile, Include, and `Match` (host, originalhost,
+/// user, localuser, exec, all, canonical, final, `!` negation) as OpenSSH's client reads them.
+/// ProxyJump/ProxyCommand other than `none` are refused: cairn does not connect around them.
 /// Default user: `$USER`, else the current uid's name.
 pub fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
     config::resolve(destination, opts)
@@ -244,6 +253,19 @@ pub enum SshError {
     )]
     EncryptedKey { path: PathBuf },
 
+    #[error(
+        "the user certificate {what} is {when}: it is valid from {valid_after} to {valid_before} \
+         (UTC), and the time here is {now}. Get a fresh certificate from your SSH CA (or check \
+         this machine's clock)"
+    )]
+    CertificateNotValid {
+        what: String,
+        when: &'static str,
+        valid_after: String,
+        valid_before: String,
+        now: String,
+    },
+
     #[error("{}:{line}: {message}", file.display())]
     Config {
         file: PathBuf,
@@ -285,6 +307,7 @@ impl SshError {
             | SshError::KnownHosts { .. }
             | SshError::Auth { .. }
             | SshError::EncryptedKey { .. }
+            | SshError::CertificateNotValid { .. }
             | SshError::Config { .. }
             | SshError::InvalidDestination(_)
             | SshError::Protocol(_) => false,
@@ -357,6 +380,19 @@ impl SshError {
                 tried: tried.clone(),
             },
             SshError::EncryptedKey { path } => SshError::EncryptedKey { path: path.clone() },
+            SshError::CertificateNotValid {
+                what,
+                when,
+                valid_after,
+                valid_before,
+                now,
+            } => SshError::CertificateNotValid {
+                what: what.clone(),
+                when,
+                valid_after: valid_after.clone(),
+                valid_before: valid_before.clone(),
+                now: now.clone(),
+            },
             SshError::Config {
                 file,
                 line,

@@ -1,6 +1,6 @@
 mod audit;
+mod certs;
 mod docker;
-mod docker_epochs;
 mod epochs;
 mod fleet;
 mod fuzz;
@@ -11,4 +11,5 @@ mod recorded;
 mod run;
 mod script;
 mod ssh;
+mod ssh_config_diff;
 mod support;
