@@ -47,6 +47,11 @@ struct Attempts<'a> {
     handle: &'a mut Handle<ClientHandler>,
     rsa_hash: Option<Option<HashAlg>>,
     tried: Vec<String>,
+    user: String,
+    /// Keys the agent offered: not offered again from their files.
+    agent_keys: Vec<PublicKey>,
+    /// The first encrypted key no agent holds (the error when nothing else was accepted).
+    encrypted: Option<std::path::PathBuf>,
 }
 
 impl Attempts<'_> {
@@ -213,21 +218,47 @@ pub(super) async fn authenticate(
     handle: &mut Handle<ClientHandler>,
     target: &Target,
 ) -> Result<(), SshError> {
-    let mut a = Attempts {
-        handle,
-
-        rsa_hash: None,
-        tried: Vec::new(),
-    };
-    let user = target.user.clone();
-    let mut agent_keys: Vec<PublicKey> = Vec::new();
     let certs = Certs::load(target);
     let only: Option<Vec<KeyData>> = target
         .identities_only
         .then(|| configured_keys(target, &certs));
-    let allowed = |k: &KeyData| only.as_ref().is_none_or(|o| o.contains(k));
+    let mut a = Attempts {
+        handle,
+        rsa_hash: None,
+        tried: Vec::new(),
+        user: target.user.clone(),
+        agent_keys: Vec::new(),
+        encrypted: None,
+    };
+    if try_agent(&mut a, target, &certs, only.as_deref()).await?
+        || try_key_files(&mut a, target, &certs).await?
+    {
+        return Ok(());
+    }
+    if let Some(path) = a.encrypted {
+        return Err(SshError::EncryptedKey { path });
+    }
+    // A certificate that would have been offered but for its validity window is the likely
+    // reason nothing was accepted: say that, with the window.
+    if let Some(e) = certs.not_valid {
+        return Err(e);
+    }
+    Err(SshError::Auth {
+        user: a.user,
+        host: target.alias.clone(),
+        tried: a.tried,
+    })
+}
 
-    // 1. ssh-agent.
+/// 1. The agent's keys and certificates (only the configured ones under IdentitiesOnly).
+async fn try_agent(
+    a: &mut Attempts<'_>,
+    target: &Target,
+    certs: &Certs,
+    only: Option<&[KeyData]>,
+) -> Result<bool, SshError> {
+    let allowed = |k: &KeyData| only.is_none_or(|o| o.contains(k));
+    let user = a.user.clone();
     if let Some(mut agent) = connect_agent(&target.identity_agent).await {
         let identities = match agent.request_identities().await {
             Ok(ids) => ids,
@@ -258,7 +289,7 @@ pub(super) async fn authenticate(
                         .authenticate_certificate_with(user.clone(), certificate, hash, &mut agent)
                         .await;
                     match r {
-                        Ok(AuthResult::Success) => return Ok(()),
+                        Ok(AuthResult::Success) => return Ok(true),
                         Ok(AuthResult::Failure { .. }) => a.tried.push(label),
                         Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
                     }
@@ -283,7 +314,7 @@ pub(super) async fn authenticate(
                     .authenticate_certificate_with(user.clone(), cert.clone(), hash, &mut agent)
                     .await;
                 match r {
-                    Ok(AuthResult::Success) => return Ok(()),
+                    Ok(AuthResult::Success) => return Ok(true),
                     Ok(AuthResult::Failure { .. }) => a.tried.push(label),
                     Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
                 }
@@ -291,80 +322,33 @@ pub(super) async fn authenticate(
             }
             let label = format!("agent key {}", describe(&key));
             tracing::debug!(user = %user, "trying {label}");
-            agent_keys.push(key.clone());
+            a.agent_keys.push(key.clone());
             let r = a
                 .handle
                 .authenticate_publickey_with(user.clone(), key, hash, &mut agent)
                 .await;
             match r {
-                Ok(AuthResult::Success) => return Ok(()),
+                Ok(AuthResult::Success) => return Ok(true),
                 Ok(AuthResult::Failure { .. }) => a.tried.push(label),
                 Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
             }
             a.check_alive()?;
         }
     }
+    Ok(false)
+}
 
-    // 2. Key files.
-    let mut encrypted: Option<std::path::PathBuf> = None;
+/// 2. The key files, each with its certificates first.
+async fn try_key_files(
+    a: &mut Attempts<'_>,
+    target: &Target,
+    certs: &Certs,
+) -> Result<bool, SshError> {
+    let user = a.user.clone();
     for path in &target.identity_files {
-        let mut text = match super::read_capped(path, 1 << 20) {
-            Ok(t) => t,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                tracing::debug!(file = %path.display(), "no such key file");
-                continue;
-            }
-            Err(e) => {
-                a.tried
-                    .push(format!("{} (unreadable: {e})", path.display()));
-                continue;
-            }
-        };
-        // OpenSSH writes some ECDSA scalars shorter than ssh-key accepts; see keyfix.
-        if let Some(fixed) = super::keyfix::pad_short_ecdsa_scalar(&text) {
-            tracing::debug!(file = %path.display(), "ECDSA key with a short private scalar: re-encoded it at full length");
-            text = fixed;
-        }
-        // Encrypted OpenSSH keys still carry their public key in the clear.
-        if let Ok(pk) = PrivateKey::from_openssh(&text) {
-            if pk.is_encrypted() {
-                let public = pk.public_key().clone();
-                if agent_keys.iter().any(|k| k.key_data() == public.key_data()) {
-                    // Already offered through the agent.
-                    continue;
-                }
-                a.tried.push(format!(
-                    "{} (encrypted, no agent holds it: skipped)",
-                    path.display()
-                ));
-                encrypted.get_or_insert_with(|| path.clone());
-                continue;
-            }
-        }
-        let key = match russh::keys::decode_secret_key(&String::from_utf8_lossy(&text), None) {
-            Ok(k) => k,
-            Err(russh::keys::Error::KeyIsEncrypted) => {
-                a.tried.push(format!(
-                    "{} (encrypted, no agent holds it: skipped)",
-                    path.display()
-                ));
-                encrypted.get_or_insert_with(|| path.clone());
-                continue;
-            }
-            Err(e) => {
-                a.tried.push(format!(
-                    "{} (not a usable private key: {e})",
-                    path.display()
-                ));
-                continue;
-            }
-        };
-        if agent_keys
-            .iter()
-            .any(|k| k.key_data() == key.public_key().key_data())
-        {
+        let Some(key) = load_key_file(a, path) else {
             continue;
-        }
+        };
         let hash = if key.algorithm().is_rsa() {
             a.rsa_hash().await?
         } else {
@@ -378,7 +362,7 @@ pub(super) async fn authenticate(
                 .authenticate_openssh_cert(user.clone(), key.clone(), cert.clone())
                 .await?;
             if r.success() {
-                return Ok(());
+                return Ok(true);
             }
             a.tried.push(format!("certificate {what}"));
             a.check_alive()?;
@@ -390,23 +374,76 @@ pub(super) async fn authenticate(
             .authenticate_publickey(user.clone(), PrivateKeyWithHashAlg::new(key, hash))
             .await?;
         if r.success() {
-            return Ok(());
+            return Ok(true);
         }
         a.tried.push(label);
         a.check_alive()?;
     }
+    Ok(false)
+}
 
-    if let Some(path) = encrypted {
-        return Err(SshError::EncryptedKey { path });
+/// Read and decode one key file; `None` (with the reason in `tried`) when it cannot be offered:
+/// missing, unreadable, encrypted with no agent holding it, or already offered by the agent.
+fn load_key_file(a: &mut Attempts<'_>, path: &std::path::Path) -> Option<PrivateKey> {
+    let mut text = match super::read_capped(path, 1 << 20) {
+        Ok(t) => t,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            tracing::debug!(file = %path.display(), "no such key file");
+            return None;
+        }
+        Err(e) => {
+            a.tried
+                .push(format!("{} (unreadable: {e})", path.display()));
+            return None;
+        }
+    };
+    // OpenSSH writes some ECDSA scalars shorter than ssh-key accepts; see keyfix.
+    if let Some(fixed) = super::keyfix::pad_short_ecdsa_scalar(&text) {
+        tracing::debug!(file = %path.display(), "ECDSA key with a short private scalar: re-encoded it at full length");
+        text = fixed;
     }
-    // A certificate that would have been offered but for its validity window is the likely
-    // reason nothing was accepted: say that, with the window.
-    if let Some(e) = certs.not_valid {
-        return Err(e);
+    // Encrypted OpenSSH keys still carry their public key in the clear.
+    if let Ok(pk) = PrivateKey::from_openssh(&text) {
+        if pk.is_encrypted() {
+            let public = pk.public_key().clone();
+            if a.agent_keys
+                .iter()
+                .any(|k| k.key_data() == public.key_data())
+            {
+                // Already offered through the agent.
+                return None;
+            }
+            a.tried.push(format!(
+                "{} (encrypted, no agent holds it: skipped)",
+                path.display()
+            ));
+            a.encrypted.get_or_insert_with(|| path.to_path_buf());
+            return None;
+        }
     }
-    Err(SshError::Auth {
-        user,
-        host: target.alias.clone(),
-        tried: a.tried,
-    })
+    let key = match russh::keys::decode_secret_key(&String::from_utf8_lossy(&text), None) {
+        Ok(k) => k,
+        Err(russh::keys::Error::KeyIsEncrypted) => {
+            a.tried.push(format!(
+                "{} (encrypted, no agent holds it: skipped)",
+                path.display()
+            ));
+            a.encrypted.get_or_insert_with(|| path.to_path_buf());
+            return None;
+        }
+        Err(e) => {
+            a.tried.push(format!(
+                "{} (not a usable private key: {e})",
+                path.display()
+            ));
+            return None;
+        }
+    };
+    if a.agent_keys
+        .iter()
+        .any(|k| k.key_data() == key.public_key().key_data())
+    {
+        return None;
+    }
+    Some(key)
 }
