@@ -3,8 +3,10 @@
 #
 # Usage: docker/hosts.sh [--prefix NAME] COMMAND [ARGS...]
 #
-#   up N [--flavour ash|debian] [--subnet A.B.C.0/24]
-#                         start N hosts h1..hN (builds the image if needed)
+#   up N [--flavour ash|debian] [--subnet A.B.C.0/24] [--shared-host-key]
+#                         start N hosts h1..hN (builds the image if needed); with
+#                         --shared-host-key all hosts of the set present one host key (a
+#                         cloned image), else each has its own
 #   down                  remove containers, network, home filesystems and state
 #   list                  print the hosts file (alias IP container)
 #   ssh HOST [CMD...]     OpenSSH to a host with the generated ssh_config
@@ -18,6 +20,8 @@
 #   fill-disk HOST / unfill-disk HOST   fill the home filesystem (holding ~/.cairn) to 100% / free it
 #   readonly-markers HOST [--dirs-only] / writable-markers HOST
 #                                       chattr +i on ~/.cairn and everything in it / undo
+#   wipe-markers HOST                   rm -rf ~/.cairn (the marker home), as an operator or a
+#                                       re-imaging would; the host keeps running
 #
 # HOST is an alias (h3), a number (3), a container name (cairn-h3) or an IP address.
 #
@@ -163,12 +167,14 @@ wait_status() {
 
 cmd_up() {
   local n="" flavour=ash subnet=${CAIRN_TESTHOST_SUBNET:-} s net base gw image i ip name t0 pubkey
+  local shared_key=0
   while [ $# -gt 0 ]; do
     case $1 in
       --flavour) [ $# -ge 2 ] || die "--flavour needs a value"; flavour=$2; shift 2 ;;
       --flavour=*) flavour=${1#*=}; shift ;;
       --subnet) [ $# -ge 2 ] || die "--subnet needs a value"; subnet=$2; shift 2 ;;
       --subnet=*) subnet=${1#*=}; shift ;;
+      --shared-host-key) shared_key=1; shift ;;
       [0-9]*) n=$1; shift ;;
       *) die "up: unknown argument '$1'" ;;
     esac
@@ -204,6 +210,7 @@ FLAVOUR=$flavour
 SUBNET=$subnet
 NETWORK=$net
 COUNT=$n
+SHARED_HOST_KEY=$shared_key
 EOF
 
   docker network create --driver bridge --subnet "$subnet" --gateway "$gw" \
@@ -211,10 +218,19 @@ EOF
 
   # Per host: its ed25519 host key (kept in the state dir, mounted read-only, so it survives
   # reboots and known_hosts is known before boot) and a small ext4 home image, loop-mounted here.
+  # With --shared-host-key every host gets a copy of one key, as hosts cloned from one image do.
   : > "$s/known_hosts"
+  if [ "$shared_key" = 1 ]; then
+    ssh-keygen -q -t ed25519 -N '' -C "cairn-testhost@$PREFIX-shared" -f "$s/shared_host_ed25519_key"
+  fi
   while read -r alias ip _; do
     mkdir -p "$s/$alias"
-    ssh-keygen -q -t ed25519 -N '' -C "cairn-testhost@$alias" -f "$s/$alias/ssh_host_ed25519_key"
+    if [ "$shared_key" = 1 ]; then
+      cp "$s/shared_host_ed25519_key" "$s/$alias/ssh_host_ed25519_key"
+      cp "$s/shared_host_ed25519_key.pub" "$s/$alias/ssh_host_ed25519_key.pub"
+    else
+      ssh-keygen -q -t ed25519 -N '' -C "cairn-testhost@$alias" -f "$s/$alias/ssh_host_ed25519_key"
+    fi
     printf '%s %s\n' "$ip" "$(cut -d' ' -f1,2 < "$s/$alias/ssh_host_ed25519_key.pub")" >> "$s/known_hosts"
     mkdir -p "$s/$alias/home"
     truncate -s "$HOME_SIZE" "$s/$alias/home.img"
@@ -515,6 +531,20 @@ cmd_writable_markers() {
   priv find "$d" \( -type d -o -type f \) -exec chattr -i {} + || die "writable-markers: chattr failed under $d"
 }
 
+# The whole marker home goes (epoch, records, output), from outside the container: works while
+# the host runs, is hung or is down. Running supervisors lose their files; the next cairn
+# invocation creates a new home with a new epoch.
+cmd_wipe_markers() {
+  [ $# -eq 1 ] || die "usage: wipe-markers HOST"
+  resolve "$1"
+  local mp; mp=$(home_mount)
+  [ -e "$mp/.cairn" ] || { note "wipe-markers: $H_ALIAS has no marker home"; return 0; }
+  priv rm -rf "$mp/.cairn" || die "wipe-markers: cannot remove $mp/.cairn (readonly-markers still on? run writable-markers $H_ALIAS)"
+  [ ! -e "$mp/.cairn" ] || die "wipe-markers: $mp/.cairn is still there"
+  priv sync -f "$mp"
+  note "wiped the marker home of $H_ALIAS ($mp/.cairn)"
+}
+
 # ----------------------------------------------------------------------- main
 
 usage() { sed -n '2,/^# Sourcing/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
@@ -552,6 +582,7 @@ main() {
     unfill-disk) cmd_unfill_disk "$@" ;;
     readonly-markers) cmd_readonly_markers "$@" ;;
     writable-markers) cmd_writable_markers "$@" ;;
+    wipe-markers) cmd_wipe_markers "$@" ;;
     -h|--help|help) usage ;;
     *) die "unknown command '$cmd' (see docker/hosts.sh --help)" ;;
   esac

@@ -113,30 +113,9 @@ pub fn timeline(rec: &ExecutionRecord, events: &[Event]) -> Timeline {
         },
     });
 
-    let reuses: Vec<&Event> = find(events, "request-reused").collect();
     answers.push(Answer {
         question: "did a later request reuse this execution or create a new one?",
-        answer: if reuses.is_empty() {
-            "no later request named this execution ID. (Requests that would match by intent \
-             fingerprint rather than by ID are not tracked by this version.)"
-                .into()
-        } else {
-            let list: Vec<String> = reuses
-                .iter()
-                .map(|e| {
-                    format!(
-                        "{} by {}",
-                        e.at,
-                        e.evidence["by"].as_str().unwrap_or(&e.client)
-                    )
-                })
-                .collect();
-            format!(
-                "reused {} time(s), never run again: {}",
-                reuses.len(),
-                list.join("; ")
-            )
-        },
+        answer: later_requests(events),
     });
 
     Timeline {
@@ -185,4 +164,53 @@ pub fn render(rec: &ExecutionRecord, events: &[Event], t: &Timeline) -> String {
         );
     }
     s
+}
+
+/// Every later request that attached to the execution: by ID (the same execution ID again, or
+/// an attach naming it) or by intent (the same fingerprint, actor and scope), with its
+/// correlation, actor and time. None of them ran the command again.
+fn later_requests(events: &[Event]) -> String {
+    let owner = events
+        .iter()
+        .find(|e| e.kind == "accepted")
+        .and_then(|e| e.evidence["actor"].as_str())
+        .map(str::to_owned);
+    let mut lines = Vec::new();
+    for e in events {
+        let how = match e.kind.as_str() {
+            "request-reused" => "by ID (the same execution ID)",
+            "intent-matched" => "by intent (same fingerprint, actor and scope)",
+            // The first correlation is the request that created the execution; later ones
+            // with `method: attach` named it by ID.
+            "correlation" if e.evidence["method"] == "attach" => "by ID (an attach)",
+            _ => continue,
+        };
+        let corr = e.evidence["correlation_id"].as_str();
+        // Over HTTP the correlation names the actor; a match by intent is the owner's actor.
+        let actor = corr
+            .and_then(|c| c.strip_prefix("actor="))
+            .and_then(|c| c.split(' ').next())
+            .map(str::to_owned)
+            .or_else(|| {
+                (e.kind == "intent-matched")
+                    .then(|| owner.clone())
+                    .flatten()
+            });
+        lines.push(format!(
+            "{} {how}: actor {}, correlation {}, session {}",
+            e.at,
+            actor.as_deref().unwrap_or("-"),
+            corr.unwrap_or("-"),
+            e.evidence["session_id"].as_str().unwrap_or("-"),
+        ));
+    }
+    if lines.is_empty() {
+        "no later request attached to it, by ID or by intent".into()
+    } else {
+        format!(
+            "{} later request(s) attached to it, and none ran it again: {}",
+            lines.len(),
+            lines.join("; ")
+        )
+    }
 }

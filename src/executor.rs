@@ -207,25 +207,27 @@ struct Run {
 /// outcome to share its transaction.
 const HOLD_RUNNING: Duration = Duration::from_millis(20);
 
+/// Sequences executions on one journal; made by [`crate::ExecutorBuilder`] (or [`Executor::new`]
+/// with the defaults).
 pub struct Executor {
     pub journal: Journal,
-    pub connect: ConnectOptions,
-    pub patience: Patience,
+    pub(crate) connect: ConnectOptions,
+    pub(crate) patience: Patience,
     /// Connections this executor uses, with its claim when the connection is pooled.
     conns: Vec<(String, Connection, Option<crate::pool::Lease>)>,
     /// Connections shared with other executors of this process (`cairn serve`, `cairn mcp`);
     /// `None`: this executor connects for itself.
-    pub pool: Option<std::sync::Arc<crate::pool::Pool>>,
+    pub(crate) pool: Option<std::sync::Arc<crate::pool::Pool>>,
     /// Dispatch through the pooled connection's host session (`--host-session`; see
     /// [`crate::session`]) when the dispatch allows it. Needs `pool`.
-    pub host_session: bool,
+    pub(crate) host_session: bool,
     /// The intent fingerprint key file (default: `intent.key` next to the journal).
-    pub intent_key_path: Option<std::path::PathBuf>,
+    pub(crate) intent_key_path: Option<std::path::PathBuf>,
     intent_key: Option<IntentKey>,
     /// Decides whether a new execution may start (default: allow, by the local caller).
-    pub approver: Box<dyn Approver>,
+    pub(crate) approver: Box<dyn Approver>,
     /// The session new executions are recorded under.
-    pub session_id: Option<String>,
+    pub(crate) session_id: Option<String>,
     /// Secret values for executions this process dispatches, by execution ID; memory only.
     secrets: std::collections::HashMap<String, Vec<u8>>,
 }
@@ -567,6 +569,12 @@ impl Executor {
         let host = crate::intent::canonical_host(&target.hostname, target.port);
         let op = intent.record(&fp, &host, &target.user, &req.command);
         let fingerprint = op.fingerprint(&key);
+        let legacy_fp = op.fingerprint_v1(&key);
+        let legacy = crate::journal::LegacyIntent {
+            fingerprint: &legacy_fp,
+            host: &target.hostname,
+            port: target.port,
+        };
         let cols = IntentColumns {
             fingerprint: fingerprint.clone(),
             actor: op.actor_canonical(),
@@ -597,9 +605,10 @@ impl Executor {
         for _ in 0..5 {
             let mut cols = cols.clone();
             cols.accepted_ms = crate::journal::now_ms();
-            match self.journal.accept_or_match(
+            match self.journal.accept_or_match_with(
                 &rec,
                 &cols,
+                Some(legacy),
                 evidence.clone(),
                 match_evidence.clone(),
                 choose_match,

@@ -32,6 +32,8 @@ use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::intent::{Intent, OpClass};
 use crate::options::{ApproveOptions, HostOptions, IntentOptions};
+use crate::outcome::Capture;
+use crate::runner::ExecutorBuilder;
 use crate::ssh::ConnectOptions;
 use crate::state::State;
 
@@ -206,8 +208,7 @@ struct Plan {
     output_dir: Option<PathBuf>,
     json: bool,
     host: HostOptions,
-    approve_mode: String,
-    policy: Option<PathBuf>,
+    approve: ApproveOptions,
     session: Option<String>,
 }
 
@@ -224,9 +225,8 @@ struct HostResult {
     reconnects: u32,
     reason: Option<String>,
     outcome: Option<Outcome>,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-    truncated: bool,
+    /// With `--json`, the output kept for the host's JSON object.
+    output: Capture,
 }
 
 impl HostResult {
@@ -258,9 +258,7 @@ struct HostSink {
     json: bool,
     part_out: Vec<u8>,
     part_err: Vec<u8>,
-    out: Vec<u8>,
-    err: Vec<u8>,
-    truncated: bool,
+    kept: Capture,
 }
 
 const JSON_CAP: usize = 1 << 20;
@@ -275,13 +273,11 @@ impl HostSink {
             };
         }
         if self.json {
-            let buf = if stderr { &mut self.err } else { &mut self.out };
-            let room = JSON_CAP.saturating_sub(buf.len());
-            if d.len() > room {
-                self.truncated = true;
-            }
-            buf.extend_from_slice(&d[..d.len().min(room)]);
-            return Ok(());
+            return if stderr {
+                self.kept.stderr(d)
+            } else {
+                self.kept.stdout(d)
+            };
         }
         let part = if stderr {
             &mut self.part_err
@@ -364,19 +360,13 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
     let timeout_secs = args.timeout.map(|d| d.as_secs().max(1)).unwrap_or(0);
     let max_failures = if f.fail_fast { Some(0) } else { f.max_failures };
 
-    let mut ex = args.host.executor()?;
+    let mut ex = ExecutorBuilder::host(&args.host).build()?;
     if ex.journal.batch(&batch_id)?.is_some() {
         return Err(ExecError::Input(format!(
             "batch {batch_id} already exists; continue it with `cairn batch resume {batch_id}`"
         )));
     }
-    let session = crate::options::prepare(
-        &mut ex,
-        args.host.intent_key.clone(),
-        &args.approve,
-        "cli",
-        &intent.actor,
-    )?;
+    let session = crate::runner::prepare(&mut ex, &args.approve, "cli", &intent.actor)?;
     let jobs: Vec<Job> = hosts
         .iter()
         .enumerate()
@@ -425,8 +415,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
         output_dir: f.output_dir.clone(),
         json: args.json,
         host: args.host.clone(),
-        approve_mode: args.approve.mode.clone(),
-        policy: args.approve.policy.clone(),
+        approve: args.approve.clone(),
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
@@ -440,7 +429,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
 pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
     match cmd {
         BatchCommand::Ls { json, host } => {
-            let mut ex = host.executor()?;
+            let mut ex = ExecutorBuilder::host(&host).build()?;
             let mut rows = Vec::new();
             for id in ex.journal.batch_ids()? {
                 if let Some(b) = ex.journal.batch(&id)? {
@@ -469,7 +458,7 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
             Ok(0)
         }
         BatchCommand::Status { batch, json, host } => {
-            let mut ex = host.executor()?;
+            let mut ex = ExecutorBuilder::host(&host).build()?;
             let b = ex.journal.batch(&batch)?.ok_or_else(|| {
                 ExecError::Input(format!(
                     "no batch {batch} in journal {}",
@@ -606,7 +595,7 @@ async fn resume(
     host: HostOptions,
     approve: ApproveOptions,
 ) -> Result<i32, ExecError> {
-    let mut ex = host.executor()?;
+    let mut ex = ExecutorBuilder::host(&host).build()?;
     let b = ex.journal.batch(batch)?.ok_or_else(|| {
         ExecError::Input(format!(
             "no batch {batch} in journal {}",
@@ -651,13 +640,7 @@ async fn resume(
             mode,
         });
     }
-    let session = crate::options::prepare(
-        &mut ex,
-        host.intent_key.clone(),
-        &approve,
-        "cli",
-        &intent.actor,
-    )?;
+    let session = crate::runner::prepare(&mut ex, &approve, "cli", &intent.actor)?;
     let _ = ex.journal.session_event(
         &session,
         "batch-resume",
@@ -691,8 +674,7 @@ async fn resume(
         output_dir,
         json,
         host: host.clone(),
-        approve_mode: approve.mode.clone(),
-        policy: approve.policy.clone(),
+        approve: approve.clone(),
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
@@ -725,17 +707,16 @@ fn run_host(
         json: plan.json,
         part_out: Vec::new(),
         part_err: Vec::new(),
-        out: Vec::new(),
-        err: Vec::new(),
-        truncated: false,
+        kept: Capture {
+            cap: JSON_CAP,
+            ..Capture::default()
+        },
     };
     let r: Result<Outcome, ExecError> = rt.block_on(async {
-        let mut ex = plan.host.executor()?;
-        ex.intent_key_path = plan.host.intent_key.clone();
-        ex.approver =
-            crate::approve::from_flags(&plan.approve_mode, plan.policy.as_deref(), "local-cli")
-                .map_err(ExecError::Input)?;
-        ex.session_id = plan.session.clone();
+        let mut ex = ExecutorBuilder::host(&plan.host)
+            .approve(&plan.approve, "local-cli")
+            .session(plan.session.clone())
+            .build()?;
         let o = match job.mode {
             Mode::Fresh => {
                 let req = RunRequest {
@@ -798,9 +779,7 @@ fn run_host(
         reconnects,
         reason,
         outcome: r.ok(),
-        stdout: std::mem::take(&mut sink.out),
-        stderr: std::mem::take(&mut sink.err),
-        truncated: sink.truncated,
+        output: std::mem::take(&mut sink.kept),
     }
 }
 
@@ -933,16 +912,8 @@ fn host_json(r: &HostResult, batch_id: &str) -> serde_json::Value {
         m.insert("host".into(), r.destination.clone().into());
         m.insert("state".into(), r.state.clone().into());
         m.insert("duration_ms".into(), (r.duration.as_millis() as u64).into());
-        m.insert(
-            "stdout".into(),
-            String::from_utf8_lossy(&r.stdout).into_owned().into(),
-        );
-        m.insert(
-            "stderr".into(),
-            String::from_utf8_lossy(&r.stderr).into_owned().into(),
-        );
-        m.insert("output_truncated".into(), r.truncated.into());
     }
+    crate::outcome::with_output(&mut v, &r.output);
     v
 }
 
@@ -1051,9 +1022,7 @@ fn engine(plan: Plan) -> i32 {
                             .into(),
                     ),
                     outcome: None,
-                    stdout: Vec::new(),
-                    stderr: Vec::new(),
-                    truncated: false,
+                    output: Capture::default(),
                 };
                 display.skipped(&r, &plan.batch_id);
                 r
@@ -1168,9 +1137,7 @@ mod tests {
             reconnects: 0,
             reason: None,
             outcome: None,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-            truncated: false,
+            output: Capture::default(),
         }
     }
 

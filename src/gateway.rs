@@ -17,12 +17,13 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
+use crate::executor::{ExecError, Executor, Outcome, Patience, RunRequest};
 use crate::id::ExecutionId;
 use crate::intent::{OpClass, OperationSpec};
-use crate::journal::{Journal, SessionRecord};
+use crate::journal::Journal;
+use crate::options::ApproveOptions;
+use crate::runner::ExecutorBuilder;
 use crate::ssh::ConnectOptions;
-use crate::state::State;
 
 /// Most output bytes returned inline by `execute` / `attach` (each stream); `output` pages.
 pub const INLINE_OUTPUT_CAP: usize = 1 << 20;
@@ -89,32 +90,27 @@ type GResult<T> = Result<T, GatewayError>;
 
 impl GatewayConfig {
     pub fn executor(&self) -> GResult<Executor> {
-        let journal = Journal::open(&self.journal).map_err(ExecError::from)?;
-        let mut ex = Executor::new(journal, self.connect.clone(), self.patience.clone());
-        ex.intent_key_path = self.intent_key.clone();
-        ex.session_id = self.session_id.clone();
-        ex.pool = self.pool.clone();
-        ex.host_session = self.host_session && self.pool.is_some();
-        ex.approver =
-            crate::approve::from_flags(&self.approve, self.policy.as_deref(), &self.actor)
-                .map_err(GatewayError::params)?;
-        Ok(ex)
+        let approve = ApproveOptions {
+            mode: self.approve.clone(),
+            policy: self.policy.clone(),
+        };
+        Ok(ExecutorBuilder::new(&self.journal)
+            .connect(self.connect.clone())
+            .patience(self.patience.clone())
+            .intent_key(self.intent_key.clone())
+            .session(self.session_id.clone())
+            .pool(self.pool.clone())
+            .host_session(self.host_session)
+            .approve(&approve, &self.actor)
+            .build()?)
     }
 
     /// Start this server's session in the journal.
     pub fn start_session(&mut self, kind: &str) -> GResult<String> {
-        let id = format!("se_{}", uuid::Uuid::now_v7().simple());
         let mut j = Journal::open(&self.journal).map_err(ExecError::from)?;
-        j.start_session(&SessionRecord {
-            id: id.clone(),
-            kind: kind.to_owned(),
-            actor: self.actor.clone(),
-            pid: std::process::id() as i64,
-            client: crate::journal::client_identity().to_owned(),
-            started_at: crate::journal::now_rfc3339(),
-            detail: json!({"argv": std::env::args().collect::<Vec<_>>(), "transport": self.transport}),
-        })
-        .map_err(ExecError::from)?;
+        let detail =
+            json!({"argv": std::env::args().collect::<Vec<_>>(), "transport": self.transport});
+        let id = crate::runner::start_session(&mut j, kind, &self.actor, detail)?;
         self.session_id = Some(id.clone());
         Ok(id)
     }
@@ -262,93 +258,13 @@ pub struct ExecuteParams {
     pub remote_dir: Option<String>,
 }
 
-/// Collects output up to a cap per stream.
-#[derive(Default)]
-pub struct Capture {
-    pub out: Vec<u8>,
-    pub err: Vec<u8>,
-    pub cap: usize,
-    pub truncated: bool,
-}
-
-impl OutputSink for Capture {
-    fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
-        keep(&mut self.out, d, self.cap, &mut self.truncated);
-        Ok(())
-    }
-    fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
-        keep(&mut self.err, d, self.cap, &mut self.truncated);
-        Ok(())
-    }
-}
-
-fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
-    let room = cap.saturating_sub(buf.len());
-    if d.len() > room {
-        *truncated = true;
-    }
-    buf.extend_from_slice(&d[..d.len().min(room)]);
-}
+pub use crate::outcome::{summary, Capture};
 
 /// The outcome as gateways see it: every [`Outcome`] field, a plain sentence, and output.
 pub fn outcome_value(o: &Outcome, cap: Option<&Capture>) -> Value {
-    let mut v = serde_json::to_value(o).unwrap_or_default();
+    let mut v = crate::outcome::outcome_json(o, cap);
     v["summary"] = summary(o).into();
-    if let Some(c) = cap {
-        v["stdout"] = String::from_utf8_lossy(&c.out).into();
-        v["stderr"] = String::from_utf8_lossy(&c.err).into();
-        v["output_truncated"] = c.truncated.into();
-    }
     v
-}
-
-/// One plain sentence: what is known, whether it was recovered or attached, and whether a
-/// human is needed. Never says "success" for an unknown outcome.
-pub fn summary(o: &Outcome) -> String {
-    let how = match (o.attached, o.recovered) {
-        (true, _) => format!(
-            " This request matched the intent of the earlier execution {} and attached to it: the command was not run again.",
-            o.execution_id
-        ),
-        (false, true) => " The result was recovered from the host's records after a lost connection, not watched live.".into(),
-        _ => String::new(),
-    };
-    let what = match o.state {
-        State::Completed | State::Delivered => match (o.exit_code, &o.signal) {
-            (Some(c), Some(s)) => format!("Completed: killed by signal {s} (exit status {c})."),
-            (Some(c), None) => format!("Completed with exit status {c}."),
-            _ => "Completed, but no exit status was recorded: treat the outcome as unknown.".into(),
-        },
-        State::Running | State::Dispatched => {
-            "Running on the host; poll status or read output from an offset.".into()
-        }
-        State::Unknown => format!(
-            "OUTCOME UNKNOWN: cairn cannot prove whether the command ran. It was not run again. {}",
-            o.reason.as_deref().unwrap_or("")
-        ),
-        State::Interrupted => format!(
-            "INTERRUPTED: the command started and cannot finish (host rebooted or supervisor died); it was not run again. {}",
-            o.reason.as_deref().unwrap_or("")
-        ),
-        State::Failed => format!(
-            "Failed before it started (proven never run): {}",
-            o.reason.as_deref().unwrap_or("")
-        ),
-        State::Rejected => format!(
-            "Not authorized; nothing was sent. {}",
-            o.reason.as_deref().unwrap_or("")
-        ),
-        State::Cancelled => "Cancelled.".into(),
-        State::Accepted | State::Authorized => "Accepted, not yet dispatched.".into(),
-    };
-    let review = if o.needs_review {
-        " It needs human review (cairn review / cairn resolve)."
-    } else {
-        ""
-    };
-    format!("{} {what}{how}{review}", o.execution_id)
-        .trim()
-        .to_owned()
 }
 
 fn parse_retention(v: &Value) -> GResult<Duration> {
@@ -554,26 +470,17 @@ pub async fn attach(
 pub fn recover(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
     let wait = params.get("wait").and_then(Value::as_bool).unwrap_or(false);
     let mut ex = cfg.executor()?;
-    let todo: Vec<_> = ex
-        .journal
-        .list()
-        .map_err(ExecError::from)?
-        .into_iter()
-        .filter(|(_, st)| !st.state.is_settled())
-        .map(|(r, st)| (r.id, st.state))
-        .collect();
     let mut out = Vec::new();
-    for (id, before) in todo {
-        match block_on(ex.recover_one(&id, wait)) {
-            Ok(o) => {
-                let mut v = outcome_value(&o, None);
-                v["state_before"] = before.as_str().into();
-                out.push(v);
-            }
-            Err(e) => out
-                .push(json!({"execution_id": id, "state_before": before, "error": e.to_string()})),
+    block_on(ex.recover_all(wait, |id, before, r| match r {
+        Ok(o) => {
+            let mut v = outcome_value(&o, None);
+            v["state_before"] = before.as_str().into();
+            out.push(v);
         }
-    }
+        Err(e) => {
+            out.push(json!({"execution_id": id, "state_before": before, "error": e.to_string()}))
+        }
+    }))?;
     Ok(Value::Array(out))
 }
 

@@ -49,6 +49,9 @@
 //! image share a host key, and the same command sent to two of them is two operations, never a
 //! retry of one (`cairn-intent-v1` had the key alone). A host reached under two different
 //! resolved names is, for intent matching, two hosts: a retry must use the same destination.
+//! An execution accepted under v1 (before the upgrade) still matches a request whose v1
+//! fingerprint equals its own and whose resolved destination (HostName, port) is the one it
+//! was dispatched to, so a retry across the upgrade never runs twice.
 //!
 //! Fields that do not change the effect are not in the record: the correlation ID, the caller's
 //! execution ID, the name as typed (an ssh_config alias counts by what it resolves to), the
@@ -239,6 +242,12 @@ pub struct OperationRecord {
     pub scope: Option<String>,
 }
 
+fn hmac_hex(key: &IntentKey, bytes: &[u8]) -> String {
+    let mut mac = Hmac::<Sha256>::new_from_slice(&key.0).expect("HMAC takes any key length");
+    mac.update(bytes);
+    hex::encode(mac.finalize().into_bytes())
+}
+
 /// The canonical resolved destination (module doc, field 3): `HostName:port`, HostName
 /// lower-cased (DNS names are case-insensitive), brackets of an IPv6 literal removed.
 pub fn canonical_host(hostname: &str, port: u16) -> String {
@@ -326,8 +335,15 @@ impl OperationRecord {
 
     /// The bytes the fingerprint is computed over.
     pub fn canonical_bytes(&self) -> Vec<u8> {
-        let mut out = CANONICAL_VERSION.as_bytes().to_vec();
+        self.tagged_bytes(CANONICAL_VERSION, &[])
+    }
+
+    fn tagged_bytes(&self, tag: &str, leave_out: &[&str]) -> Vec<u8> {
+        let mut out = tag.as_bytes().to_vec();
         for (name, value) in self.canonical_fields() {
+            if leave_out.contains(&name) {
+                continue;
+            }
             out.extend_from_slice(name.as_bytes());
             out.push(0);
             out.extend_from_slice(&(value.len() as u64).to_be_bytes());
@@ -338,9 +354,14 @@ impl OperationRecord {
 
     /// HMAC-SHA256 of the canonical bytes under `key`, lower-case hex.
     pub fn fingerprint(&self, key: &IntentKey) -> String {
-        let mut mac = Hmac::<Sha256>::new_from_slice(&key.0).expect("HMAC takes any key length");
-        mac.update(&self.canonical_bytes());
-        hex::encode(mac.finalize().into_bytes())
+        hmac_hex(key, &self.canonical_bytes())
+    }
+
+    /// The fingerprint `cairn-intent-v1` gave this record (without the destination). Only for
+    /// matching executions accepted before v2, and only on the same destination: see
+    /// [`crate::journal::LegacyIntent`].
+    pub fn fingerprint_v1(&self, key: &IntentKey) -> String {
+        hmac_hex(key, &self.tagged_bytes("cairn-intent-v1", &["host"]))
     }
 
     /// The record for people and for the journal: canonical values, the command by its
@@ -711,6 +732,25 @@ mod tests {
         assert_eq!(canonical_host("DB-1.Example", 22), "db-1.example:22");
         assert_eq!(canonical_host("[::1]", 22), "::1:22");
         assert_eq!(a.display_json()["host"], "10.0.0.5:22");
+    }
+
+    #[test]
+    fn the_v1_fingerprint_leaves_the_destination_out() {
+        let a = base();
+        let mut b = base();
+        b.host = canonical_host("10.0.0.6", 22);
+        assert_eq!(a.fingerprint_v1(&key()), b.fingerprint_v1(&key()));
+        assert_ne!(a.fingerprint_v1(&key()), a.fingerprint(&key()));
+        let mut v1 = b"cairn-intent-v1".to_vec();
+        for (name, value) in a.canonical_fields() {
+            if name != "host" {
+                v1.extend_from_slice(name.as_bytes());
+                v1.push(0);
+                v1.extend_from_slice(&(value.len() as u64).to_be_bytes());
+                v1.extend_from_slice(&value);
+            }
+        }
+        assert_eq!(a.fingerprint_v1(&key()), hmac_hex(&key(), &v1));
     }
 
     #[test]

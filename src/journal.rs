@@ -35,7 +35,7 @@ mod group;
 pub use group::GroupCommitStats;
 mod hosts;
 mod http;
-pub use http::{StoredEvent, StreamRecord, TokenRecord};
+pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -679,6 +679,17 @@ pub struct Candidate {
     pub status: Status,
 }
 
+/// An execution accepted before the intent record held the destination (`cairn-intent-v1`)
+/// matches by its old fingerprint, and only on the destination it was dispatched to.
+#[derive(Clone, Copy, Debug)]
+pub struct LegacyIntent<'a> {
+    /// The request's `cairn-intent-v1` fingerprint.
+    pub fingerprint: &'a str,
+    /// The request's resolved HostName and port.
+    pub host: &'a str,
+    pub port: u16,
+}
+
 /// The answer of [`Journal::accept_or_match`].
 #[derive(Clone, Debug)]
 pub enum AcceptOrMatch {
@@ -755,6 +766,20 @@ impl Journal {
         match_evidence: serde_json::Value,
         choose: impl FnOnce(&[Candidate]) -> Option<usize>,
     ) -> Result<AcceptOrMatch> {
+        self.accept_or_match_with(rec, cols, None, evidence, match_evidence, choose)
+    }
+
+    /// [`Journal::accept_or_match`], also matching executions accepted under the earlier
+    /// fingerprint `legacy` (on the same destination only).
+    pub fn accept_or_match_with(
+        &mut self,
+        rec: &ExecutionRecord,
+        cols: &IntentColumns,
+        legacy: Option<LegacyIntent<'_>>,
+        evidence: serde_json::Value,
+        match_evidence: serde_json::Value,
+        choose: impl FnOnce(&[Candidate]) -> Option<usize>,
+    ) -> Result<AcceptOrMatch> {
         let path = self.path.clone();
         let sq = |source| JournalError::Sqlite {
             path: path.clone(),
@@ -768,14 +793,23 @@ impl Journal {
             let mut st = tx
                 .prepare_cached(
                     "SELECT id, class, accepted_ms, retention_secs FROM executions
-                     WHERE fingerprint = ?1 AND actor = ?2 AND scope = ?3
+                     WHERE (fingerprint = ?1 OR (fingerprint = ?5 AND host = ?6 AND port = ?7))
+                       AND actor = ?2 AND scope = ?3
                        AND accepted_ms + retention_secs * 1000 > ?4
                      ORDER BY accepted_ms DESC, id DESC",
                 )
                 .map_err(sq)?;
             let it = st
                 .query_map(
-                    params![cols.fingerprint, cols.actor, cols.scope, cols.accepted_ms],
+                    params![
+                        cols.fingerprint,
+                        cols.actor,
+                        cols.scope,
+                        cols.accepted_ms,
+                        legacy.map(|l| l.fingerprint),
+                        legacy.map(|l| l.host),
+                        legacy.map(|l| l.port)
+                    ],
                     |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
                 )
                 .map_err(sq)?;
@@ -1467,6 +1501,66 @@ mod tests {
             )
             .is_err());
         assert!(j.events(&ghost).unwrap().is_empty());
+    }
+
+    #[test]
+    fn an_execution_accepted_under_the_v1_fingerprint_matches_only_on_its_destination() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let cols = |fp: &str| IntentColumns {
+            fingerprint: fp.into(),
+            actor: "local:ops".into(),
+            scope: "default".into(),
+            class: "remote-command".into(),
+            retention_secs: 3600,
+            accepted_ms: now_ms(),
+            session_id: None,
+            intent: serde_json::json!({}),
+        };
+        let old = rec("v1-old");
+        let any = |_: &[Candidate]| Some(0);
+        let first = j
+            .accept_or_match(
+                &old,
+                &cols("fp-v1"),
+                serde_json::json!({}),
+                serde_json::json!({}),
+                any,
+            )
+            .unwrap();
+        assert!(matches!(first, AcceptOrMatch::Accepted(_)));
+        let legacy = |host: &'static str| LegacyIntent {
+            fingerprint: "fp-v1",
+            host,
+            port: 22,
+        };
+        // a clone with the same key (same v1 fingerprint) at another address: a new execution
+        let clone = j
+            .accept_or_match_with(
+                &rec("v2-clone"),
+                &cols("fp-v2-clone"),
+                Some(legacy("10.0.0.6")),
+                serde_json::json!({}),
+                serde_json::json!({}),
+                any,
+            )
+            .unwrap();
+        assert!(matches!(clone, AcceptOrMatch::Accepted(_)));
+        // the same destination: the retry attaches to the execution accepted before v2
+        let retry = j
+            .accept_or_match_with(
+                &rec("v2-retry"),
+                &cols("fp-v2"),
+                Some(legacy("127.0.0.1")),
+                serde_json::json!({}),
+                serde_json::json!({}),
+                any,
+            )
+            .unwrap();
+        match retry {
+            AcceptOrMatch::Matched(c) => assert_eq!(c.id.as_str(), "v1-old"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -28,6 +28,8 @@
 //! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
 //! - [`options`]: the plain option structs the library takes.
+//! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
+//! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
 //! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose.
 //! - [`serve`], [`mcp`]: the JSON-RPC and MCP servers on stdio.
 //! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
@@ -54,16 +56,20 @@ pub mod journal;
 pub mod marker;
 pub mod mcp;
 pub mod options;
+pub mod outcome;
 pub mod pool;
 pub mod reach;
 pub mod recovery;
 pub mod review;
+pub mod runner;
 pub mod serve;
 pub mod session;
 pub mod ssh;
 pub mod state;
+pub mod tasks;
 pub mod token;
 
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
 pub use id::ExecutionId;
+pub use runner::ExecutorBuilder;
 pub use state::State;

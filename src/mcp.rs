@@ -64,6 +64,8 @@ pub struct CairnMcp {
     cfg: GatewayConfig,
     /// `run_command` calls run as tasks on these threads (as `cairn serve`'s `execute`).
     workers: std::sync::Arc<gateway::Workers>,
+    /// Tasks' results and the closed-stream setting (src/tasks.rs).
+    tasks: crate::tasks::TaskState,
     tool_router: ToolRouter<Self>,
 }
 
@@ -138,8 +140,15 @@ impl CairnMcp {
         CairnMcp {
             cfg,
             workers,
+            tasks: Default::default(),
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// Tasks' state shared with the rest of the server (src/tasks.rs).
+    pub fn with_tasks(mut self, t: crate::tasks::TaskState) -> Self {
+        self.tasks = t;
+        self
     }
 
     /// Run a command on a host over SSH, at most once per intent.
@@ -155,7 +164,7 @@ impl CairnMcp {
         &self,
         ctx: RequestContext<RoleServer>,
         Parameters(mut p): Parameters<ExecuteParams>,
-    ) -> Result<CallToolResult, ErrorData> {
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
         let mut cfg = self.cfg.clone();
         let mut corr = correlation(&ctx.id);
         // Over HTTP: the token's actor, its scopes, its cap on calls in flight.
@@ -170,20 +179,65 @@ impl CairnMcp {
             };
             match admitted.and_then(|p2| caller.slot().map(|s| (p2, s))) {
                 Ok((p2, s)) => (p, slot) = (p2, Some(s)),
-                Err(e) => return Ok(tool_error(e)),
+                Err(e) => return Ok(tool_error(e).into()),
             }
         }
         let delivered_cfg = cfg.clone();
-        // A task on a worker thread: if the client cancels the call, the execution still runs
+        // A client that declared the tasks extension gets a task once the execution is
+        // accepted (src/tasks.rs); its correlation comes after the journal's current end.
+        let as_task = ctx
+            .client_capabilities()
+            .is_some_and(|c| c.supports_tasks());
+        // One indexed read of the journal's last seq, done here: on the blocking pool, every
+        // call in flight held a thread of its own (52 threads for 40 calls).
+        let after = crate::tasks::last_seq(&cfg);
+        let (job_cfg, job_corr) = (cfg.clone(), corr.clone());
+        let results = self.tasks.results.clone();
+        // A job on a worker thread: if the client cancels the call, the execution still runs
         // to its recorded outcome; only the answer (and so `delivered`) is dropped.
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+        // Every log line of the call names who asked and which request it was.
+        let span = tracing::info_span!("call", actor = %job_cfg.actor, correlation = %job_corr);
         self.workers.submit(Box::new(move || {
-            Box::pin(async move {
-                let _ = tx.send(gateway::execute(&cfg, p, Some(corr)).await);
-                drop(slot);
-            })
+            Box::pin(tracing::Instrument::instrument(
+                async move {
+                    let r = gateway::execute(&job_cfg, p, Some(job_corr)).await;
+                    if let Ok((v, _)) = &r {
+                        if let Some(id) = v["execution_id"].as_str() {
+                            results.put(id, v.clone());
+                            results.unwatch(id);
+                        }
+                    }
+                    drop(slot);
+                    let _ = tx.send(r);
+                    let _ = done_tx.send(());
+                },
+                span,
+            ))
         }));
-        let r = rx.await.unwrap_or_else(|_| {
+        if as_task {
+            if let Some(id) = crate::tasks::wait_accepted(&cfg, &corr, after, &mut done_rx).await {
+                self.tasks.results.watch(id.as_str());
+                let t =
+                    crate::tasks::get(cfg.clone(), &self.workers, &self.tasks.results, id.as_str())
+                        .await?;
+                let mut task = t.task;
+                task.status = rmcp::model::TaskStatus::Working;
+                return Ok(rmcp::model::CreateTaskResult::new(task).into());
+            }
+        }
+        let r = tokio::select! {
+            r = &mut rx => r,
+            _ = ctx.ct.cancelled() => {
+                // The request is cancelled (closed stream, notifications/cancelled); the
+                // execution follows its class's setting.
+                crate::tasks::stream_closed(cfg, &self.workers, &self.tasks.closed_stream,
+                                            &corr, after).await;
+                return Err(ErrorData::internal_error("the request was cancelled", None));
+            }
+        };
+        let r = r.unwrap_or_else(|_| {
             Err(GatewayError {
                 code: -32603,
                 message: "internal error: the execution's task ended without an answer; its \
@@ -194,9 +248,7 @@ impl CairnMcp {
         });
         Ok(match r {
             Ok((v, deliver)) => {
-                // Not delivered if the client cancelled the call (or is gone: the process
-                // exits when the transport closes, before this point).
-                if let (Some(id), false) = (deliver, ctx.ct.is_cancelled()) {
+                if let Some(id) = deliver {
                     let cfg = delivered_cfg;
                     let _ = blocking(move || {
                         gateway::delivered(&cfg, &id);
@@ -204,9 +256,9 @@ impl CairnMcp {
                     })
                     .await;
                 }
-                result(v)
+                result(v).into()
             }
-            Err(e) => tool_error(e),
+            Err(e) => tool_error(e).into(),
         })
     }
 
@@ -293,11 +345,60 @@ impl CairnMcp {
 #[tool_handler(router = self.tool_router)]
 impl ServerHandler for CairnMcp {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build()).with_instructions(
+        let caps = ServerCapabilities::builder()
+            .enable_tools()
+            .enable_tasks()
+            .build();
+        ServerConfig::new(caps).with_instructions(
             "cairn runs commands on remote hosts over SSH so that a retry never becomes a second \
              run. Call run_command again with the same arguments after a timeout or crash: it \
              attaches to the first execution. Treat OUTCOME UNKNOWN as unknown.",
         )
+    }
+
+    /// `tasks/get`: the execution's journal record (src/tasks.rs).
+    async fn get_task(
+        &self,
+        request: rmcp::model::GetTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
+        let cfg = self.task_caller(&ctx, &request.task_id).await?;
+        crate::tasks::get(cfg, &self.workers, &self.tasks.results, &request.task_id)
+            .await
+            .map(rmcp::model::GetTaskResult::new)
+    }
+
+    /// `tasks/cancel`: `cairn cancel` of the execution.
+    async fn cancel_task(
+        &self,
+        request: rmcp::model::CancelTaskParams,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let cfg = self.task_caller(&ctx, &request.task_id).await?;
+        crate::tasks::cancel(cfg, &self.workers, &request.task_id).await
+    }
+}
+
+impl CairnMcp {
+    /// The configuration a task request runs with; over HTTP, only the caller's own tasks.
+    async fn task_caller(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        task_id: &str,
+    ) -> Result<GatewayConfig, ErrorData> {
+        let Some(caller) = crate::http::caller_of(&ctx.extensions) else {
+            return Ok(self.cfg.clone());
+        };
+        let cfg = caller.config(&self.cfg);
+        let (c2, id) = (cfg.clone(), task_id.to_owned());
+        blocking(move || {
+            let id = crate::id::ExecutionId::parse(&id)
+                .map_err(|e| GatewayError::params(e.to_string()))?;
+            crate::http::admit_read(&c2, &caller, &id)
+        })
+        .await
+        .map_err(|e| ErrorData::invalid_params(e.message, None))?;
+        Ok(cfg)
     }
 }
 

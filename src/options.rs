@@ -2,16 +2,17 @@
 //!
 //! The fronts fill these: the command line from its flags ([`crate::cli`], the only module that
 //! knows clap), the gateway servers from theirs. Their `Default`s are the defaults the command
-//! line shows; a test in the CLI pins that the two agree.
+//! line shows; a test in the CLI pins that the two agree. [`crate::runner::ExecutorBuilder`] makes
+//! an executor from them.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::error::ExecError;
-use crate::executor::{Executor, Patience};
+use crate::executor::Patience;
 use crate::intent::{Intent, OpClass};
-use crate::journal::{Journal, SessionRecord};
+use crate::journal::Journal;
 use crate::ssh::ConnectOptions;
 
 /// The marker directory on the host, relative to the account's home.
@@ -65,16 +66,6 @@ impl Default for HostOptions {
 impl HostOptions {
     pub fn journal_path(&self) -> PathBuf {
         self.journal.clone().unwrap_or_else(Journal::default_path)
-    }
-
-    /// An executor on this journal with these connection options and patience.
-    pub fn executor(&self) -> Result<Executor, ExecError> {
-        let journal = Journal::open(&self.journal_path())?;
-        let patience = Patience {
-            reconnect_for: self.reconnect_for,
-            ..Patience::default()
-        };
-        Ok(Executor::new(journal, self.connect.clone(), patience))
     }
 }
 
@@ -149,46 +140,4 @@ impl IntentOptions {
         intent.validate().map_err(ExecError::Input)?;
         Ok(intent)
     }
-}
-
-/// Start a session row for this process.
-pub fn start_session(
-    j: &mut Journal,
-    kind: &str,
-    actor: &str,
-    detail: serde_json::Value,
-) -> Result<String, ExecError> {
-    let id = format!("se_{}", uuid::Uuid::now_v7().simple());
-    j.start_session(&SessionRecord {
-        id: id.clone(),
-        kind: kind.to_owned(),
-        actor: actor.to_owned(),
-        pid: std::process::id() as i64,
-        client: crate::journal::client_identity().to_owned(),
-        started_at: crate::journal::now_rfc3339(),
-        detail,
-    })?;
-    Ok(id)
-}
-
-/// Prepare an executor for a command that creates executions: approver, key, session.
-pub fn prepare(
-    ex: &mut Executor,
-    intent_key: Option<PathBuf>,
-    approve: &ApproveOptions,
-    kind: &str,
-    actor: &str,
-) -> Result<String, ExecError> {
-    ex.intent_key_path = intent_key;
-    ex.approver = crate::approve::from_flags(&approve.mode, approve.policy.as_deref(), "local-cli")
-        .map_err(ExecError::Input)?;
-    let argv: Vec<String> = std::env::args().take(2).collect();
-    let s = start_session(
-        &mut ex.journal,
-        kind,
-        actor,
-        serde_json::json!({"argv": argv}),
-    )?;
-    ex.session_id = Some(s.clone());
-    Ok(s)
 }

@@ -92,21 +92,14 @@ impl ApproveArgs {
     }
 }
 
-/// Prepare an executor for a command that creates executions: approver, key, session.
+/// Prepare an executor for a command that creates executions: approver and session.
 pub fn prepare(
     ex: &mut Executor,
-    common: &Common,
     approve: &ApproveArgs,
     kind: &str,
     actor: &str,
 ) -> Result<String, ExecError> {
-    crate::options::prepare(
-        ex,
-        common.intent_key.clone(),
-        &approve.options(),
-        kind,
-        actor,
-    )
+    crate::runner::prepare(ex, &approve.options(), kind, actor)
 }
 
 /// `cairn review`.
@@ -188,7 +181,6 @@ pub struct ResolveArgs {
 pub async fn resolve(a: ResolveArgs) -> Result<i32, ExecError> {
     let id = ExecutionId::parse(&a.id).map_err(|e| ExecError::Input(e.to_string()))?;
     let mut ex = a.common.executor()?;
-    ex.intent_key_path = a.common.intent_key.clone();
     let by = a
         .actor
         .clone()

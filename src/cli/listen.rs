@@ -37,6 +37,21 @@ pub struct HttpArgs {
     #[arg(long, default_value_t = crate::http::DEFAULT_MAX_IN_FLIGHT as u64, requires = "listen",
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_in_flight: u64,
+    /// An operation class whose executions are cancelled (as `cairn cancel`) when the caller's
+    /// response stream closes before the result (repeatable). Others keep running: a transport
+    /// event never kills a dispatched command by default (docs/GATEWAYS.md).
+    #[arg(
+        long = "cancel-on-closed-stream",
+        value_name = "CLASS",
+        requires = "listen"
+    )]
+    pub cancel_on_closed_stream: Vec<crate::intent::OpClass>,
+    /// Serve HTTPS with this PEM certificate chain (with --tls-key).
+    #[arg(long, value_name = "PEM", requires_all = ["listen", "tls_key"])]
+    pub tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert (keep it readable by this user only).
+    #[arg(long, value_name = "PEM", requires_all = ["listen", "tls_cert"])]
+    pub tls_key: Option<PathBuf>,
 }
 
 impl HttpArgs {
@@ -65,6 +80,8 @@ impl HttpArgs {
             allow_origins: self.allow_origins.clone(),
             max_body_bytes: self.max_body,
             max_in_flight_per_actor: self.max_in_flight as usize,
+            cancel_on_closed_stream: self.cancel_on_closed_stream.clone(),
+            tls: self.tls_cert.clone().zip(self.tls_key.clone()),
         }))
     }
 }

@@ -20,6 +20,7 @@ use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::journal::Journal;
 use crate::options::HostOptions;
+use crate::outcome::Capture;
 use crate::recovery::{decide, Action, Prior, Probe};
 use crate::ssh::ConnectOptions;
 use crate::state::State;
@@ -267,7 +268,7 @@ impl Common {
     }
 
     pub(crate) fn executor(&self) -> Result<Executor, ExecError> {
-        self.host_options().executor()
+        crate::runner::ExecutorBuilder::host(&self.host_options()).build()
     }
 }
 
@@ -275,17 +276,25 @@ impl Common {
 /// bounded copy for the JSON object instead.
 struct Terminal {
     json: bool,
-    cap: usize,
-    out: Vec<u8>,
-    err: Vec<u8>,
-    truncated: bool,
+    kept: Capture,
+}
+
+impl Terminal {
+    fn new(json: bool) -> Terminal {
+        Terminal {
+            json,
+            kept: Capture {
+                cap: 1 << 20,
+                ..Capture::default()
+            },
+        }
+    }
 }
 
 impl OutputSink for Terminal {
     fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
         if self.json {
-            keep(&mut self.out, d, self.cap, &mut self.truncated);
-            return Ok(());
+            return self.kept.stdout(d);
         }
         let mut o = std::io::stdout().lock();
         o.write_all(d)?;
@@ -293,8 +302,7 @@ impl OutputSink for Terminal {
     }
     fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
         if self.json {
-            keep(&mut self.err, d, self.cap, &mut self.truncated);
-            return Ok(());
+            return self.kept.stderr(d);
         }
         let mut e = std::io::stderr().lock();
         e.write_all(d)?;
@@ -302,22 +310,8 @@ impl OutputSink for Terminal {
     }
 }
 
-fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
-    let room = cap.saturating_sub(buf.len());
-    if d.len() > room {
-        *truncated = true;
-    }
-    buf.extend_from_slice(&d[..d.len().min(room)]);
-}
-
 fn outcome_json(o: &Outcome, term: Option<&Terminal>) -> serde_json::Value {
-    let mut v = serde_json::to_value(o).unwrap_or_default();
-    if let (Some(t), Some(m)) = (term, v.as_object_mut()) {
-        m.insert("stdout".into(), String::from_utf8_lossy(&t.out).into());
-        m.insert("stderr".into(), String::from_utf8_lossy(&t.err).into());
-        m.insert("output_truncated".into(), t.truncated.into());
-    }
-    v
+    crate::outcome::outcome_json(o, term.map(|t| &t.kept))
 }
 
 fn print_json(v: &serde_json::Value) {
@@ -371,26 +365,14 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
         Command::Attach { id, common, json } => {
             let id = parse_id(&id)?;
             let mut ex = common.executor()?;
-            let mut term = Terminal {
-                json,
-                cap: 1 << 20,
-                out: Vec::new(),
-                err: Vec::new(),
-                truncated: false,
-            };
+            let mut term = Terminal::new(json);
             let o = ex.attach(&id, &mut term).await?;
             finish(&mut ex, &o, json.then_some(&term))
         }
         Command::Output { id, stderr, common } => {
             let id = parse_id(&id)?;
             let mut ex = common.executor()?;
-            let mut term = Terminal {
-                json: false,
-                cap: 0,
-                out: Vec::new(),
-                err: Vec::new(),
-                truncated: false,
-            };
+            let mut term = Terminal::new(false);
             struct OneStream<'a>(&'a mut Terminal, bool);
             impl OutputSink for OneStream<'_> {
                 fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
@@ -461,62 +443,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             }
             Ok(0)
         }
-        Command::Recover { json, wait, common } => {
-            let mut ex = common.executor()?;
-            let todo: Vec<_> = ex
-                .journal
-                .list()?
-                .into_iter()
-                .filter(|(_, st)| !st.state.is_settled())
-                .map(|(r, st)| (r.id, st.state))
-                .collect();
-            let mut worst = 0;
-            let mut results = Vec::new();
-            for (id, before) in todo {
-                match ex.recover_one(&id, wait).await {
-                    Ok(o) => {
-                        if json {
-                            let mut v = outcome_json(&o, None);
-                            v["state_before"] = before.as_str().into();
-                            results.push(v);
-                        } else {
-                            println!(
-                                "{}  {} -> {}{}{}",
-                                id,
-                                before,
-                                o.state,
-                                o.exit_code
-                                    .map(|c| format!(" (exit {c})"))
-                                    .unwrap_or_default(),
-                                o.reason
-                                    .as_deref()
-                                    .filter(|_| !matches!(
-                                        o.state,
-                                        State::Completed | State::Running
-                                    ))
-                                    .map(|r| format!(": {r}"))
-                                    .unwrap_or_default()
-                            );
-                        }
-                        if matches!(o.state, State::Unknown | State::Interrupted) {
-                            worst = EXIT_UNKNOWN;
-                        }
-                    }
-                    Err(e) => {
-                        worst = EXIT_UNKNOWN;
-                        if json {
-                            results.push(serde_json::json!({"execution_id": id, "state_before": before, "error": e.to_string()}));
-                        } else {
-                            println!("{id}  {before} -> (not recovered): {e}");
-                        }
-                    }
-                }
-            }
-            if json {
-                print_json(&serde_json::Value::Array(results));
-            }
-            Ok(worst)
-        }
+        Command::Recover { json, wait, common } => recover(&common, json, wait).await,
         Command::Audit { command } => audit(command),
         Command::Batch { command } => crate::fleet::batch(command.options()).await,
         Command::Review(a) => gateway::review(a),
@@ -649,13 +576,7 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
     })?;
     let intent = args.intent.intent(&args.common)?;
     let mut ex = args.common.executor()?;
-    let session = gateway::prepare(
-        &mut ex,
-        &args.common,
-        &args.intent.approve,
-        "cli",
-        &intent.actor,
-    )?;
+    let session = gateway::prepare(&mut ex, &args.intent.approve, "cli", &intent.actor)?;
     let req = RunRequest {
         destination,
         command,
@@ -664,13 +585,7 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         detach: args.detach,
         remote_dir: args.remote_dir.clone(),
     };
-    let mut term = Terminal {
-        json: args.json,
-        cap: 1 << 20,
-        out: Vec::new(),
-        err: Vec::new(),
-        truncated: false,
-    };
+    let mut term = Terminal::new(args.json);
     let o = ex.execute(req, intent, &mut term).await;
     let _ = ex.journal.session_event(
         &session,
@@ -693,6 +608,53 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         return Ok(0);
     }
     finish(&mut ex, &o, args.json.then_some(&term))
+}
+
+/// `cairn recover`: one line (or JSON object) per execution that was not settled.
+async fn recover(common: &Common, json: bool, wait: bool) -> Result<i32, ExecError> {
+    let mut ex = common.executor()?;
+    let mut worst = 0;
+    let mut results = Vec::new();
+    ex.recover_all(wait, |id, before, r| match r {
+        Ok(o) => {
+            if json {
+                let mut v = outcome_json(&o, None);
+                v["state_before"] = before.as_str().into();
+                results.push(v);
+            } else {
+                println!(
+                    "{}  {} -> {}{}{}",
+                    id,
+                    before,
+                    o.state,
+                    o.exit_code
+                        .map(|c| format!(" (exit {c})"))
+                        .unwrap_or_default(),
+                    o.reason
+                        .as_deref()
+                        .filter(|_| !matches!(o.state, State::Completed | State::Running))
+                        .map(|r| format!(": {r}"))
+                        .unwrap_or_default()
+                );
+            }
+            if matches!(o.state, State::Unknown | State::Interrupted) {
+                worst = EXIT_UNKNOWN;
+            }
+        }
+        Err(e) => {
+            worst = EXIT_UNKNOWN;
+            if json {
+                results.push(serde_json::json!({"execution_id": id, "state_before": before, "error": e.to_string()}));
+            } else {
+                println!("{id}  {before} -> (not recovered): {e}");
+            }
+        }
+    })
+    .await?;
+    if json {
+        print_json(&serde_json::Value::Array(results));
+    }
+    Ok(worst)
 }
 
 fn finish(ex: &mut Executor, o: &Outcome, json: Option<&Terminal>) -> Result<i32, ExecError> {

@@ -8,6 +8,7 @@
 //!   `tools/call` again.
 //! - `/rpc`: one JSON-RPC 2.0 request per `POST`, the methods of `cairn serve --stdio`.
 //! - `/healthz`: `ok` (no token needed; says nothing else).
+//! - `/metrics`: the Prometheus text format (what it counts: `src/http/metrics.rs`).
 //!
 //! Every request but `/healthz` passes one guard, in this order, before anything else runs:
 //! the `Host` header must name this server (DNS rebinding), an `Origin` header, when present,
@@ -36,6 +37,8 @@ use crate::journal::Journal;
 use crate::token::Caller;
 
 mod events;
+pub mod listen;
+mod metrics;
 mod rpc;
 
 /// How the HTTP front listens and what it lets in (plain options: the CLI fills them).
@@ -53,6 +56,10 @@ pub struct HttpOptions {
     /// Calls in flight per actor (`tools/call`, `execute`, `attach`); past it a call is refused
     /// with an error saying so, and nothing starts.
     pub max_in_flight_per_actor: usize,
+    /// Classes whose executions are cancelled when the caller's stream closes (src/tasks.rs).
+    pub cancel_on_closed_stream: Vec<crate::intent::OpClass>,
+    /// Serve TLS with this PEM certificate chain and PEM private key.
+    pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
 }
 
 /// The default address of `cairn mcp --listen`.
@@ -221,6 +228,8 @@ struct Front {
     workers: Arc<Workers>,
     /// MCP session → the actor that opened it (also in the journal, for a restarted server).
     sessions: Mutex<HashMap<String, String>>,
+    tasks: crate::tasks::TaskState,
+    local: metrics::Local,
 }
 
 fn loopback_names() -> Vec<String> {
@@ -300,6 +309,9 @@ impl Front {
             "origin": seen.origin,
             "token_id": token_id,
         });
+        self.local
+            .refused
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let me = self.clone();
         let _ = tokio::task::spawn_blocking(move || me.record_refusal(evidence)).await;
         let mut r = plain(status, reason);
@@ -355,7 +367,7 @@ struct Seen {
 /// The guard in front of every route (see the module doc; `/healthz` needs no token).
 async fn guard(
     State(front): State<Arc<Front>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    ConnectInfo(listen::Peer(peer)): ConnectInfo<listen::Peer>,
     mut req: Request,
     next: Next,
 ) -> Response {
@@ -463,6 +475,27 @@ async fn healthz() -> &'static str {
     "ok\n"
 }
 
+async fn metrics_text(State(front): State<Arc<Front>>) -> Response {
+    let f = front.clone();
+    let r = tokio::task::spawn_blocking(move || {
+        let j = Journal::open(&f.cfg.journal).map_err(|e| e.to_string())?;
+        metrics::scrape(&j, &f.local, f.tasks.results.watched_count())
+    })
+    .await
+    .unwrap_or_else(|e| Err(e.to_string()));
+    match r {
+        Ok(text) => {
+            let mut r = text.into_response();
+            r.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+            );
+            r
+        }
+        Err(e) => plain(StatusCode::SERVICE_UNAVAILABLE, e),
+    }
+}
+
 /// Serve MCP (and JSON-RPC) over HTTP until interrupted (SIGINT / SIGTERM).
 pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32, ExecError> {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -470,7 +503,11 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         StreamableHttpServerConfig, StreamableHttpService,
     };
 
-    if !opts.listen.ip().is_loopback() && opts.allow_hosts.is_empty() {
+    let tls = match &opts.tls {
+        Some((cert, key)) => Some(listen::tls_config(cert, key).map_err(ExecError::Input)?),
+        None => None,
+    };
+    if !opts.listen.ip().is_loopback() && tls.is_none() {
         tracing::warn!(
             "cairn: listening on {} (not loopback) without TLS: put a TLS-terminating proxy in \
              front, or keep it on a trusted network",
@@ -487,11 +524,13 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
     }
     cfg.start_session("mcp-http")
         .map_err(|e| ExecError::Input(e.message))?;
-    let listener = tokio::net::TcpListener::bind(opts.listen)
+    let tcp = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| ExecError::Input(format!("cannot listen on {}: {e}", opts.listen)))?;
-    let addr = listener
-        .local_addr()
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let listener = listen::Listener::new(tcp, tls)
+        .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
+    let addr = axum::serve::Listener::local_addr(&listener)
         .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
     let mut hosts = if addr.ip().is_loopback() {
         loopback_names()
@@ -511,8 +550,16 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         }),
         workers: workers.clone(),
         sessions: Mutex::new(HashMap::new()),
+        tasks: crate::tasks::TaskState {
+            results: Default::default(),
+            closed_stream: crate::tasks::ClosedStream {
+                cancel_classes: opts.cancel_on_closed_stream.clone(),
+            },
+        },
+        local: Default::default(),
     });
-    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), workers);
+    let server =
+        crate::mcp::CairnMcp::with_workers(cfg.clone(), workers).with_tasks(front.tasks.clone());
     let ct = tokio_util::sync::CancellationToken::new();
     // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
     // off; its body limit stays.
@@ -536,10 +583,11 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         .route_service("/mcp", mcp)
         .route("/rpc", axum::routing::post(rpc::rpc))
         .route("/healthz", axum::routing::get(healthz))
+        .route("/metrics", axum::routing::get(metrics_text))
         .layer(axum::middleware::from_fn_with_state(front.clone(), guard))
         .with_state(front.clone());
     // Tests and supervisors read the address from this line (with --listen 127.0.0.1:0).
-    eprintln!("cairn: listening on http://{addr} (MCP at /mcp, JSON-RPC at /rpc)");
+    eprintln!("cairn: listening on {scheme}://{addr} (MCP at /mcp, JSON-RPC at /rpc)");
     let shutdown = async move {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("a SIGTERM handler");
@@ -551,7 +599,7 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
     };
     let r = axum::serve(
         listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
+        app.into_make_service_with_connect_info::<listen::Peer>(),
     )
     .with_graceful_shutdown(shutdown)
     .await;

@@ -132,12 +132,17 @@ async fn answer(
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let shown = id.clone();
+        let span = tracing::info_span!("call", actor = %cfg.actor, correlation = %corr);
         front.workers.submit(Box::new(move || {
-            Box::pin(async move {
-                let r = serve::handle_waiting_as(&cfg, &method, params, &shown, Some(corr)).await;
-                drop(slot);
-                let _ = tx.send(r);
-            })
+            Box::pin(tracing::Instrument::instrument(
+                async move {
+                    let r =
+                        serve::handle_waiting_as(&cfg, &method, params, &shown, Some(corr)).await;
+                    drop(slot);
+                    let _ = tx.send(r);
+                },
+                span,
+            ))
         }));
         return rx.await.unwrap_or_else(|_| {
             let e = GatewayError {

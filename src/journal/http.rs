@@ -28,6 +28,17 @@ pub struct TokenRecord {
     pub revoked_at: Option<String>,
 }
 
+/// What `/metrics` reads from the journal (see `src/http/metrics.rs`).
+#[derive(Clone, Debug, Default)]
+pub struct JournalMetrics {
+    pub by_state: Vec<(String, i64)>,
+    pub dispatch_latencies: Vec<f64>,
+    pub reconnects: u64,
+    pub attached_by_intent: u64,
+    pub attached_by_id: u64,
+    pub delivery_abandoned: u64,
+}
+
 /// One stored SSE event of a Streamable HTTP response stream.
 #[derive(Clone, Debug)]
 pub struct StoredEvent {
@@ -315,8 +326,9 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// Forget stored SSE events and stream records older than `before_ms` (a client resumes
-    /// within seconds or minutes; these are state, not evidence). Returns the events removed.
+    /// Forget stored SSE events, stream records and MCP sessions older than `before_ms` (a
+    /// client resumes within seconds or minutes; these are state, not evidence). Returns the
+    /// events removed.
     pub fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
         let c = self.conn()?;
         let n = c
@@ -324,6 +336,116 @@ impl Journal {
             .map_err(|e| self.err(e))?;
         c.execute("DELETE FROM http_streams WHERE opened_ms < ?1", [before_ms])
             .map_err(|e| self.err(e))?;
+        // (created_at is RFC 3339 text; julianday reads it)
+        c.execute(
+            "DELETE FROM http_sessions WHERE julianday(created_at) * 86400000.0
+                                             - 210866760000000.0 < ?1",
+            [before_ms],
+        )
+        .map_err(|e| self.err(e))?;
         Ok(n)
+    }
+
+    /// [`Journal::execution_by_correlation`] among events after `after_seq`.
+    pub fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>> {
+        self.conn()?
+            .query_row(
+                "SELECT execution_id FROM events
+                 WHERE seq > ?2 AND kind IN ('correlation', 'intent-matched', 'request-reused')
+                   AND json_extract(evidence, '$.correlation_id') = ?1
+                 ORDER BY seq DESC LIMIT 1",
+                params![correlation, after_seq],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    /// The sequence of the journal's last execution event (0 when empty).
+    pub fn last_event_seq(&self) -> Result<i64> {
+        self.conn()?
+            .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))
+            .map_err(|e| self.err(e))
+    }
+
+    /// The journal's numbers for `/metrics` (one read transaction's worth of queries).
+    pub fn metrics(&self) -> Result<JournalMetrics> {
+        let c = self.conn()?;
+        let e = |e| self.err(e);
+        let mut m = JournalMetrics::default();
+        let mut st = c
+            .prepare(
+                "SELECT st, COUNT(*) FROM (
+                    SELECT (SELECT v.state FROM events v
+                            WHERE v.execution_id = x.id AND v.state IS NOT NULL
+                            ORDER BY v.seq DESC LIMIT 1) AS st
+                    FROM executions x)
+                 WHERE st IS NOT NULL GROUP BY st ORDER BY st",
+            )
+            .map_err(e)?;
+        m.by_state = st
+            .query_map([], |r| Ok((r.get(0)?, r.get(1)?)))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(e)?;
+        let mut st = c
+            .prepare(
+                "SELECT (julianday(d.at) - julianday(a.at)) * 86400.0
+                 FROM events a JOIN events d
+                   ON d.seq = (SELECT MIN(seq) FROM events
+                               WHERE execution_id = a.execution_id AND kind = 'dispatched')
+                 WHERE a.kind = 'accepted'",
+            )
+            .map_err(e)?;
+        m.dispatch_latencies = st
+            .query_map([], |r| r.get::<_, Option<f64>>(0))
+            .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+            .map_err(e)?
+            .into_iter()
+            .flatten()
+            .map(|s| s.max(0.0))
+            .collect();
+        let count = |kind: &str| -> Result<u64> {
+            c.query_row("SELECT COUNT(*) FROM events WHERE kind = ?1", [kind], |r| {
+                r.get::<_, i64>(0)
+            })
+            .map(|n| n.max(0) as u64)
+            .map_err(e)
+        };
+        m.attached_by_intent = count("intent-matched")?;
+        m.attached_by_id = count("request-reused")?;
+        m.delivery_abandoned = count("delivery-abandoned")?;
+        m.reconnects = c
+            .query_row(
+                "SELECT COALESCE(SUM(json_extract(evidence, '$.reconnects')), 0) FROM events
+                 WHERE state IS NOT NULL",
+                [],
+                |r| r.get::<_, i64>(0),
+            )
+            .map_err(e)?
+            .max(0) as u64;
+        Ok(m)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_streams_and_sessions_are_pruned_by_age_only() {
+        let d = tempfile::tempdir().unwrap();
+        let j = Journal::open(&d.path().join("j.db")).unwrap();
+        let seq = j.store_http_event("s1", Some(3000), None).unwrap();
+        j.store_http_session("se", "{}").unwrap();
+        assert_eq!(j.prune_http_events(0).unwrap(), 0, "nothing is that old");
+        assert_eq!(j.http_event_stream(seq).unwrap().as_deref(), Some("s1"));
+        assert!(j.http_session("se").unwrap().is_some());
+        assert_eq!(j.prune_http_events(now_ms() + 60_000).unwrap(), 1);
+        assert_eq!(j.http_event_stream(seq).unwrap(), None);
+        assert!(j.http_session("se").unwrap().is_none());
     }
 }

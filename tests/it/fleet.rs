@@ -292,6 +292,30 @@ fn resume_dispatches_again_a_host_that_provably_never_started() {
     );
 }
 
+#[test]
+fn resume_without_connection_flags_connects_as_the_batch_did() {
+    let l = Loop::new(2);
+    let (batch, a2_id) = batch_with_a2_unreachable(&l);
+    // No -F (the aliases a1, a2 exist only in the batch's ssh_config), no agent, empty HOME.
+    let home = tempfile::tempdir().unwrap();
+    let mut c = Command::new(BIN);
+    c.args(["batch", "resume", &batch, "--json"])
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("CAIRN_JOURNAL")
+        .env_remove("CAIRN_INTENT_KEY")
+        .env_remove("CAIRN_POLICY")
+        .env("HOME", home.path())
+        .arg("--journal")
+        .arg(l.journal());
+    let out = output(c, LIMIT);
+    let v = json_lines(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{v:?} {out:?}");
+    assert_eq!((l.runs(0), l.runs(1)), (1, 1), "{v:?}");
+    let a2 = v.iter().find(|o| o["host"] == "a2").unwrap();
+    assert_eq!(a2["state"], "completed", "{v:?}");
+    assert_eq!(a2["execution_id"], a2_id);
+}
+
 // ---------------------------------------------------------------------------------------
 // Docker: 20 ash hosts, a cut link, a reboot, kill -9 of the client, then resume.
 

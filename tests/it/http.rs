@@ -40,7 +40,11 @@ impl Server {
         let l2 = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
-                if let Some(rest) = line.split("listening on http://").nth(1) {
+                if let Some(rest) = line
+                    .split("listening on http://")
+                    .nth(1)
+                    .or_else(|| line.split("listening on https://").nth(1))
+                {
                     let addr = rest.split_whitespace().next().unwrap_or_default();
                     let p: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
                     let _ = tx.send(p);
@@ -126,12 +130,30 @@ fn request(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status line: {out:?}"));
-    let body = out
-        .split_once("\r\n\r\n")
-        .map(|x| x.1)
-        .unwrap_or("")
-        .to_owned();
+    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
     (status, body)
+}
+
+/// The payload of an HTTP/1.1 chunked body.
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 const MCP_ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
@@ -142,6 +164,18 @@ fn initialize_body() -> String {
         "protocolVersion": "2025-11-25", "capabilities": {},
         "clientInfo": {"name": "hand-written", "version": "0"}}})
     .to_string()
+}
+
+/// `/metrics` with a token: the value of each sample line, by its name and labels.
+fn metrics(port: u16, token: &str) -> std::collections::BTreeMap<String, f64> {
+    let auth = format!("Bearer {token}");
+    let (status, text) = request(port, "GET", "/metrics", &[("Authorization", &auth)], "");
+    assert_eq!(status, 200, "{text}");
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| l.rsplit_once(' '))
+        .map(|(k, v)| (k.to_owned(), v.parse().unwrap()))
+        .collect()
 }
 
 /// The server's session events of `kind` (refusals are events of the server's session).
@@ -377,6 +411,20 @@ fn json_rpc_over_http_acts_as_the_token_actor_who_alone_sees_its_executions() {
     let r: Value = serde_json::from_str(&text).unwrap();
     assert_ne!(r["result"]["execution_id"], id.as_str(), "{r}");
     assert_eq!(h.runs(), 2);
+
+    // /metrics, from the journal: two executions, each dispatched once, no attach.
+    let m = metrics(s.port, bob.trim_start_matches("Bearer "));
+    let executions: f64 = m
+        .iter()
+        .filter(|(k, _)| k.starts_with("cairn_executions{"))
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(executions, 2.0, "{m:?}");
+    assert_eq!(m["cairn_dispatch_latency_seconds_count"], 2.0, "{m:?}");
+    assert_eq!(m["cairn_attaches_total{by=\"intent\"}"], 0.0, "{m:?}");
+    assert_eq!(m["cairn_http_refused_total"], 0.0, "{m:?}");
+    let (status, _) = request(s.port, "GET", "/metrics", &[], "");
+    assert_eq!(status, 401, "metrics need a token too");
 }
 
 /// The shared Python environment with the official MCP SDK (`target/mcp-venv`, or
@@ -496,7 +544,21 @@ struct PyCall {
 
 impl PyCall {
     fn start(url: &str, token: &str, tool: &str, args: &Value) -> PyCall {
-        let mut child = Command::new(python())
+        PyCall::start_with_ca(url, token, tool, args, None)
+    }
+
+    fn start_with_ca(
+        url: &str,
+        token: &str,
+        tool: &str,
+        args: &Value,
+        ca: Option<&std::path::Path>,
+    ) -> PyCall {
+        let mut c = Command::new(python());
+        if let Some(ca) = ca {
+            c.env("CAIRN_TEST_CA", ca);
+        }
+        let mut child = c
             .arg(script("mcp_http_call.py"))
             .args([url, token, tool, &args.to_string()])
             .stdin(Stdio::null())
@@ -640,4 +702,387 @@ async fn rmcp_http_client_resumes_across_a_server_kill_and_restart_and_gets_the_
     // from the journal by attaching to the execution by ID. No second tools/call.
     assert_eq!(c.len(), 2, "{c:?}");
     assert_eq!(c[1]["evidence"]["method"], "attach", "{c:?}");
+}
+
+// ----- 2026-07-28 with the tasks extension, by hand-written requests --------------------------
+
+/// One MCP request of the 2026-07-28 revision (no session; protocol version, client info and
+/// capabilities in `_meta`), declaring the tasks extension; the JSON-RPC response.
+fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Value {
+    let (headers, body) = request_2026(token, id, method, params, true);
+    let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, text) = request(port, "POST", "/mcp", &h, &body);
+    assert_eq!(status, 200, "{method}: {text}");
+    // JSON, or SSE whose data lines carry the messages: the one with our id.
+    if let Ok(v) = serde_json::from_str::<Value>(&text) {
+        return v;
+    }
+    text.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m["id"] == id)
+        .unwrap_or_else(|| panic!("{method}: no response in {text:?}"))
+}
+
+/// The headers and body of a 2026-07-28 request (`tasks`: declare the tasks extension).
+fn request_2026(
+    token: &str,
+    id: u64,
+    method: &str,
+    mut params: Value,
+    tasks: bool,
+) -> (Vec<(&'static str, String)>, String) {
+    let caps = if tasks {
+        json!({"extensions": {"io.modelcontextprotocol/tasks": {}}})
+    } else {
+        json!({})
+    };
+    params["_meta"] = json!({
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientInfo": {"name": "hand-written", "version": "0"},
+        "io.modelcontextprotocol/clientCapabilities": caps
+    });
+    // Mcp-Name: the tool's name, or the task's ID.
+    let name = params["name"]
+        .as_str()
+        .or(params["taskId"].as_str())
+        .unwrap_or_default()
+        .to_owned();
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params});
+    let mut headers = vec![
+        (MCP_ACCEPT.0, MCP_ACCEPT.1.to_owned()),
+        (JSON.0, JSON.1.to_owned()),
+        ("Authorization", format!("Bearer {token}")),
+        ("MCP-Protocol-Version", "2026-07-28".to_owned()),
+        ("Mcp-Method", method.to_owned()),
+    ];
+    if !name.is_empty() {
+        headers.push(("Mcp-Name", name));
+    }
+    (headers, body.to_string())
+}
+
+fn task_of(port: u16, token: &str, task: &str) -> Value {
+    let r = mcp_2026(port, token, 90, "tasks/get", json!({"taskId": task}));
+    assert!(r.get("result").is_some(), "{r}");
+    r["result"].clone()
+}
+
+// Create, poll, kill -9, restart, poll, complete; then create and cancel: one story.
+#[test]
+fn tasks_are_executions_durable_across_kill_and_restart_and_cancelled_as_cairn_cancel() {
+    let h = Host::new();
+    let tok = token(&h, "agent:tasks", &[]);
+    let other = token(&h, "agent:other", &[]);
+    let port = free_port();
+    let mut s = Server::start(&h, port, &[]);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo task-done",
+        h.count(),
+        go.display()
+    );
+    let r = mcp_2026(
+        port,
+        &tok,
+        1,
+        "tools/call",
+        json!({"name": "run_command", "arguments": {"destination": "127.0.0.1", "command": cmd}}),
+    );
+    let created = &r["result"];
+    assert_eq!(created["resultType"], "task", "{r}");
+    assert_eq!(created["status"], "working", "{r}");
+    let task = created["taskId"].as_str().unwrap().to_owned();
+    // The task ID is the execution ID, accepted durably before it was returned.
+    assert!(task.starts_with("ex_"), "{task}");
+    assert!(h.kinds(&task).contains(&"accepted".to_owned()));
+    assert_eq!(
+        created["ttlMs"], 86_400_000,
+        "remote-command retention: {r}"
+    );
+    let id = h.wait_started();
+    assert_eq!(id, task);
+    assert_eq!(task_of(port, &tok, &task)["status"], "working");
+    // Another actor's task does not exist for it.
+    let r = mcp_2026(port, &other, 91, "tasks/get", json!({"taskId": task}));
+    assert!(r.get("error").is_some(), "{r}");
+
+    s.kill9();
+    let _s2 = Server::start(&h, port, &[]);
+    let t = task_of(port, &tok, &task);
+    assert_eq!(t["status"], "working", "still running on the host: {t}");
+    std::fs::write(&go, "").unwrap();
+    let t = wait_for("the task completed", T, || {
+        let t = task_of(port, &tok, &task);
+        (t["status"] != "working").then_some(t)
+    });
+    assert_eq!(t["status"], "completed", "{t}");
+    let v = &t["result"]["structuredContent"];
+    assert_eq!(v["execution_id"], task.as_str(), "{t}");
+    assert_eq!(v["exit_code"], 0, "{t}");
+    assert_eq!(v["stdout"], "task-done\n", "{t}");
+    assert_eq!(h.runs(), 1, "ran once");
+
+    // Cancel: the remote process group is stopped and the task says cancelled.
+    let cmd2 = format!("{}sleep 300; echo never", h.count());
+    let r = mcp_2026(
+        port,
+        &tok,
+        2,
+        "tools/call",
+        json!({"name": "run_command", "arguments": {"destination": "127.0.0.1", "command": cmd2}}),
+    );
+    let task2 = r["result"]["taskId"].as_str().unwrap().to_owned();
+    wait_for("the second started", T, || (h.runs() == 2).then_some(()));
+    let ack = mcp_2026(port, &tok, 3, "tasks/cancel", json!({"taskId": task2}));
+    assert!(ack.get("result").is_some(), "{ack}");
+    let t = wait_for("the task cancelled", T, || {
+        let t = task_of(port, &tok, &task2);
+        (t["status"] != "working").then_some(t)
+    });
+    assert_eq!(t["status"], "cancelled", "{t}");
+    assert_eq!(h.state(&task2), cairn::State::Cancelled);
+    assert_eq!(h.runs(), 2);
+    assert_eq!(h.executions(), 2);
+}
+
+/// A 2026-07-28 call without the tasks extension whose stream is closed once the command has
+/// started; its execution ID, once `delivery-abandoned` is recorded.
+fn close_mid_call(h: &Host, s: &Server, tok: &str, call: &Value) -> String {
+    let (headers, body) = request_2026(tok, 1, "tools/call", call.clone(), false);
+    let mut st = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    let mut req = format!(
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n",
+        s.port,
+        body.len()
+    );
+    for (k, v) in &headers {
+        req += &format!("{k}: {v}\r\n");
+    }
+    req += "\r\n";
+    req += &body;
+    st.write_all(req.as_bytes()).unwrap();
+    let id = h.wait_started();
+    drop(st);
+    wait_for("delivery-abandoned", T, || {
+        h.kinds(&id)
+            .contains(&"delivery-abandoned".to_owned())
+            .then_some(())
+    });
+    id
+}
+
+#[test]
+fn a_class_set_to_cancel_on_a_closed_stream_is_cancelled_as_cairn_cancel() {
+    let h = Host::new();
+    let tok = token(&h, "agent:closer", &[]);
+    let s = Server::start(&h, 0, &["--cancel-on-closed-stream", "read-only"]);
+    let cmd = format!("{}sleep 300; echo never", h.count());
+    let call = json!({"name": "run_command",
+                      "arguments": {"destination": "127.0.0.1", "command": cmd, "class": "read-only"}});
+    let id = close_mid_call(&h, &s, &tok, &call);
+    wait_for("cancelled", T, || {
+        (h.state(&id) == cairn::State::Cancelled).then_some(())
+    });
+    assert_eq!(h.runs(), 1);
+}
+
+#[test]
+fn a_closed_stream_cancels_the_request_not_the_dispatched_command_and_a_resend_attaches() {
+    let h = Host::new();
+    let tok = token(&h, "agent:closer", &[]);
+    let s = Server::start(&h, 0, &[]);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo kept",
+        h.count(),
+        go.display()
+    );
+    let call = json!({"name": "run_command",
+                      "arguments": {"destination": "127.0.0.1", "command": cmd}});
+    let id = close_mid_call(&h, &s, &tok, &call);
+    // The command was not killed: it finishes when released, and its result is recorded.
+    std::fs::write(&go, "").unwrap();
+    h.wait_done(&id);
+    // The same call again attaches to it and gets its result: it ran once.
+    let (headers, body) = request_2026(&tok, 2, "tools/call", call, false);
+    let hv: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, text) = request(s.port, "POST", "/mcp", &hv, &body);
+    assert_eq!(status, 200, "{text}");
+    let r: Value = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m["id"] == 2)
+        .or_else(|| serde_json::from_str(&text).ok())
+        .unwrap_or_else(|| panic!("no response: {text}"));
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(v["execution_id"], id.as_str(), "{r}");
+    assert_eq!(v["attached"], true, "{r}");
+    assert_eq!(v["stdout"], "kept\n", "{r}");
+    assert_eq!(h.runs(), 1, "ran once");
+    let kinds = h.kinds(&id);
+    assert!(!kinds.contains(&"cancelled".to_owned()), "{kinds:?}");
+    // The investigator sees the later request, by intent, with its actor and correlation.
+    let out = Command::new(BIN)
+        .args(["audit", "show", &id, "--json", "--journal"])
+        .arg(&h.journal)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let fifth = v["answers"][4]["answer"].as_str().unwrap().to_owned();
+    assert!(
+        fifth.starts_with("1 later request(s) attached")
+            && fifth.contains("by intent")
+            && fifth.contains("actor agent:closer, correlation actor=agent:closer request=2"),
+        "{fifth}"
+    );
+    let m = metrics(s.port, &tok);
+    assert_eq!(m["cairn_delivery_abandoned_total"], 1.0, "{m:?}");
+    assert_eq!(m["cairn_attaches_total{by=\"intent\"}"], 1.0, "{m:?}");
+}
+
+#[test]
+fn over_tls_the_python_sdk_gets_the_same_tools_and_plain_http_is_not_answered() {
+    let h = Host::new();
+    let tok = token(&h, "agent:tls", &[]);
+    let dir = h.sshd.dir();
+    let (cert, key) = (dir.join("cert.pem"), dir.join("key.pem"));
+    let out = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=localhost"])
+        .args(["-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"])
+        .arg("-keyout")
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .output()
+        .expect("openssl");
+    assert!(out.status.success(), "{out:?}");
+    let (c, k) = (cert.display().to_string(), key.display().to_string());
+    let s = Server::start(&h, 0, &["--tls-cert", &c, "--tls-key", &k]);
+    assert!(s.log().contains("https://"), "{}", s.log());
+    let url = format!("https://127.0.0.1:{}/mcp", s.port);
+    let cmd = format!("{}echo over-tls", h.count());
+    let mut call = PyCall::start_with_ca(
+        &url,
+        &tok,
+        "run_command",
+        &json!({"destination": "127.0.0.1", "command": cmd}),
+        Some(&cert),
+    );
+    assert_eq!(call.next()["event"], "initialized");
+    let last = call.finish();
+    assert_eq!(last["structured"]["stdout"], "over-tls\n", "{last}");
+    assert_eq!(h.runs(), 1);
+    // Plain HTTP to the TLS port gets no HTTP answer.
+    let mut st = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
+    st.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut resp = Vec::new();
+    let _ = st.read_to_end(&mut resp);
+    assert!(
+        !resp.starts_with(b"HTTP/1.1 200"),
+        "{:?}",
+        String::from_utf8_lossy(&resp)
+    );
+}
+
+#[test]
+fn after_kill_and_restart_a_new_python_client_sending_the_same_call_attaches_and_it_runs_once() {
+    let h = Host::new();
+    let tok = token(&h, "agent:py", &[]);
+    let port = free_port();
+    let mut s = Server::start(&h, port, &[]);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo once",
+        h.count(),
+        go.display()
+    );
+    let args = json!({"destination": "127.0.0.1", "command": cmd});
+    let mut first = PyCall::start(&s.url(), &tok, "run_command", &args);
+    assert_eq!(first.next()["event"], "initialized");
+    let id = h.wait_started();
+    // The server dies, and so does its client (a gateway restart).
+    s.kill9();
+    let _ = first.child.kill();
+    let _ = first.child.wait();
+    let s2 = Server::start(&h, port, &[]);
+    let mut again = PyCall::start(&s2.url(), &tok, "run_command", &args);
+    assert_eq!(again.next()["event"], "initialized");
+    std::fs::write(&go, "").unwrap();
+    let last = again.finish();
+    let v = &last["structured"];
+    assert_eq!(v["execution_id"], id.as_str(), "{last}");
+    assert_eq!(v["attached"], true, "{last}");
+    assert_eq!(v["stdout"], "once\n", "{last}");
+    assert_eq!(h.runs(), 1, "the command ran once");
+    assert_eq!(h.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rmcp_client_reinitialising_after_its_session_is_gone_resends_and_attaches() {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    let h = Host::new();
+    let tok = token(&h, "agent:rs", &[]);
+    let port = free_port();
+    let mut s = tokio::task::block_in_place(|| Server::start(&h, port, &[]));
+    let cfg = StreamableHttpClientTransportConfig::with_uri(s.url()).auth_header(tok);
+    let client = ().serve(StreamableHttpClientTransport::from_config(cfg)).await.unwrap();
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo reinit-once",
+        h.count(),
+        go.display()
+    );
+    let call = || {
+        CallToolRequestParams::new("run_command").with_arguments(
+            json!({"destination": "127.0.0.1", "command": cmd})
+                .as_object()
+                .unwrap()
+                .clone(),
+        )
+    };
+    // The agent gives up waiting on its first call (the command runs on).
+    let first = tokio::time::timeout(Duration::from_millis(700), client.call_tool(call())).await;
+    assert!(first.is_err(), "the first call should still be running");
+    let hh = &h;
+    let id = tokio::task::block_in_place(|| hh.wait_started());
+    // The server is killed, and comes back without the client's session (as when it expired).
+    s.kill9();
+    let c = rusqlite::Connection::open(&h.journal).unwrap();
+    c.execute("DELETE FROM http_sessions", []).unwrap();
+    let _s2 = tokio::task::block_in_place(|| Server::start(&h, port, &[]));
+    std::fs::write(&go, "").unwrap();
+    // The agent tries again: its POST gets 404, the client initialises a new session and sends
+    // the call again by itself; the same intent attaches.
+    let r = tokio::time::timeout(T, client.call_tool(call()))
+        .await
+        .expect("answered in time")
+        .expect("tools/call after re-initialisation");
+    let v = r.structured_content.clone().expect("structured content");
+    assert_eq!(v["execution_id"], id.as_str(), "{v}");
+    assert_eq!(v["attached"], true, "{v}");
+    assert_eq!(v["stdout"], "reinit-once\n", "{v}");
+    assert_eq!(h.runs(), 1, "the command ran once");
+    assert_eq!(h.executions(), 1);
+    let sessions: i64 = c
+        .query_row("SELECT COUNT(*) FROM http_sessions", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(
+        sessions, 1,
+        "a new session, made by the client's re-initialisation"
+    );
+    let _ = client.cancel().await;
 }

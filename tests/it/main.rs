@@ -1,6 +1,7 @@
 mod audit;
 mod certs;
 mod docker;
+mod docker_epochs;
 mod epochs;
 mod fleet;
 mod fuzz;

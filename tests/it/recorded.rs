@@ -77,6 +77,26 @@ fn after_kill_9_a_plain_recover_needs_no_connection_flags() {
         .unwrap();
     let sv: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
     assert_eq!(sv["state"], "completed", "{sv}");
+    // gc reaches the host the same way.
+    let gc = plain(&h, "gc", home.path())
+        .args([
+            "--output-retention",
+            "0s",
+            "--tombstone-retention",
+            "1h",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    let gv: serde_json::Value = serde_json::from_slice(&gc.stdout).unwrap();
+    assert_eq!(gc.status.code(), Some(0), "{gv} {gc:?}");
+    let r = gv["hosts"][0]["result"].as_str().unwrap_or_default();
+    assert!(r.contains("removed_output=1"), "{gv}");
+    assert!(!h.x().join(&id).exists(), "output collected");
+    assert!(
+        h.x().join(format!("{id}.done")).exists(),
+        "the tombstone stays"
+    );
     assert_eq!(h.runs(), 1);
 }
 

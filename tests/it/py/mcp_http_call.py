@@ -2,6 +2,8 @@
 
 Usage: mcp_http_call.py URL TOKEN TOOL ARGS_JSON
 
+With CAIRN_TEST_CA set, the server's TLS certificate is checked against that file.
+
 Prints JSON lines: {"event": "initialized"} once the session is up, then
 {"event": "result", ...} with the tool result and what the client sent: how many
 POSTs carried a tools/call, and how many GETs resumed a stream with Last-Event-ID.
@@ -9,6 +11,8 @@ POSTs carried a tools/call, and how many GETs resumed a stream with Last-Event-I
 
 import asyncio
 import json
+import os
+import ssl
 import sys
 
 import httpx2
@@ -26,10 +30,12 @@ async def main() -> None:
         if request.method == "GET" and "last-event-id" in request.headers:
             sent["resumes"] += 1
 
+    ca = os.environ.get("CAIRN_TEST_CA")
     client = httpx2.AsyncClient(
         headers={"Authorization": f"Bearer {token}"},
         timeout=httpx2.Timeout(30, read=300),
         event_hooks={"request": [on_request]},
+        verify=ssl.create_default_context(cafile=ca) if ca else True,
     )
     async with client:
         async with streamable_http_client(url, http_client=client) as streams:

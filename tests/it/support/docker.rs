@@ -229,6 +229,11 @@ pub struct Hosts {
 impl Hosts {
     /// Bring up `n` hosts of `flavour` for the test group `group` (a short name).
     pub fn up(group: &str, flavour: Flavour, n: usize) -> Hosts {
+        Hosts::up_with(group, flavour, n, &[])
+    }
+
+    /// [`Hosts::up`] with further options of `hosts.sh up` (`--shared-host-key`).
+    pub fn up_with(group: &str, flavour: Flavour, n: usize, options: &[&str]) -> Hosts {
         reap_stale_sets();
         let prefix = format!("cit{}-{group}", std::process::id());
         let dir = state_root().join(&prefix);
@@ -246,7 +251,8 @@ impl Hosts {
         for attempt in 0..6u32 {
             let mut c = Command::new(hosts_sh());
             c.args(["--prefix", &hosts.prefix, "up", &n.to_string()])
-                .args(["--flavour", flavour.as_str()]);
+                .args(["--flavour", flavour.as_str()])
+                .args(options);
             if attempt > 0 {
                 // The default subnet (derived from the prefix) was taken: pick another.
                 let nanos = std::time::SystemTime::now()
@@ -434,6 +440,25 @@ impl Client {
             .arg(&self.ssh_config)
             .arg("--known-hosts")
             .arg(&self.known_hosts)
+            .args(["--keepalive", &self.keepalive])
+            .args(["--connect-timeout", &self.connect_timeout])
+            .args(["--reconnect-for", &self.reconnect_for]);
+        c
+    }
+
+    /// `cairn SUB` with the journal and no connection options at all (no `-F`, `-i`,
+    /// `--known-hosts`, no agent, an empty HOME): what the journal recorded for each execution
+    /// is all it has to reach the hosts.
+    pub fn bare(&self, sub: &str, home: &Path) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg(sub)
+            .env_remove("SSH_AUTH_SOCK")
+            .env_remove("CAIRN_JOURNAL")
+            .env_remove("CAIRN_REMOTE_DIR")
+            .env("HOME", home)
+            .env("CAIRN_LOG", "cairn=info")
+            .arg("--journal")
+            .arg(&self.journal)
             .args(["--keepalive", &self.keepalive])
             .args(["--connect-timeout", &self.connect_timeout])
             .args(["--reconnect-for", &self.reconnect_for]);

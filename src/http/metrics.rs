@@ -1,0 +1,107 @@
+//! `GET /metrics`: the Prometheus text format (prometheus-client), behind the same tokens.
+//!
+//! The journal is the source: every scrape reads it, so the numbers are those of every process
+//! that shares the journal, and they survive a restart (its events are append-only, so the
+//! totals only grow, as counters must). Read per scrape:
+//! - `cairn_executions{state}`: executions by their current state (gauge);
+//! - `cairn_dispatch_latency_seconds`: from `accepted` to the first `dispatched`, per
+//!   execution (histogram);
+//! - `cairn_reconnects_total`: SSH reconnections recorded in finish evidence;
+//! - `cairn_attaches_total{by}`: requests that attached to an earlier execution instead of
+//!   running again, by `intent` (fingerprint match) or `id` (the same execution ID again);
+//! - `cairn_delivery_abandoned_total`: results whose caller's stream closed first.
+//!
+//! And of this process: `cairn_tasks_in_flight` (tasks a job of this server watches) and
+//! `cairn_http_refused_total` (requests refused by the guard).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+use crate::journal::Journal;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ByLabel {
+    by: String,
+}
+
+/// Counts of this process.
+#[derive(Default)]
+pub struct Local {
+    pub refused: AtomicU64,
+}
+
+/// The text exposition of one scrape.
+pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Result<String, String> {
+    let m = journal.metrics().map_err(|e| e.to_string())?;
+    let mut reg = Registry::with_prefix("cairn");
+    let states = Family::<StateLabel, Gauge>::default();
+    for (state, n) in &m.by_state {
+        states
+            .get_or_create(&StateLabel {
+                state: state.clone(),
+            })
+            .set(*n);
+    }
+    reg.register("executions", "Executions by current state", states);
+    // 5 ms to about 82 s.
+    let latency = Histogram::new(exponential_buckets(0.005, 2.0, 15));
+    for s in &m.dispatch_latencies {
+        latency.observe(*s);
+    }
+    reg.register(
+        "dispatch_latency_seconds",
+        "From accepted to the first dispatched, per execution",
+        latency,
+    );
+    let reconnects = Counter::<u64>::default();
+    reconnects.inc_by(m.reconnects);
+    reg.register(
+        "reconnects",
+        "SSH reconnections recorded in executions' finish evidence",
+        reconnects,
+    );
+    let attaches = Family::<ByLabel, Counter>::default();
+    for (by, n) in [("intent", m.attached_by_intent), ("id", m.attached_by_id)] {
+        attaches.get_or_create(&ByLabel { by: by.into() }).inc_by(n);
+    }
+    reg.register(
+        "attaches",
+        "Requests that attached to an earlier execution instead of running again",
+        attaches,
+    );
+    let abandoned = Counter::<u64>::default();
+    abandoned.inc_by(m.delivery_abandoned);
+    reg.register(
+        "delivery_abandoned",
+        "Results whose caller's response stream closed before them",
+        abandoned,
+    );
+    let tasks = Gauge::<i64>::default();
+    tasks.set(tasks_in_flight as i64);
+    reg.register(
+        "tasks_in_flight",
+        "MCP tasks a job of this server is watching",
+        tasks,
+    );
+    let refused = Counter::<u64>::default();
+    refused.inc_by(local.refused.load(Ordering::Relaxed));
+    reg.register(
+        "http_refused",
+        "HTTP requests refused by this server (token, Host, Origin)",
+        refused,
+    );
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, &reg).map_err(|e| e.to_string())?;
+    Ok(out)
+}
