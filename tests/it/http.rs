@@ -1086,3 +1086,68 @@ async fn rmcp_client_reinitialising_after_its_session_is_gone_resends_and_attach
     );
     let _ = client.cancel().await;
 }
+
+#[test]
+fn past_its_cap_of_calls_in_flight_an_actor_is_refused_and_nothing_starts() {
+    let h = Host::new();
+    let alice = token(&h, "agent:alice", &[]);
+    let bob = token(&h, "agent:bob", &[]);
+    let s = Server::start(&h, 0, &["--max-in-flight", "1"]);
+    let go = h.sshd.dir().join("go");
+    let waiting = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo first",
+        h.count(),
+        go.display()
+    );
+    let execute = |id: u64, cmd: &str| {
+        json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+               "params": {"destination": "127.0.0.1", "command": cmd}})
+        .to_string()
+    };
+    let port = s.port;
+    let (a1, body1) = (format!("Bearer {alice}"), execute(1, &waiting));
+    let first = std::thread::spawn(move || {
+        request(
+            port,
+            "POST",
+            "/rpc",
+            &[JSON, ("Authorization", &a1)],
+            &body1,
+        )
+    });
+    h.wait_started();
+    // Alice's second call, while her first runs: refused, with the reason, and not started.
+    let a2 = format!("Bearer {alice}");
+    let other = format!("{}echo second", h.count());
+    let (_, text) = request(
+        port,
+        "POST",
+        "/rpc",
+        &[JSON, ("Authorization", &a2)],
+        &execute(2, &other),
+    );
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["error"]["code"], -32005, "{r}");
+    let msg = r["error"]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("agent:alice") && msg.contains("1 calls in flight"),
+        "{msg}"
+    );
+    assert_eq!(h.executions(), 1, "the refused call was not even accepted");
+    // Bob has a cap of his own.
+    let b = format!("Bearer {bob}");
+    let (_, text) = request(
+        port,
+        "POST",
+        "/rpc",
+        &[JSON, ("Authorization", &b)],
+        &execute(3, &other),
+    );
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["result"]["stdout"], "second\n", "{r}");
+    std::fs::write(&go, "").unwrap();
+    let (_, text) = first.join().unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(r["result"]["stdout"], "first\n", "{r}");
+    assert_eq!(h.runs(), 2);
+}
