@@ -163,25 +163,12 @@ impl CairnMcp {
     async fn run_command(
         &self,
         ctx: RequestContext<RoleServer>,
-        Parameters(mut p): Parameters<ExecuteParams>,
+        Parameters(p): Parameters<ExecuteParams>,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
-        let mut cfg = self.cfg.clone();
-        let mut corr = correlation(&ctx.id);
-        // Over HTTP: the token's actor, its scopes, its cap on calls in flight.
-        let mut slot = None;
-        if let Some(caller) = crate::http::caller_of(&ctx.extensions) {
-            cfg = caller.config(&self.cfg);
-            corr = caller.correlation(&corr);
-            let admitted = {
-                let (cfg, caller) = (cfg.clone(), caller.clone());
-                blocking(move || crate::http::admit_execute(&cfg, &caller, &mut p).map(|()| p))
-                    .await
-            };
-            match admitted.and_then(|p2| caller.slot().map(|s| (p2, s))) {
-                Ok((p2, s)) => (p, slot) = (p2, Some(s)),
-                Err(e) => return Ok(tool_error(e).into()),
-            }
-        }
+        let (cfg, corr, slot, p) = match self.admit(&ctx, p).await {
+            Ok(x) => x,
+            Err(e) => return Ok(tool_error(e).into()),
+        };
         let delivered_cfg = cfg.clone();
         // A client that declared the tasks extension gets a task once the execution is
         // accepted (src/tasks.rs); its correlation comes after the journal's current end.
@@ -380,6 +367,35 @@ impl ServerHandler for CairnMcp {
 }
 
 impl CairnMcp {
+    /// Who a `run_command` acts as, its correlation, and (over HTTP) its token's scope and its
+    /// slot among the actor's calls in flight.
+    async fn admit(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        mut p: ExecuteParams,
+    ) -> Result<
+        (
+            GatewayConfig,
+            String,
+            Option<crate::http::Slot>,
+            ExecuteParams,
+        ),
+        GatewayError,
+    > {
+        let corr = correlation(&ctx.id);
+        let Some(caller) = crate::http::caller_of(&ctx.extensions) else {
+            return Ok((self.cfg.clone(), corr, None, p));
+        };
+        let cfg = caller.config(&self.cfg);
+        let corr = caller.correlation(&corr);
+        let p = {
+            let (cfg, caller) = (cfg.clone(), caller.clone());
+            blocking(move || crate::http::admit_execute(&cfg, &caller, &mut p).map(|()| p)).await?
+        };
+        let slot = caller.slot()?;
+        Ok((cfg, corr, Some(slot), p))
+    }
+
     /// The configuration a task request runs with; over HTTP, only the caller's own tasks.
     async fn task_caller(
         &self,

@@ -324,6 +324,57 @@ impl Front {
         r
     }
 
+    /// Why a request does not come from a page or name this server may serve (DNS rebinding:
+    /// a `Host` that is not one of its names; a browser `Origin` that was not allowed).
+    fn foreign(&self, req: &Request) -> Option<String> {
+        let host = req
+            .headers()
+            .get(http::header::HOST)
+            .and_then(|v| v.to_str().ok())
+            .map(host_of);
+        if !host.as_ref().is_some_and(|h| self.hosts.contains(h)) {
+            return Some(format!(
+                "Host {:?} is not a name of this server (allow it with --allow-host)",
+                host.unwrap_or_default()
+            ));
+        }
+        let o = req.headers().get(http::header::ORIGIN)?;
+        let o = o.to_str().map(origin_norm).unwrap_or_default();
+        (!self.origins.contains(&o))
+            .then(|| format!("Origin {o:?} is not allowed (allow it with --allow-origin)"))
+    }
+
+    /// The caller the request's bearer token proves, or the refusal to answer with.
+    /// (`auth`: the `Authorization` header's value; a request is not `Sync`, so not held.)
+    async fn authenticate(
+        self: &Arc<Self>,
+        auth: Option<String>,
+        seen: &Seen,
+    ) -> Result<Caller, Response> {
+        let f = self.clone();
+        let verified = tokio::task::spawn_blocking(move || {
+            let j = Journal::open(&f.cfg.journal).map_err(crate::token::VerifyError::from)?;
+            crate::token::verify(&j, auth.as_deref())
+        })
+        .await;
+        match verified {
+            Ok(Ok(c)) => Ok(c),
+            Ok(Err(crate::token::VerifyError::Refused(r))) => {
+                let token_id = match &r {
+                    crate::token::Refusal::Revoked(id) | crate::token::Refusal::Expired(id) => {
+                        Some(id.clone())
+                    }
+                    _ => None,
+                };
+                Err(self
+                    .refuse(StatusCode::UNAUTHORIZED, r.reason(), seen, token_id)
+                    .await)
+            }
+            Ok(Err(e)) => Err(plain(StatusCode::SERVICE_UNAVAILABLE, e.to_string())),
+            Err(e) => Err(plain(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())),
+        }
+    }
+
     /// The actor an MCP session is bound to, if it is known.
     fn session_actor(&self, id: &str) -> Option<String> {
         if let Some(a) = self
@@ -380,28 +431,10 @@ async fn guard(
             .get(http::header::ORIGIN)
             .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned()),
     };
-    let host = req
-        .headers()
-        .get(http::header::HOST)
-        .and_then(|v| v.to_str().ok())
-        .map(host_of);
-    if !host.as_ref().is_some_and(|h| front.hosts.contains(h)) {
-        let reason = format!(
-            "Host {:?} is not a name of this server (allow it with --allow-host)",
-            host.unwrap_or_default()
-        );
+    if let Some(reason) = front.foreign(&req) {
         return front
             .refuse(StatusCode::FORBIDDEN, reason, &seen, None)
             .await;
-    }
-    if let Some(o) = req.headers().get(http::header::ORIGIN) {
-        let o = o.to_str().map(origin_norm).unwrap_or_default();
-        if !front.origins.contains(&o) {
-            let reason = format!("Origin {o:?} is not allowed (allow it with --allow-origin)");
-            return front
-                .refuse(StatusCode::FORBIDDEN, reason, &seen, None)
-                .await;
-        }
     }
     if req.uri().path() == "/healthz" {
         return next.run(req).await;
@@ -410,27 +443,9 @@ async fn guard(
         .headers()
         .get(http::header::AUTHORIZATION)
         .map(|v| v.to_str().unwrap_or("?").to_owned());
-    let f = front.clone();
-    let verified = tokio::task::spawn_blocking(move || {
-        let j = Journal::open(&f.cfg.journal).map_err(crate::token::VerifyError::from)?;
-        crate::token::verify(&j, auth.as_deref())
-    })
-    .await;
-    let caller = match verified {
-        Ok(Ok(c)) => c,
-        Ok(Err(crate::token::VerifyError::Refused(r))) => {
-            let token_id = match &r {
-                crate::token::Refusal::Revoked(id) | crate::token::Refusal::Expired(id) => {
-                    Some(id.clone())
-                }
-                _ => None,
-            };
-            return front
-                .refuse(StatusCode::UNAUTHORIZED, r.reason(), &seen, token_id)
-                .await;
-        }
-        Ok(Err(e)) => return plain(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
-        Err(e) => return plain(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+    let caller = match front.authenticate(auth, &seen).await {
+        Ok(c) => c,
+        Err(refused) => return refused,
     };
     let mcp_session = req
         .headers()
@@ -498,11 +513,6 @@ async fn metrics_text(State(front): State<Arc<Front>>) -> Response {
 
 /// Serve MCP (and JSON-RPC) over HTTP until interrupted (SIGINT / SIGTERM).
 pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32, ExecError> {
-    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
-    use rmcp::transport::streamable_http_server::{
-        StreamableHttpServerConfig, StreamableHttpService,
-    };
-
     let tls = match &opts.tls {
         Some((cert, key)) => Some(listen::tls_config(cert, key).map_err(ExecError::Input)?),
         None => None,
@@ -532,55 +542,10 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
     let addr = axum::serve::Listener::local_addr(&listener)
         .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
-    let mut hosts = if addr.ip().is_loopback() {
-        loopback_names()
-    } else {
-        vec![addr.ip().to_string()]
-    };
-    hosts.extend(opts.allow_hosts.iter().map(|h| host_of(h)));
-    let workers = Arc::new(Workers::start(crate::gateway::WORKER_THREADS));
-    let front = Arc::new(Front {
-        cfg: cfg.clone(),
-        hosts,
-        origins: opts.allow_origins.iter().map(|o| origin_norm(o)).collect(),
-        max_body: opts.max_body_bytes,
-        in_flight: Arc::new(InFlight {
-            cap: opts.max_in_flight_per_actor.max(1),
-            ..Default::default()
-        }),
-        workers: workers.clone(),
-        sessions: Mutex::new(HashMap::new()),
-        tasks: crate::tasks::TaskState {
-            results: Default::default(),
-            closed_stream: crate::tasks::ClosedStream {
-                cancel_classes: opts.cancel_on_closed_stream.clone(),
-            },
-        },
-        local: Default::default(),
-    });
-    let server =
-        crate::mcp::CairnMcp::with_workers(cfg.clone(), workers).with_tasks(front.tasks.clone());
+    let front = front(&cfg, &opts, addr);
     let ct = tokio_util::sync::CancellationToken::new();
-    // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
-    // off; its body limit stays.
-    let mut mcp_cfg = StreamableHttpServerConfig::default()
-        .disable_allowed_hosts()
-        .disable_allowed_origins()
-        .with_max_request_body_bytes(opts.max_body_bytes)
-        .with_cancellation_token(ct.clone());
-    // Sessions and response streams live in the journal: a client resumes after a cut or a
-    // restart (events.rs).
-    mcp_cfg.session_store = Some(Arc::new(events::JournalSessions {
-        journal: cfg.journal.clone(),
-    }));
-    let store = events::JournalEvents::new(cfg.clone(), front.workers.clone());
-    let sessions = events::Sessions {
-        inner: LocalSessionManager::default().with_event_store(Arc::new(events::Events(store))),
-        journal: cfg.journal.clone(),
-    };
-    let mcp = StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_cfg);
     let app = axum::Router::new()
-        .route_service("/mcp", mcp)
+        .route_service("/mcp", mcp_service(&front, &opts, ct.clone()))
         .route("/rpc", axum::routing::post(rpc::rpc))
         .route("/healthz", axum::routing::get(healthz))
         .route("/metrics", axum::routing::get(metrics_text))
@@ -609,6 +574,70 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
     r.map_err(|e| ExecError::Input(format!("http server: {e}")))?;
     // Calls still running stay in the journal as they are; a client's retry attaches.
     std::process::exit(0)
+}
+
+/// The server's shared state, for a listener bound to `addr`.
+fn front(cfg: &GatewayConfig, opts: &HttpOptions, addr: SocketAddr) -> Arc<Front> {
+    let mut hosts = if addr.ip().is_loopback() {
+        loopback_names()
+    } else {
+        vec![addr.ip().to_string()]
+    };
+    hosts.extend(opts.allow_hosts.iter().map(|h| host_of(h)));
+    Arc::new(Front {
+        cfg: cfg.clone(),
+        hosts,
+        origins: opts.allow_origins.iter().map(|o| origin_norm(o)).collect(),
+        max_body: opts.max_body_bytes,
+        in_flight: Arc::new(InFlight {
+            cap: opts.max_in_flight_per_actor.max(1),
+            ..Default::default()
+        }),
+        workers: Arc::new(Workers::start(crate::gateway::WORKER_THREADS)),
+        sessions: Mutex::new(HashMap::new()),
+        tasks: crate::tasks::TaskState {
+            results: Default::default(),
+            closed_stream: crate::tasks::ClosedStream {
+                cancel_classes: opts.cancel_on_closed_stream.clone(),
+            },
+        },
+        local: Default::default(),
+    })
+}
+
+/// rmcp's Streamable HTTP service over the same tools as stdio, with sessions and response
+/// streams in the journal (events.rs).
+fn mcp_service(
+    front: &Arc<Front>,
+    opts: &HttpOptions,
+    ct: tokio_util::sync::CancellationToken,
+) -> rmcp::transport::streamable_http_server::StreamableHttpService<
+    crate::mcp::CairnMcp,
+    events::Sessions,
+> {
+    use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+    use rmcp::transport::streamable_http_server::{
+        StreamableHttpServerConfig, StreamableHttpService,
+    };
+    let cfg = &front.cfg;
+    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), front.workers.clone())
+        .with_tasks(front.tasks.clone());
+    // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
+    // off; its body limit stays.
+    let mut mcp_cfg = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
+        .with_max_request_body_bytes(opts.max_body_bytes)
+        .with_cancellation_token(ct);
+    mcp_cfg.session_store = Some(Arc::new(events::JournalSessions {
+        journal: cfg.journal.clone(),
+    }));
+    let store = events::JournalEvents::new(cfg.clone(), front.workers.clone());
+    let sessions = events::Sessions {
+        inner: LocalSessionManager::default().with_event_store(Arc::new(events::Events(store))),
+        journal: cfg.journal.clone(),
+    };
+    StreamableHttpService::new(move || Ok(server.clone()), Arc::new(sessions), mcp_cfg)
 }
 
 /// The body of a response that records `delivered` once the connection has taken it whole

@@ -79,6 +79,44 @@ pub(super) async fn rpc(State(front): State<Arc<Front>>, req: Request) -> Respon
     DeliverOnEnd::response(StatusCode::OK, resp, on_end)
 }
 
+/// What the caller may do with this method: `Some(scope)` for an `execute`, the scope it acts
+/// in (its token's prefix when none was given); an error for another actor's execution, a
+/// scope the token does not allow, or `recover`.
+async fn admit(
+    cfg: &GatewayConfig,
+    caller: &HttpCaller,
+    method: &str,
+    params: &Value,
+) -> Result<Option<Value>, GatewayError> {
+    let (cfg, caller) = (cfg.clone(), caller.clone());
+    let (m, p) = (method.to_owned(), params.clone());
+    tokio::task::spawn_blocking(move || -> Result<Option<Value>, GatewayError> {
+        match m.as_str() {
+            "execute" => {
+                let mut e: gateway::ExecuteParams = serde_json::from_value(p)
+                    .map_err(|e| GatewayError::params(format!("execute: {e}")))?;
+                admit_execute(&cfg, &caller, &mut e)?;
+                Ok(e.scope.map(Value::String))
+            }
+            "recover" => Err(GatewayError {
+                code: -32601,
+                message: "recover acts on every execution of the journal: an operator's \
+                          command (cairn recover), not offered over HTTP"
+                    .into(),
+                data: None,
+            }),
+            _ => {
+                if let Some(x) = named(&p) {
+                    admit_read(&cfg, &caller, &x)?;
+                }
+                Ok(None)
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|e| Err(GatewayError::params(format!("internal error: {e}"))))
+}
+
 /// Check what the caller may do, then run the method.
 async fn answer(
     front: &Arc<Front>,
@@ -89,37 +127,7 @@ async fn answer(
     id: &Value,
 ) -> (Value, Option<ExecutionId>) {
     let corr = caller.correlation(&correlation(id));
-    let admitted = {
-        let (cfg, caller) = (cfg.clone(), caller.clone());
-        let m = method.clone();
-        let p = params.clone();
-        tokio::task::spawn_blocking(move || -> Result<Option<Value>, GatewayError> {
-            // Some(scope): the scope the call acts in (a token's prefix when none was given).
-            match m.as_str() {
-                "execute" => {
-                    let mut e: gateway::ExecuteParams = serde_json::from_value(p)
-                        .map_err(|e| GatewayError::params(format!("execute: {e}")))?;
-                    admit_execute(&cfg, &caller, &mut e)?;
-                    Ok(e.scope.map(Value::String))
-                }
-                "recover" => Err(GatewayError {
-                    code: -32601,
-                    message: "recover acts on every execution of the journal: an operator's \
-                              command (cairn recover), not offered over HTTP"
-                        .into(),
-                    data: None,
-                }),
-                _ => {
-                    if let Some(x) = named(&p) {
-                        admit_read(&cfg, &caller, &x)?;
-                    }
-                    Ok(None)
-                }
-            }
-        })
-        .await
-        .unwrap_or_else(|e| Err(GatewayError::params(format!("internal error: {e}"))))
-    };
+    let admitted = admit(&cfg, caller, &method, &params).await;
     match admitted {
         Ok(Some(scope)) => params["scope"] = scope,
         Ok(None) => {}
