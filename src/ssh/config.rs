@@ -656,39 +656,7 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
     refuse_proxies(&c)?;
 
     let hostname = match &c.hostname {
-        Some(v) => {
-            let t = Tokens {
-                alias: &alias,
-                hostname: &lower,
-                user: "",
-                local_user: &local_user,
-                home: &home.to_string_lossy(),
-                port: 22,
-            };
-            let mut s = String::new();
-            // HostName only knows %h and %%.
-            let mut it = v.value.chars();
-            while let Some(ch) = it.next() {
-                if ch == '%' {
-                    match it.next() {
-                        Some('h') => s.push_str(t.hostname),
-                        Some('%') => s.push('%'),
-                        other => {
-                            return Err(cfg_err(
-                                &v.loc,
-                                format!(
-                                    "HostName only understands %h and %%, not %{}",
-                                    other.map(String::from).unwrap_or_default()
-                                ),
-                            ))
-                        }
-                    }
-                } else {
-                    s.push(ch);
-                }
-            }
-            s
-        }
+        Some(v) => expand_hostname(v, &lower)?,
         None => lower.clone(),
     };
     let port = match (opts.port, &c.port) {
@@ -738,11 +706,84 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         }
     }
 
+    let (known_hosts, known_hosts_read, global_known_hosts) =
+        known_hosts_files(&c, opts, &tokens, &home)?;
+
+    let (connect_timeout, keepalive_interval, keepalive_max) = liveness(&c, opts)?;
+    let accept_new = opts.accept_new || strict_accepts_new(c.strict.as_ref())?;
+    let identities_only = c.identities_only.as_ref().is_some_and(yes_no);
+    let mut certificate_files = Vec::new();
+    for v in &c.certificate_files {
+        let p = expand_tilde(&expand_tokens(&v.value, &tokens, &v.loc)?, &home);
+        if !certificate_files.contains(&p) {
+            certificate_files.push(p);
+        }
+    }
+    let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
+    let identity_agent = identity_agent(&c, &tokens, &home)?;
+
+    Ok(Target {
+        alias,
+        hostname,
+        port,
+        user,
+        identity_files,
+        known_hosts,
+        known_hosts_read,
+        accept_new,
+        hash_known_hosts,
+        connect_timeout,
+        keepalive_interval,
+        keepalive_max,
+        identity_agent,
+        host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
+        pinned_host_key: None,
+        identities_only,
+        certificate_files,
+        global_known_hosts,
+    })
+}
+
+/// HostName with `%h` (the lower-cased name given) and `%%`, the only tokens it knows.
+fn expand_hostname(v: &Val, host: &str) -> Result<String, SshError> {
+    let mut s = String::new();
+    let mut it = v.value.chars();
+    while let Some(ch) = it.next() {
+        if ch != '%' {
+            s.push(ch);
+            continue;
+        }
+        match it.next() {
+            Some('h') => s.push_str(host),
+            Some('%') => s.push('%'),
+            other => {
+                return Err(cfg_err(
+                    &v.loc,
+                    format!(
+                        "HostName only understands %h and %%, not %{}",
+                        other.map(String::from).unwrap_or_default()
+                    ),
+                ))
+            }
+        }
+    }
+    Ok(s)
+}
+
+/// The known_hosts file written by accept-new, the further files only read, and the global
+/// ones among those: `--known-hosts` alone when given, else UserKnownHostsFile (default
+/// ~/.ssh/known_hosts, ~/.ssh/known_hosts2) then GlobalKnownHostsFile.
+fn known_hosts_files(
+    c: &Collected,
+    opts: &ConnectOptions,
+    tokens: &Tokens<'_>,
+    home: &Path,
+) -> Result<(PathBuf, Vec<PathBuf>, Vec<PathBuf>), SshError> {
     let expand_list = |list: &(Vec<String>, Loc)| -> Result<Vec<PathBuf>, SshError> {
         list.0
             .iter()
             .filter(|s| !s.eq_ignore_ascii_case("none"))
-            .map(|s| Ok(expand_tilde(&expand_tokens(s, &tokens, &list.1)?, &home)))
+            .map(|s| Ok(expand_tilde(&expand_tokens(s, tokens, &list.1)?, home)))
             .collect()
     };
     let mut global_known_hosts = Vec::new();
@@ -772,7 +813,11 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
             (first, user_files)
         }
     };
+    Ok((known_hosts, known_hosts_read, global_known_hosts))
+}
 
+/// ConnectTimeout, ServerAliveInterval and ServerAliveCountMax, where the flags win when given.
+fn liveness(c: &Collected, opts: &ConnectOptions) -> Result<(Duration, Duration, usize), SshError> {
     let connect_timeout = match &c.connect_timeout {
         _ if opts.connect_timeout_explicit => opts.connect_timeout,
         Some(v) => match parse_secs(v, "ConnectTimeout")? {
@@ -807,52 +852,30 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
             })?,
         None => opts.keepalive_max,
     };
-    let accept_new = opts.accept_new || strict_accepts_new(c.strict.as_ref())?;
-    let identities_only = c.identities_only.as_ref().is_some_and(yes_no);
-    let mut certificate_files = Vec::new();
-    for v in &c.certificate_files {
-        let p = expand_tilde(&expand_tokens(&v.value, &tokens, &v.loc)?, &home);
-        if !certificate_files.contains(&p) {
-            certificate_files.push(p);
-        }
-    }
-    let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
-    let identity_agent = match &c.identity_agent {
+    Ok((connect_timeout, keepalive_interval, keepalive_max))
+}
+
+/// IdentityAgent: `SSH_AUTH_SOCK` (the default), `none`, `$VAR`, or a socket path.
+fn identity_agent(
+    c: &Collected,
+    tokens: &Tokens<'_>,
+    home: &Path,
+) -> Result<AgentSetting, SshError> {
+    Ok(match &c.identity_agent {
         None => AgentSetting::Env,
         Some(v) if v.value.eq_ignore_ascii_case("none") => AgentSetting::None,
         Some(v) if v.value == "SSH_AUTH_SOCK" => AgentSetting::Env,
         Some(v) => {
-            let s = expand_tokens(&v.value, &tokens, &v.loc)?;
+            let s = expand_tokens(&v.value, tokens, &v.loc)?;
             if let Some(var) = s.strip_prefix('$') {
                 match std::env::var_os(var) {
                     Some(p) => AgentSetting::Path(PathBuf::from(p)),
                     None => AgentSetting::None,
                 }
             } else {
-                AgentSetting::Path(expand_tilde(&s, &home))
+                AgentSetting::Path(expand_tilde(&s, home))
             }
         }
-    };
-
-    Ok(Target {
-        alias,
-        hostname,
-        port,
-        user,
-        identity_files,
-        known_hosts,
-        known_hosts_read,
-        accept_new,
-        hash_known_hosts,
-        connect_timeout,
-        keepalive_interval,
-        keepalive_max,
-        identity_agent,
-        host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
-        pinned_host_key: None,
-        identities_only,
-        certificate_files,
-        global_known_hosts,
     })
 }
 
