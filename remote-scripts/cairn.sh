@@ -7,17 +7,20 @@ MODE=$1
 set -f
 NL='
 '
-S=
-B=
+# STAGE: a dispatch's staging directory, not yet moved into place (die removes it); TAG:
+# @@cairn-NONCE@@, which starts every protocol line; BOOT: the boot identity, once read
+STAGE=
+TAG=
 BOOT=
 
-# protocol line: on stderr, except in a session (one framed stream on stdout)
+# say WORDS: one protocol line, tagged with the dispatch's TAG: on stderr, except in a session
+# (one framed stream on stdout)
 PF=2
 [ "$MODE" = session ] && PF=1
-p() { printf '%s %s\n' "$B" "$*" >&"$PF"; }
+say() { printf '%s %s\n' "$TAG" "$*" >&"$PF"; }
 
-# B error TEXT, with newlines turned into spaces
-e() {
+# say_error TEXT: the protocol line "TAG error TEXT", with newlines turned into spaces
+say_error() {
 	m=$*
 	while :; do
 		case $m in
@@ -25,18 +28,18 @@ e() {
 		*) break ;;
 		esac
 	done
-	p error "$m"
+	say error "$m"
 }
 
 # the supervisor reports on its verdict pipe, all others on the channel
 die() {
-	[ -n "$S" ] && rm -rf "$S"
+	[ -n "$STAGE" ] && rm -rf "$STAGE"
 	if [ "$MODE" = supervise ]; then
 		printf '%s\nverdict refused\n' "$1"
 	else
-		e "$1"
-		[ "$MODE" = dispatch ] && p verdict refused
-		p end
+		say_error "$1"
+		[ "$MODE" = dispatch ] && say verdict refused
+		say end
 	fi
 	exit 1
 }
@@ -76,8 +79,8 @@ wake() {
 	n=$n$n$n$n
 	printf '%s' "$n$n$n$n" 1<>"$F/wake"
 }
-# size FILE: sets Z (busybox wc may pad with spaces)
-size() { Z=$(wc -c <"$1") && Z=${Z##*[!0-9]}; }
+# size FILE: sets SIZE (busybox wc may pad with spaces)
+size() { SIZE=$(wc -c <"$1") && SIZE=${SIZE##*[!0-9]}; }
 
 # pst PID: STATE and STIME (field 22) from /proc/PID/stat; comm (field 2) may
 # hold spaces and parentheses: use what follows the last ") "
@@ -99,8 +102,8 @@ boot() {
 	[ -n "$BOOT" ] && return 0
 	read -r b <"${CAIRN_BOOT_ID_FILE:-/proc/sys/kernel/random/boot_id}" && pst 1 && BOOT=$b/$STIME
 }
-# rec RECORD: sets R_* from a started record; false if its version is not ours
-rec() {
+# parse_start RECORD: sets R_* from a started record; false if its version is not ours
+parse_start() {
 	R_v='' R_boot='' R_pid='' R_start=''
 	for kv in $1; do
 		case $kv in
@@ -133,7 +136,7 @@ lead() { num "$g" && ours "$g" "$gs"; }
 # bad value can never become kill -1 (everything) or kill 0 (our own group). The form
 # is "kill -s SIG -- PID": a kill that is not the shell's builtin (procps-ng 4.0.2) reads
 # "kill -TERM -123" as options and signals every process (kill(-1)); dash refuses "kill -0 --".
-kl() {
+kill_pids() {
 	k_=$1
 	shift
 	for q_; do
@@ -141,11 +144,11 @@ kl() {
 	done
 	true
 }
-# kg SIG: the command's process group (g gs: its leader's PID and start time, from F/pgid).
+# kill_group SIG: the command's process group (g gs: its leader's PID and start time, from F/pgid).
 # While the leader lives, with that start time: its group, or the leader alone while the
 # group does not exist yet. A PID that now names another process: nothing (ours is gone).
 # No process by that PID: only the group, whose members keep the number from being reused.
-kg() {
+kill_group() {
 	num "$g" && [ "$g" -gt 1 ] || return 0
 	if pst "$g"; then
 		[ "$STIME" = "$gs" ] || return 0
@@ -167,13 +170,13 @@ nap() {
 # process group after TO seconds (touching F/timedout), KILL 5 s later
 watchdog() {
 	NP=
-	trap 'kl TERM "$NP"; exit 0' TERM
+	trap 'kill_pids TERM "$NP"; exit 0' TERM
 	nap "$TO"
 	read -r g gs <"$F/pgid" || exit 0
 	true >"$F/timedout"
-	kg TERM
+	kill_group TERM
 	nap 5
-	kg KILL
+	kill_group KILL
 }
 
 # command: run in a subshell (exits with the command's status). Own session, cwd $HOME,
@@ -201,26 +204,26 @@ command_() {
 rest() {
 	N=$2
 	if num "$3"; then
-		Z=$3
+		SIZE=$3
 	else
 		size "$1" 2>/dev/null || return 0
 	fi
-	[ "$Z" -gt "$2" ] || return 0
+	[ "$SIZE" -gt "$2" ] || return 0
 	if [ "$2" = 0 ]; then
-		head -c "$Z" "$1" 2>/dev/null
+		head -c "$SIZE" "$1" 2>/dev/null
 	else
-		tail -c +$(($2 + 1)) "$1" 2>/dev/null | head -c $((Z - $2))
+		tail -c +$(($2 + 1)) "$1" 2>/dev/null | head -c $((SIZE - $2))
 	fi
-	N=$Z
+	N=$SIZE
 }
 
 # heartbeat: wake the watcher every 2 s to re-check liveness; if the watcher
 # is gone, kill what it started
 # (alive by its start time: kill -0 would stay true for a reused PID, and this loop would
 # go on for nobody)
-hb() {
+heartbeat() {
 	NP=
-	trap 'kl TERM "$NP"; exit 0' TERM
+	trap 'kill_pids TERM "$NP"; exit 0' TERM
 	HS='' HM=''
 	pst $$ && HS=$STIME
 	# this subshell's own start time: each helper it was given started before it, so a PID
@@ -230,7 +233,7 @@ hb() {
 		echo >&4
 	done
 	for h_; do
-		pst "$h_" && num "$HM" && [ "$STIME" -le "$HM" ] && kl TERM "$h_"
+		pst "$h_" && num "$HM" && [ "$STIME" -le "$HM" ] && kill_pids TERM "$h_"
 	done
 }
 
@@ -269,11 +272,11 @@ stream() {
 		done
 		rest "$F/out" "$o" "$zo" && o=$N
 		rest "$F/err" "$r" "$ze" >&2 && r=$N
-		p sizes "out=$o err=$r"
+		say sizes "out=$o err=$r"
 	fi
-	p live "$L"
+	say live "$L"
 	if [ -n "$d" ]; then
-		p 'done' "$d"
+		say 'done' "$d"
 	fi
 }
 
@@ -312,7 +315,7 @@ live() {
 	tee "$W.ce" <&8 >&2 2>/dev/null &
 	t2=$!
 	exec 6<&- 8<&-
-	hb $f1 $f2 $t1 $t2 $w1 $w2 &
+	heartbeat $f1 $f2 $t1 $t2 $w1 $w2 &
 	h=$!
 	while read -r _ <&4; do
 		[ -e "$F.done" ] && break
@@ -321,7 +324,7 @@ live() {
 		# a dead tee means the channel is gone
 		kill -0 "$t1" "$t2" 2>/dev/null || break
 	done
-	kl TERM "$h" "$f1" "$f2"
+	kill_pids TERM "$h" "$f1" "$f2"
 	wait $t1 $t2 $w1 $w2 $h
 	# a sentinel after the count: a wc that died without writing cannot block the read
 	echo x >&3
@@ -336,10 +339,10 @@ live() {
 
 # --- arguments: nothing from the caller is ever evaluated as code ---
 case $3 in
-*[!0-9a-f]* | '') B= ;;
-*) [ ${#3} -eq 32 ] && B=@@cairn-$3@@ ;;
+*[!0-9a-f]* | '') TAG= ;;
+*) [ ${#3} -eq 32 ] && TAG=@@cairn-$3@@ ;;
 esac
-[ -n "$B" ] || {
+[ -n "$TAG" ] || {
 	echo "cairn: bad nonce" >&2
 	exit 2
 }
@@ -362,15 +365,15 @@ hello | gc | session) ID= ;;
 	[ ${#ID} -le 128 ] || die "bad execution ID"
 	;;
 esac
-D=$2
-case $D in
+MARKER_DIR=$2
+case $MARKER_DIR in
 '' | *"$NL"*) die "bad marker directory" ;;
 /*) ;;
 *) [ -n "$HOME" ] || die "HOME is not set"
-	D=$HOME/$D ;;
+	MARKER_DIR=$HOME/$MARKER_DIR ;;
 esac
-X=$D/x
-T=$D/tmp
+X=$MARKER_DIR/x
+T=$MARKER_DIR/tmp
 F=$X/$ID
 # No symbolic link anywhere on the marker path: a link could point the markers, and the
 # writes that make them, at files elsewhere.
@@ -378,7 +381,7 @@ r=
 q=
 o=$IFS
 IFS=/
-for c in $D; do
+for c in $MARKER_DIR; do
 	[ -n "$c" ] || continue
 	r=$r/$c
 	[ -L "$r" ] && q=$r && break
@@ -386,13 +389,13 @@ done
 IFS=$o
 [ -L "$X" ] && q=$X
 [ -L "$T" ] && q=$T
-[ -z "$q" ] || die "the marker path $D has a symbolic link at $q; refusing it (give --remote-dir the real path)"
+[ -z "$q" ] || die "the marker path $MARKER_DIR has a symbolic link at $q; refusing it (give --remote-dir the real path)"
 
 # --- supervisor: started by dispatch, detached, never writes to the channel ---
 if [ "$MODE" = supervise ]; then
 	# the dispatcher may die (SIGPIPE/SIGHUP) at any time: that must not stop us
 	trap '' HUP PIPE
-	S=$T/$ID.$8
+	STAGE=$T/$ID.$8
 	TO=$7
 	sh=${SHELL:-/bin/sh}
 	[ -x "$sh" ] || die "login shell $sh is not executable"
@@ -410,24 +413,24 @@ if [ "$MODE" = supervise ]; then
 	fi
 	boot || die "cannot read the boot identity"
 	pst $$ || die "cannot read /proc/$$/stat"
-	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
+	read -r E _ <"$MARKER_DIR/epoch" || die "cannot read $MARKER_DIR/epoch"
 	now
-	put "$S/start" "v=1 id=$ID len=$5 digest=$6 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$NOW timeout=$TO" ||
-		die "cannot write $S/start"
+	put "$STAGE/start" "v=1 id=$ID len=$5 digest=$6 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$NOW timeout=$TO" ||
+		die "cannot write $STAGE/start"
 	# THE start guard: an exclusive link of the complete started record
-	if ! m=$(ln "$S/start" "$F.start" 2>&1); then
+	if ! m=$(ln "$STAGE/start" "$F.start" 2>&1); then
 		[ -e "$F.start" ] || die "$m"
 		echo "verdict exists"
-		rm -rf "$S"
+		rm -rf "$STAGE"
 		exit 0
 	fi
-	if ! m=$(mv "$S" "$F" 2>&1); then
+	if ! m=$(mv "$STAGE" "$F" 2>&1); then
 		# nothing ran: give the guard back rather than leave a start we cannot honour
 		rm -f "$F.start"
 		fsync "$X"
 		die "$m"
 	fi
-	S=
+	STAGE=
 	# one flush for the record and both names (the guard, the directory) before anything
 	# runs; a crash before it completes leaves at worst a guard with an unreadable record
 	# (reported as unknown), never a command that ran without its record
@@ -450,7 +453,7 @@ if [ "$MODE" = supervise ]; then
 	(command_)
 	c=$?
 	if [ -n "$w" ]; then
-		kl TERM "$w"
+		kill_pids TERM "$w"
 		wait "$w"
 	fi
 	t=0 k=0
@@ -464,21 +467,21 @@ if [ "$MODE" = supervise ]; then
 	m=${m#*"$NL"}
 	l=${m%%"$NL"*}
 	l=${l#"${l%%[! ]*}"}
-	Z=${l%% *}
-	if ! num "$o" || ! num "$Z"; then
-		size "$F/out" && o=$Z && size "$F/err"
+	SIZE=${l%% *}
+	if ! num "$o" || ! num "$SIZE"; then
+		size "$F/out" && o=$SIZE && size "$F/err"
 	fi
 	now
 	# written in place into the space reserved before the start
 	# (its own newline, so that a reader stops there and not at the end of the padding)
 	printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
-		"$ID" "$c" "$NOW" "$o" "$Z" "$t" "$k" 1<>"$F/done.tmp"
+		"$ID" "$c" "$NOW" "$o" "$SIZE" "$t" "$k" 1<>"$F/done.tmp"
 	# the outputs with the record: no record on disk states bytes the disk does not hold
 	fsync "$F/out" "$F/err" "$F/done.tmp"
 	mv "$F/done.tmp" "$F.done"
 	fsync "$X"
 	if [ -n "$FS" ] && pst "$FP" && [ "$STIME" = "$FS" ]; then
-		kl TERM "$FP"
+		kill_pids TERM "$FP"
 	fi
 	wake
 	exit 0
@@ -486,10 +489,10 @@ fi
 
 # --- every other mode: ensure the marker home and the epoch, say hello ---
 if [ ! -d "$X" ] || [ ! -d "$T" ]; then
-	run mkdir -p -m 700 "$D"
+	run mkdir -p -m 700 "$MARKER_DIR"
 	run mkdir -p "$X" "$T"
 fi
-if ! read -r E _ 2>/dev/null <"$D/epoch"; then
+if ! read -r E _ 2>/dev/null <"$MARKER_DIR/epoch"; then
 	read -r u </proc/sys/kernel/random/uuid || die "cannot read /proc/sys/kernel/random/uuid"
 	while :; do
 		case $u in
@@ -501,43 +504,43 @@ if ! read -r E _ 2>/dev/null <"$D/epoch"; then
 	run put "$T/epoch.$$" "$u created=$NOW"
 	fsync "$T/epoch.$$"
 	# exclusive: of two racing first uses, one epoch wins
-	ln "$T/epoch.$$" "$D/epoch" 2>/dev/null
+	ln "$T/epoch.$$" "$MARKER_DIR/epoch" 2>/dev/null
 	rm -f "$T/epoch.$$"
-	fsync "$D"
-	read -r E _ <"$D/epoch" || die "cannot read $D/epoch"
+	fsync "$MARKER_DIR"
+	read -r E _ <"$MARKER_DIR/epoch" || die "cannot read $MARKER_DIR/epoch"
 fi
 # first contact (hello): the marker home must be private
 if [ "$MODE" = hello ]; then
-	case $(ls -ld "$D") in
+	case $(ls -ld "$MARKER_DIR") in
 	d???------*) ;;
-	*) die "the marker directory $D is accessible by other users; fix it with: chmod 700 $D" ;;
+	*) die "the marker directory $MARKER_DIR is accessible by other users; fix it with: chmod 700 $MARKER_DIR" ;;
 	esac
 fi
 boot || die "cannot read the boot identity"
 now
-p hello "v=1 epoch=$E boot=$BOOT now=$NOW"
+say hello "v=1 epoch=$E boot=$BOOT now=$NOW"
 
 case $MODE in
 dispatch)
 	LEN=$5 DIG=$6 TO=$7 ATT=$8 SL=${9:-0}
 	if [ ! -e "$F.start" ]; then
 		command -v setsid >/dev/null || die "setsid: command not found"
-		S=$T/$ID.$$
-		run mkdir "$S"
+		STAGE=$T/$ID.$$
+		run mkdir "$STAGE"
 		# exactly LEN bytes from stdin, or refuse (a cut connection gives fewer)
 		if [ "$SL" -gt 0 ]; then
 			# the secrets follow on stdin: not one byte more (busybox's head reads ahead)
-			m=$(dd bs=1 count="$LEN" 2>&1 of="$S/cmd") || die "$m"
+			m=$(dd bs=1 count="$LEN" 2>&1 of="$STAGE/cmd") || die "$m"
 		else
-			m=$(head -c "$LEN" 2>&1 >"$S/cmd") || die "$m"
+			m=$(head -c "$LEN" 2>&1 >"$STAGE/cmd") || die "$m"
 		fi
-		size "$S/cmd"
-		[ "$Z" = "$LEN" ] || die "stdin ended after $Z of $LEN bytes"
+		size "$STAGE/cmd"
+		[ "$SIZE" = "$LEN" ] || die "stdin ended after $SIZE of $LEN bytes"
 		# the stage; done.tmp reserves the space of the finish record (on failure, again
 		# under run, for the host's own error text)
-		prep() { true >"$S/out" && true >"$S/err" && printf '%512s\n' '' >"$S/done.tmp"; }
+		prep() { true >"$STAGE/out" && true >"$STAGE/err" && printf '%512s\n' '' >"$STAGE/done.tmp"; }
 		prep 2>/dev/null || run prep
-		run mkfifo "$S/wake"
+		run mkfifo "$STAGE/wake"
 		# the supervisor runs under the shell running us (busybox needs "sh")
 		set -- /bin/sh
 		# (-ef is not POSIX, but bash, dash and busybox have it; without it: readlink)
@@ -557,10 +560,10 @@ dispatch)
 			# secrets follow the command on stdin: the supervisor reads them itself, into
 			# memory only (never a file), and hands them to the command's environment
 			# shellcheck disable=SC2016 # the script is $1 of the new shell
-			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$D" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ "$SL" 2>&1)
+			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ "$SL" 2>&1)
 		else
 			# shellcheck disable=SC2016 # the script is $1 of the new shell
-			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$D" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ </dev/null 2>&1)
+			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ </dev/null 2>&1)
 		fi
 		# error lines, then "verdict X" last
 		V=
@@ -571,59 +574,59 @@ dispatch)
 			;;
 		esac
 		v=${v%"$NL"}
-		[ -n "$v" ] && e "$v"
+		[ -n "$v" ] && say_error "$v"
 		case $V in
 		started | exists | refused) ;;
 		*)
 			# no verdict: the supervisor died; did it cross the guard? (records
 			# are unique: they hold the supervisor's PID and start time)
 			l=
-			[ -d "$S" ] && read -r l 2>/dev/null <"$S/start"
-			if [ -e "$F.start" ] && { [ ! -d "$S" ] || { read -r d <"$F.start" && [ "$l" = "$d" ]; }; }; then
+			[ -d "$STAGE" ] && read -r l 2>/dev/null <"$STAGE/start"
+			if [ -e "$F.start" ] && { [ ! -d "$STAGE" ] || { read -r d <"$F.start" && [ "$l" = "$d" ]; }; }; then
 				V=started
 			else
 				V=refused
 			fi
 			;;
 		esac
-		[ "$V" = refused ] && rm -rf "$S"
+		[ "$V" = refused ] && rm -rf "$STAGE"
 	else
 		V=exists
 	fi
-	p verdict "$V"
+	say verdict "$V"
 	if [ "$V" != refused ] && read -r l <"$F.start"; then
-		p start "$l"
-		[ "$V" = started ] && [ "$ATT" = 1 ] && rec "$l" && stream 0 0 1
+		say start "$l"
+		[ "$V" = started ] && [ "$ATT" = 1 ] && parse_start "$l" && stream 0 0 1
 	fi
 	;;
 watch)
 	if [ -e "$F.start" ]; then
 		read -r l <"$F.start"
-		p start "$l"
-		if ! rec "$l"; then
-			e "unsupported started record version '$R_v'"
+		say start "$l"
+		if ! parse_start "$l"; then
+			say_error "unsupported started record version '$R_v'"
 		elif [ ! -d "$F" ] && [ -e "$F.done" ] && read -r d <"$F.done"; then
 			# gc kept only the tombstone: the result is known, the output is gone
-			p gone output
-			p live dead
-			p 'done' "$d"
+			say gone output
+			say live dead
+			say 'done' "$d"
 		else
 			stream "$5" "$6" "$7"
 		fi
 	else
-		p absent
+		say absent
 	fi
 	;;
 cancel)
 	# the flag first: a supervisor that has not started the command yet will see it
 	run touch "$F.cancel"
 	if [ ! -e "$F.start" ]; then
-		p absent
+		say absent
 		R=absent
 	else
 		read -r l <"$F.start"
-		p start "$l"
-		rec "$l" || die "unsupported started record version '$R_v'"
+		say start "$l"
+		parse_start "$l" || die "unsupported started record version '$R_v'"
 		alive
 		if [ -e "$F.done" ]; then
 			R=finished
@@ -633,7 +636,7 @@ cancel)
 			R=prevented
 			[ "$L" = alive ] || R=dead
 		elif lead; then
-			kg TERM
+			kill_group TERM
 			R=signalled
 			i=$(($5 * 10))
 			while [ $i -gt 0 ] && [ ! -e "$F.done" ] && lead; do
@@ -641,7 +644,7 @@ cancel)
 				i=$((i - 1))
 			done
 			if [ ! -e "$F.done" ] && lead; then
-				kg KILL
+				kill_group KILL
 			fi
 		else
 			R=finished
@@ -654,12 +657,12 @@ cancel)
 			i=$((i - 1))
 			alive
 		done
-		p live "$L"
+		say live "$L"
 		if [ -e "$F.done" ] && read -r d <"$F.done"; then
-			p 'done' "$d"
+			say 'done' "$d"
 		fi
 	fi
-	p cancel "$R"
+	say cancel "$R"
 	;;
 gc)
 	# Finished executions only (a finish record exists): past OUTPUT_AGE seconds their output
@@ -689,7 +692,7 @@ gc)
 	# stages of dispatches that died before their verdict, a day old
 	find "$T" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null
 	fsync "$X"
-	p gc "removed_output=$no removed_tombstones=$nt unfinished=$nk"
+	say gc "removed_output=$no removed_tombstones=$nt unfinished=$nk"
 	;;
 # SESSION ARM BEGINS: sent only with the session mode (the client leaves it out of every
 # other exec, which keeps them small)
@@ -791,7 +794,7 @@ session)
 	(
 		exec 5>&-
 		NP=
-		trap 'kl TERM "$NP"; exit 0' TERM
+		trap 'kill_pids TERM "$NP"; exit 0' TERM
 		# (alive by its start time: a PID can be reused)
 		while nap 2 && ours $$ "$SST"; do
 			echo t >&4
@@ -802,7 +805,7 @@ session)
 	# queued events have been handled: one write, and one SSH packet, for many lines (nothing
 	# below calls die, which would leave them unwritten).
 	OB=''
-	p() { OB="$OB$B $*$NL"; }
+	say() { OB="$OB$TAG $*$NL"; }
 	fl() {
 		[ -n "$OB" ] || return 0
 		printf '%s' "$OB"
@@ -813,8 +816,8 @@ session)
 	# for its go-on; BH: a batch helper is running, BL: its requests not reported on yet; W:
 	# finished commands (ID:STATUS); FL: those of the running finish helper not reported yet; FH: a
 	# finish helper is running; N: commands started and not yet answered; P: helpers running
-	# beside this shell; Z: the reader has stopped
-	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 Z='' SN='' nb=0 nf=0 nw=0 WL='' p_='' FH='' BH=''
+	# beside this shell; READER_GONE: the reader has stopped
+	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 READER_GONE='' SN='' nb=0 nf=0 nw=0 WL='' p_='' FH='' BH=''
 	BL='' FL=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
 	# flushes, and a finish group's count, records, links and flushes, each run in a helper
@@ -855,14 +858,14 @@ session)
 	# answer ID VERDICT [MESSAGE [RECORD]]: error, verdict, start (the started record given,
 	# else the one on disk, if any), end
 	answer() {
-		[ -n "$3" ] && p "=$1" error "$3"
-		p "=$1" verdict "$2"
+		[ -n "$3" ] && say "=$1" error "$3"
+		say "=$1" verdict "$2"
 		if [ -n "$4" ]; then
-			p "=$1" start "$4"
+			say "=$1" start "$4"
 		elif [ "$2" != refused ] && read -r l 2>/dev/null <"$X/$1.start"; then
-			p "=$1" start "$l"
+			say "=$1" start "$l"
 		fi
-		[ "$2" = started ] || p "=$1" end
+		[ "$2" = started ] || say "=$1" end
 	}
 	# (the batch helper) refuse the whole batch with the tool's message
 	refuse() {
@@ -968,7 +971,7 @@ session)
 			)
 			c=$?
 			if [ -n "$w" ]; then
-				kl TERM "$w"
+				kill_pids TERM "$w"
 				wait "$w"
 			fi
 			echo "f $ID $c $nw" >&4
@@ -1022,7 +1025,7 @@ session)
 				;;
 			esac
 			if ! num "$o" || ! num "$z"; then
-				size "$F/out" && o=$Z && size "$F/err" && z=$Z
+				size "$F/out" && o=$SIZE && size "$F/err" && z=$SIZE
 			fi
 			t=0 k=0
 			[ -e "$F/timedout" ] && t=1
@@ -1066,22 +1069,22 @@ session)
 		# output up to 1 MiB a stream goes inline, framed by its length; beyond that the
 		# client reads it with watch
 		if num "$o" && [ "$o" -gt 0 ] && [ "$o" -le 1048576 ]; then
-			p "=$ID" out "$o"
+			say "=$ID" out "$o"
 			fl
 			head -c "$o" "$F/out"
 		else
 			o=0
 		fi
 		if num "$z" && [ "$z" -gt 0 ] && [ "$z" -le 1048576 ]; then
-			p "=$ID" err "$z"
+			say "=$ID" err "$z"
 			fl
 			head -c "$z" "$F/err"
 		else
 			z=0
 		fi
-		p "=$ID" sizes "out=$o err=$z"
-		[ -n "$d" ] && p "=$ID" 'done' "$d"
-		p "=$ID" end
+		say "=$ID" sizes "out=$o err=$z"
+		[ -n "$d" ] && say "=$ID" 'done' "$d"
+		say "=$ID" end
 		N=$((N - 1))
 	}
 	# wl N ID: waiter N of ID is no longer running (only an entry that is there is taken out)
@@ -1101,8 +1104,8 @@ session)
 		now
 		put "$F/lost" "v=1 id=$2 lost_at=$NOW waiter_pid=$p_" 2>/dev/null || true >"$F/lost"
 		wake
-		p "=$2" live dead
-		p "=$2" end
+		say "=$2" live dead
+		say "=$2" end
 		N=$((N - 1))
 	}
 	# drop NAME ID: take ID's entry (ID:...) out of the list in the variable NAME; x_ is what
@@ -1176,7 +1179,7 @@ session)
 		P=$((P - 1))
 	}
 	while :; do
-		if [ -n "$Z" ] && [ "$N" -eq 0 ] && [ "$P" -eq 0 ] && [ -z "$SN" ]; then
+		if [ -n "$READER_GONE" ] && [ "$N" -eq 0 ] && [ "$P" -eq 0 ] && [ -z "$SN" ]; then
 			break
 		fi
 		read -r k a b c d <&4 || break
@@ -1214,7 +1217,7 @@ session)
 				fi
 			done
 			[ -n "$BH" ] && hl b "$nb"
-			[ -z "$Z" ] && hl r 0
+			[ -z "$READER_GONE" ] && hl r 0
 			[ -n "$FH" ] && hl f "$nf"
 			;;
 		u)
@@ -1222,8 +1225,8 @@ session)
 			[ -n "$p_" ] && lost "$a" "$b"
 			;;
 		q)
-			Z=1
-			[ -n "$a" ] && e "$a $b $c $d"
+			READER_GONE=1
+			[ -n "$a" ] && say_error "$a $b $c $d"
 			;;
 		s) SN='' ;;
 		v)
@@ -1260,9 +1263,9 @@ session)
 			p_=''
 			case $a in b | f) num "$b" && eval "p_=\${P$a$b:-}" ;; esac
 			# the reader, killed before its "q": read no more, as after one
-			if [ "$a" = r ] && [ -z "$Z" ]; then
-				Z=1
-				e "the session's reader was killed; nothing more is read"
+			if [ "$a" = r ] && [ -z "$READER_GONE" ]; then
+				READER_GONE=1
+				say_error "the session's reader was killed; nothing more is read"
 			fi
 			if [ -n "$p_" ]; then
 				reap "$a$b"
@@ -1319,14 +1322,14 @@ session)
 			fi
 		fi
 	done
-	kl TERM "$TK"
+	kill_pids TERM "$TK"
 	# requests never followed by "g" were not started
 	rm -rf "$I"
-	# the last line, with what is still gathered (p gathers here)
-	p end
+	# the last line, with what is still gathered (say gathers here)
+	say end
 	fl
 	exit 0
 	;;
 # SESSION ARM ENDS
 esac
-p end
+say end

@@ -821,8 +821,8 @@ mod tests {
             script().len()
         );
         // both are whole scripts: the case statement still closes
-        assert!(script().contains("\nesac\np end\n"));
-        assert!(session_script().contains("\nesac\np end\n"));
+        assert!(script().contains("\nesac\nsay end\n"));
+        assert!(session_script().contains("\nesac\nsay end\n"));
     }
 
     #[test]
