@@ -1,6 +1,6 @@
 //! Authorization: whether a caller may start an execution.
 //!
-//! DESIGN.md: approvals are evidence, not idempotency. The approver is asked once, for a new
+//! docs/DESIGN.md: approvals are evidence, not idempotency. The approver is asked once, for a new
 //! execution only: a request that matches an earlier execution's intent attaches to it and is
 //! never asked again (no second approval for an ambiguous retry). Each decision is a journal
 //! event, `authorized` or `rejected`, with who decided, by which rule, and when.

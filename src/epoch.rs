@@ -1,4 +1,4 @@
-//! Host epochs as evidence (DESIGN.md, marker protocol item 7). Pure: no I/O; the journal keeps
+//! Host epochs as evidence (docs/DESIGN.md, marker protocol item 7). Pure: no I/O; the journal keeps
 //! the bookkeeping and the executor feeds it what the host announced.
 //!
 //! A host's marker home has an epoch: a random ID created the first time cairn uses it, and

@@ -470,7 +470,7 @@ impl Executor {
     /// A request whose intent fingerprint, actor and scope match an earlier execution that
     /// is still in its retention window and not yet delivered attaches to that execution
     /// (live output, the stored result, or its review record) instead of starting another;
-    /// see [`crate::intent`] and DESIGN.md, intent matching.
+    /// see [`crate::intent`] and docs/DESIGN.md, intent matching.
     pub async fn execute(
         &mut self,
         req: RunRequest,

@@ -1,7 +1,7 @@
 //! The canonical operation record and its intent fingerprint; operation classes and their
 //! retention windows and rules after an `unknown` outcome.
 //!
-//! DESIGN.md keeps three identities apart: the caller's correlation ID (which message is this a
+//! docs/DESIGN.md keeps three identities apart: the caller's correlation ID (which message is this a
 //! reply to), cairn's execution ID (is this the same attempt) and the intent fingerprint (might
 //! this be a retry of an earlier attempt). This module makes the third:
 //! `fingerprint = HMAC-SHA256(key, canonical bytes of the operation record)`, hex.
@@ -163,7 +163,7 @@ impl std::str::FromStr for OpClass {
     }
 }
 
-/// The class rule after an `unknown` outcome (DESIGN.md, operation classes).
+/// The class rule after an `unknown` outcome (docs/DESIGN.md, operation classes).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum AfterUnknown {
     /// Start a new execution (read-only, within limits).

@@ -649,7 +649,7 @@ impl Journal {
 }
 
 /// What an execution was accepted for, beyond its [`ExecutionRecord`]: the intent fingerprint
-/// and what scopes it (DESIGN.md, intent matching). Fixed once accepted, like the record.
+/// and what scopes it (docs/DESIGN.md, intent matching). Fixed once accepted, like the record.
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct IntentColumns {
     /// HMAC-SHA256 of the canonical operation record, hex ([`crate::intent`]).
@@ -989,7 +989,7 @@ impl Journal {
     }
 }
 
-/// Which client process, gateway run or actor existed (DESIGN.md: the sessions journal).
+/// Which client process, gateway run or actor existed (docs/DESIGN.md: the sessions journal).
 #[derive(Clone, Debug, Serialize, PartialEq, Eq)]
 pub struct SessionRecord {
     /// `se_` + UUIDv7.

@@ -8,37 +8,48 @@
 //! the command again.
 //!
 //! # Map
-//! - [`id`]: execution IDs, generation and validation.
-//! - [`state`]: the lifecycle states of DESIGN.md.
-//! - [`intent`]: the canonical operation record, its keyed fingerprint, operation classes.
-//! - [`journal`]: SQLite journal: executions, append-only hash-chained events, cursors.
-//! - [`epoch`]: host epochs as evidence: which epoch an execution is bound to, per-host
-//!   bookkeeping (destination, key, remote dir), pure.
-//! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
-//!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
+//! `ARCHITECTURE.md` has the whole picture; `docs/DESIGN.md` is the contract. Edges go one way,
+//! from the fronts down:
+//!
+//! Fronts (each knows its wire format; nothing below them does):
+//! - [`cli`]: the `cairn` command line; the only module that knows clap.
+//! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
+//! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose, as JSON.
+//! - [`serve`], [`mcp`], [`tasks`]: JSON-RPC and MCP on stdio; MCP tasks keyed by execution.
+//! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
+//!   bearer tokens ([`token`]) that decide each request's actor.
+//!
+//! Running executions:
+//! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
+//! - [`options`]: the plain option structs the library takes.
+//! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
+//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
+//! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
+//! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
-//! - [`audit`]: offline verification of the journal's chain and anchor (`cairn audit verify`).
-//! - [`recovery`]: the recovery table as a pure function (journal × probe → action).
+//!
+//! Pure decisions (no I/O):
+//! - [`recovery`]: the recovery table (journal × probe → action).
+//! - [`epoch`]: host epochs as evidence: which epoch an execution is bound to.
+//! - [`intent`]: the canonical operation record, its keyed fingerprint, operation classes.
+//! - [`state`], [`id`]: the lifecycle states of docs/DESIGN.md; execution IDs.
+//!
+//! Storage and evidence:
+//! - [`journal`]: SQLite journal: executions, append-only hash-chained events, the anchor,
+//!   group commit, batches, host bookkeeping, cursors.
+//! - [`audit`], [`audit_show`]: offline verification (`cairn audit verify`) and timelines.
 //! - [`reach`]: how an execution reached its host (recorded at acceptance), so recovery needs
 //!   no flags retyped; flags override it part by part.
-//! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
+//!
+//! Reaching hosts:
 //! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
 //! - [`pool`]: SSH connections and host sessions shared by a server's executions.
 //! - [`session`]: host sessions: one long-lived exec per connection starting dispatches in batches.
-//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
-//! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
-//! - [`options`]: the plain option structs the library takes.
-//! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
-//! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
-//! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose.
-//! - [`serve`], [`mcp`]: the JSON-RPC and MCP servers on stdio.
-//! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
-//!   bearer tokens ([`token`]) that decide each request's actor.
-//! - [`cli`]: the `cairn` command line; the only module that knows clap.
-//! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
+//! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
+//!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
 //!
-//! Data flows one way: front end ([`cli`]) → [`executor`] → ([`journal`], [`ssh`] + [`marker`]),
-//! with [`recovery::decide`] in the middle.
+//! The decision after a lost connection is [`recovery::decide`], a function anyone can read
+//! without knowing russh or SQLite.
 
 pub mod approve;
 pub mod audit;

@@ -1,5 +1,5 @@
 //! How an execution reached its host, recorded with it so that recovery needs no flags typed
-//! again (DESIGN.md, recovery; issue 16).
+//! again (docs/DESIGN.md, recovery; issue 16).
 //!
 //! At acceptance the `accepted` event's evidence gets a `connection` object (hash-chained with
 //! the rest of the record): the destination as resolved (HostName, port, account), the identity

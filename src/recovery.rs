@@ -1,6 +1,6 @@
 //! The recovery decision: what to do with an execution after a reconnect or a restart.
 //!
-//! This is DESIGN.md's recovery table as a pure function of what the journal knows and what the
+//! This is docs/DESIGN.md's recovery table as a pure function of what the journal knows and what the
 //! marker on the host says. No I/O happens here; the executor gathers the inputs (journal read,
 //! one probe exec) and carries out the action. Keeping it pure is what lets every row be tested
 //! without a network.

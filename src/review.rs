@@ -4,7 +4,7 @@
 //! An execution needs review when its outcome is `interrupted` (it started and cannot finish)
 //! or `unknown` (cairn cannot prove what happened), and no human has resolved it. A matching
 //! retry never starts it again and never asks for a second approval: it gets this record
-//! (DESIGN.md, intent matching). `cairn resolve ID --as completed|failed|retry --reason TEXT`
+//! (docs/DESIGN.md, intent matching). `cairn resolve ID --as completed|failed|retry --reason TEXT`
 //! records a decision as evidence: a `resolved` event with who, when and why.
 
 use serde::Serialize;

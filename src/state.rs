@@ -1,4 +1,4 @@
-//! Lifecycle states of an execution, exactly as DESIGN.md names them.
+//! Lifecycle states of an execution, exactly as docs/DESIGN.md names them.
 
 use std::fmt;
 use std::str::FromStr;
