@@ -40,6 +40,9 @@ impl Server {
         let l2 = log.clone();
         std::thread::spawn(move || {
             for line in BufReader::new(err).lines().map_while(Result::ok) {
+                // The line is in the log before the port is announced, so a test that reads the
+                // log right after `start` returns sees it.
+                l2.lock().unwrap().push(line.clone());
                 if let Some(rest) = line
                     .split("listening on http://")
                     .nth(1)
@@ -49,7 +52,6 @@ impl Server {
                     let p: u16 = addr.rsplit(':').next().unwrap().parse().unwrap();
                     let _ = tx.send(p);
                 }
-                l2.lock().unwrap().push(line);
             }
         });
         let port = rx
