@@ -48,6 +48,10 @@ pub struct GatewayConfig {
     pub pool: Option<std::sync::Arc<crate::pool::Pool>>,
     /// Dispatch through host sessions (`--host-session`; needs `pool`).
     pub host_session: bool,
+    /// Named operations exposed as `call` / MCP tools (`--operations FILE`).
+    pub operations: Option<std::sync::Arc<crate::operations::OperationsFile>>,
+    /// Expose the named operations alone: no `execute`, no `run_command`.
+    pub operations_only: bool,
 }
 
 /// An error with a JSON-RPC code.

@@ -53,6 +53,14 @@
 //! fingerprint equals its own and whose resolved destination (HostName, port) is the one it
 //! was dispatched to, so a retry across the upgrade never runs twice.
 //!
+//! **Named operations** (`src/operations/`) append three fields after `scope`, only when the
+//! request is a call of an operation, so every other record keeps its bytes:
+//! `operation` (the name), `contract` (the digest of the operation's definition, so a changed
+//! contract never matches an execution started under the old one) and `arguments` (the
+//! fingerprint arguments, defaults filled in and values canonical, as a JSON object with sorted
+//! keys). Their `command` is the argv template with those arguments filled in: arguments left
+//! out of the fingerprint, and the execution ID, stay placeholders.
+//!
 //! Fields that do not change the effect are not in the record: the correlation ID, the caller's
 //! execution ID, the name as typed (an ssh_config alias counts by what it resolves to), the
 //! marker directory, the timeout, `--detach`.
@@ -240,6 +248,23 @@ pub struct OperationRecord {
     pub credential_ref: Option<String>,
     pub class: OpClass,
     pub scope: Option<String>,
+    /// The named operation this is a call of (fields 11-13), if any.
+    pub operation: Option<OperationRef>,
+}
+
+/// A call of a named operation, as the record holds it (see the module doc).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OperationRef {
+    pub name: String,
+    /// `sha256:…` of the operation's definition.
+    pub contract: String,
+    /// The fingerprint arguments: canonical values, defaults filled in.
+    pub arguments: BTreeMap<String, serde_json::Value>,
+    /// Arguments outside the fingerprint (a `reason`): recorded for people, never hashed.
+    pub notes: BTreeMap<String, serde_json::Value>,
+    /// The environment the contract gives the command, as canonical as `command` (arguments
+    /// outside the fingerprint stay placeholders); shown in the record, covered by `contract`.
+    pub env: BTreeMap<String, String>,
 }
 
 fn hmac_hex(key: &IntentKey, bytes: &[u8]) -> String {
@@ -312,7 +337,7 @@ impl OperationRecord {
             .cloned()
             .collect::<Vec<_>>()
             .join("\n");
-        vec![
+        let mut fields = vec![
             ("actor", self.actor.trim().as_bytes().to_vec()),
             ("host_key", self.host_key.trim().as_bytes().to_vec()),
             ("host", self.host.trim().as_bytes().to_vec()),
@@ -330,7 +355,14 @@ impl OperationRecord {
                 "scope",
                 trimmed_or(self.scope.as_deref(), "default").into_bytes(),
             ),
-        ]
+        ];
+        if let Some(op) = &self.operation {
+            let args = serde_json::to_string(&op.arguments).unwrap_or_default();
+            fields.push(("operation", op.name.as_bytes().to_vec()));
+            fields.push(("contract", op.contract.as_bytes().to_vec()));
+            fields.push(("arguments", args.into_bytes()));
+        }
+        fields
     }
 
     /// The bytes the fingerprint is computed over.
@@ -368,7 +400,7 @@ impl OperationRecord {
     /// SHA-256 and (lossy) text. No secret value exists here to leak: only names.
     pub fn display_json(&self) -> serde_json::Value {
         let cmd = self.command.shell_bytes();
-        serde_json::json!({
+        let mut v = serde_json::json!({
             "actor": self.actor.trim(),
             "host_key": self.host_key.trim(),
             "host": self.host.trim(),
@@ -382,7 +414,14 @@ impl OperationRecord {
             "credential": trimmed_or(self.credential_ref.as_deref(), "default"),
             "class": self.class,
             "scope": trimmed_or(self.scope.as_deref(), "default"),
-        })
+        });
+        if let Some(op) = &self.operation {
+            v["operation"] = serde_json::json!({
+                "name": op.name, "contract": op.contract, "arguments": op.arguments,
+                "notes": op.notes, "env": op.env,
+            });
+        }
+        v
     }
 
     /// The canonical actor.
@@ -442,6 +481,8 @@ pub struct Intent {
     pub correlation_id: Option<String>,
     /// The session (client process / gateway run) this request came through.
     pub session_id: Option<String>,
+    /// The named operation this request calls (`src/operations/`), if any.
+    pub operation: Option<OperationRef>,
 }
 
 impl Intent {
@@ -526,6 +567,7 @@ impl Intent {
             credential_ref: self.credential_ref.clone(),
             class: self.class,
             scope: self.scope.clone(),
+            operation: self.operation.clone(),
         }
     }
 }
@@ -693,6 +735,7 @@ mod tests {
             credential_ref: None,
             class: OpClass::RemoteCommand,
             scope: None,
+            operation: None,
         }
     }
 
@@ -937,7 +980,7 @@ mod tests {
             };
             let secrets = secrets.into_iter().filter(|s| !env.contains_key(s)).collect();
             OperationRecord { actor, host_key, host, account, command, cwd, env, secret_env: secrets,
-                              credential_ref: cred, class, scope }
+                              credential_ref: cred, class, scope, operation: None }
         }
     }
 

@@ -18,6 +18,8 @@
 //! - [`serve`], [`mcp`], [`tasks`]: JSON-RPC and MCP on stdio; MCP tasks keyed by execution.
 //! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
 //!   bearer tokens ([`token`]) that decide each request's actor.
+//! - [`operations`]: named operations with a written replay contract (`cairn op`, `cairn ops`,
+//!   JSON-RPC `call`, one MCP tool per operation).
 //!
 //! Running executions:
 //! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
@@ -66,6 +68,7 @@ pub mod intent;
 pub mod journal;
 pub mod marker;
 pub mod mcp;
+pub mod operations;
 pub mod options;
 pub mod outcome;
 pub mod pool;

@@ -7,6 +7,8 @@
 //!   same thing); waits for the outcome unless `detach`.
 //! - `execution_status`: the journal's record of an execution (optionally a fresh probe).
 //! - `read_output`: an execution's stdout or stderr from a byte offset.
+//! - with `--operations FILE`, one tool per named operation, its replay contract in its
+//!   description and `_meta` (`src/operations/mcp.rs`); `--operations-only` drops `run_command`.
 //!
 //! Tool calls carry execution identity through intent matching: an agent that retries a
 //! `tools/call` (after a timeout, a crash, a reconnect) with the same arguments has the same
@@ -137,11 +139,18 @@ impl CairnMcp {
 
     /// A server whose `run_command` calls run on `workers` (shared with other front ends).
     pub fn with_workers(cfg: GatewayConfig, workers: std::sync::Arc<gateway::Workers>) -> Self {
+        let mut tool_router = Self::tool_router();
+        if cfg.operations_only {
+            tool_router.remove_route("run_command");
+        }
+        if let Some(ops) = &cfg.operations {
+            crate::operations::mcp::add_tools(&mut tool_router, ops);
+        }
         CairnMcp {
             cfg,
             workers,
             tasks: Default::default(),
-            tool_router: Self::tool_router(),
+            tool_router,
         }
     }
 
@@ -326,6 +335,75 @@ impl CairnMcp {
                 Err(e) => tool_error(e),
             },
         )
+    }
+}
+
+impl CairnMcp {
+    /// A named operation's tool (`src/operations/mcp.rs`): as `run_command`, a task on a worker
+    /// thread that runs to its recorded outcome even if the client cancels the call; over HTTP
+    /// as the token's actor, in its scope, within its cap on calls in flight.
+    pub(crate) async fn call_operation(
+        &self,
+        ctx: RequestContext<RoleServer>,
+        name: String,
+        args: serde_json::Map<String, Value>,
+    ) -> CallToolResult {
+        let mut cfg = self.cfg.clone();
+        let mut corr = correlation(&ctx.id);
+        let (mut scope, mut slot) = (None, None);
+        if let Some(caller) = crate::http::caller_of(&ctx.extensions) {
+            cfg = caller.config(&self.cfg);
+            corr = caller.correlation(&corr);
+            if let Err(e) = crate::http::admit_scope(&caller, &mut scope) {
+                return tool_error(e);
+            }
+            match caller.slot() {
+                Ok(s) => slot = Some(s),
+                Err(e) => return tool_error(e),
+            }
+        }
+        let delivered_cfg = cfg.clone();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        self.workers.submit(Box::new(move || {
+            Box::pin(async move {
+                let r = crate::operations::call::gateway_call(
+                    &cfg,
+                    &name,
+                    &args,
+                    scope,
+                    false,
+                    Some(corr),
+                )
+                .await;
+                drop(slot);
+                let _ = tx.send(r);
+            })
+        }));
+        let r = rx.await.unwrap_or_else(|_| {
+            Err(GatewayError {
+                code: -32603,
+                message: "internal error: the execution's task ended without an answer; its \
+                          journal record says what happened"
+                    .into(),
+                data: None,
+            })
+        });
+        match r {
+            Ok((v, deliver)) => {
+                // Not delivered if the client cancelled the call (or is gone).
+                if !deliver.is_empty() && !ctx.ct.is_cancelled() {
+                    let _ = blocking(move || {
+                        for id in &deliver {
+                            gateway::delivered(&delivered_cfg, id);
+                        }
+                        Ok(())
+                    })
+                    .await;
+                }
+                result(v)
+            }
+            Err(e) => tool_error(e),
+        }
     }
 }
 

@@ -136,6 +136,7 @@ impl IntentOptions {
             retention: self.retention,
             correlation_id: None,
             session_id: None,
+            operation: None,
         };
         intent.validate().map_err(ExecError::Input)?;
         Ok(intent)

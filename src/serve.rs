@@ -1,7 +1,9 @@
 //! `cairn serve --stdio`: JSON-RPC 2.0 on stdin/stdout, one JSON message per line.
 //!
 //! Methods (params and results in `docs/GATEWAYS.md`): `execute`, `status`, `output`,
-//! `attach`, `recover`, `review`, `resolve`. Requests are handled concurrently: `execute` and
+//! `attach`, `recover`, `review`, `resolve`; with `--operations FILE`, `call` (a named operation,
+//! `docs/OPERATIONS.md`) and `operations` (their list and contracts); `--operations-only` refuses
+//! `execute`. Requests are handled concurrently: `execute` and
 //! `attach` as tasks on a few worker threads, the others each on a thread of its own. Responses
 //! are written whole, one per line, in completion order, and carry the request's `id`. The `id` is the caller's correlation ID: `execute` and `attach` record it
 //! as a journal event on the execution, and it never enters the intent fingerprint, so a
@@ -20,8 +22,16 @@ use crate::gateway::{self, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
 
 /// The methods, for `rpc.discover`-style listing in errors.
-pub const METHODS: [&str; 7] = [
-    "execute", "status", "output", "attach", "recover", "review", "resolve",
+pub const METHODS: [&str; 9] = [
+    "execute",
+    "status",
+    "output",
+    "attach",
+    "recover",
+    "review",
+    "resolve",
+    "call",
+    "operations",
 ];
 
 /// Serve JSON-RPC on stdin/stdout until stdin ends.
@@ -63,16 +73,24 @@ pub fn handle(
     method: &str,
     params: Value,
     id: &Value,
-) -> (Value, Option<ExecutionId>) {
+) -> (Value, Vec<ExecutionId>) {
     if waits(method) {
         return gateway::block_on(handle_waiting(cfg, method, params, id));
     }
-    let r: Result<(Value, Option<ExecutionId>), GatewayError> = match method {
-        "status" => gateway::status(cfg, &params).map(|v| (v, None)),
-        "output" => gateway::output(cfg, &params).map(|v| (v, None)),
-        "recover" => gateway::recover(cfg, &params).map(|v| (v, None)),
-        "review" => gateway::review(cfg).map(|v| (v, None)),
-        "resolve" => gateway::resolve(cfg, &params).map(|v| (v, None)),
+    let r: Result<(Value, Vec<ExecutionId>), GatewayError> = match method {
+        "status" => gateway::status(cfg, &params).map(|v| (v, vec![])),
+        "output" => gateway::output(cfg, &params).map(|v| (v, vec![])),
+        "recover" => gateway::recover(cfg, &params).map(|v| (v, vec![])),
+        "review" => gateway::review(cfg).map(|v| (v, vec![])),
+        "resolve" => gateway::resolve(cfg, &params).map(|v| (v, vec![])),
+        "operations" => Ok((
+            crate::operations::call::list(
+                cfg.operations
+                    .as_deref()
+                    .unwrap_or(&crate::operations::OperationsFile::empty()),
+            ),
+            vec![],
+        )),
         other => Err(GatewayError {
             code: -32601,
             message: format!(
@@ -88,18 +106,18 @@ pub fn handle(
 /// The response to a request answered with `r`, and the execution whose result it delivers.
 fn respond(
     id: &Value,
-    r: Result<(Value, Option<ExecutionId>), GatewayError>,
-) -> (Value, Option<ExecutionId>) {
+    r: Result<(Value, Vec<ExecutionId>), GatewayError>,
+) -> (Value, Vec<ExecutionId>) {
     match r {
         Ok((v, deliver)) => (json!({"jsonrpc": "2.0", "id": id, "result": v}), deliver),
-        Err(e) => (error(id, &e), None),
+        Err(e) => (error(id, &e), vec![]),
     }
 }
 
 /// Whether a method waits for an execution (and so runs as a task on a [`gateway::Workers`]
 /// thread).
 fn waits(method: &str) -> bool {
-    matches!(method, "execute" | "attach")
+    matches!(method, "execute" | "attach" | "call")
 }
 
 /// [`handle`] for the methods that wait for an execution, as a future.
@@ -108,7 +126,7 @@ async fn handle_waiting(
     method: &str,
     params: Value,
     id: &Value,
-) -> (Value, Option<ExecutionId>) {
+) -> (Value, Vec<ExecutionId>) {
     handle_waiting_as(cfg, method, params, id, correlation(id)).await
 }
 
@@ -120,15 +138,45 @@ pub async fn handle_waiting_as(
     params: Value,
     id: &Value,
     corr: Option<String>,
-) -> (Value, Option<ExecutionId>) {
+) -> (Value, Vec<ExecutionId>) {
+    let one = |r: Result<(Value, Option<ExecutionId>), GatewayError>| {
+        r.map(|(v, d)| (v, d.into_iter().collect()))
+    };
     let r = match method {
+        "execute" if cfg.operations_only => Err(GatewayError {
+            code: -32601,
+            message: "execute is disabled (--operations-only): call a named operation with `call`; `operations` lists them".into(),
+            data: None,
+        }),
         "execute" => match serde_json::from_value::<gateway::ExecuteParams>(params) {
-            Ok(p) => gateway::execute(cfg, p, corr).await,
+            Ok(p) => one(gateway::execute(cfg, p, corr).await),
             Err(e) => Err(GatewayError::params(format!("execute: {e}"))),
         },
-        _ => gateway::attach(cfg, &params, corr).await,
+        "call" => match serde_json::from_value::<CallParams>(params) {
+            Ok(p) => {
+                crate::operations::call::gateway_call(
+                    cfg, &p.operation, &p.arguments, p.scope, p.detach, corr,
+                )
+                .await
+            }
+            Err(e) => Err(GatewayError::params(format!("call: {e}"))),
+        },
+        _ => one(gateway::attach(cfg, &params, corr).await),
     };
     respond(id, r)
+}
+
+/// `call` parameters: a named operation and its arguments.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CallParams {
+    operation: String,
+    #[serde(default)]
+    arguments: serde_json::Map<String, Value>,
+    #[serde(default)]
+    scope: Option<String>,
+    #[serde(default)]
+    detach: bool,
 }
 
 /// One decoded request line of `cairn serve --stdio`.
@@ -178,7 +226,7 @@ pub fn serve(
     input: impl BufRead,
     output: impl Write + Send + 'static,
 ) -> usize {
-    let (tx, rx) = mpsc::channel::<(Value, Option<ExecutionId>)>();
+    let (tx, rx) = mpsc::channel::<(Value, Vec<ExecutionId>)>();
     let wcfg = cfg.clone();
     let writer = std::thread::spawn(move || {
         let mut out = output;
@@ -189,8 +237,8 @@ pub fn serve(
                 .and_then(|_| out.write_all(b"\n"))
                 .and_then(|_| out.flush())
                 .is_ok();
-            if let (true, Some(id)) = (ok, deliver) {
-                gateway::delivered(&wcfg, &id);
+            for id in deliver.iter().filter(|_| ok) {
+                gateway::delivered(&wcfg, id);
             }
         }
     });
@@ -206,7 +254,7 @@ pub fn serve(
         let Request { id, method, params } = match decode_line(&line) {
             Ok(r) => r,
             Err(response) => {
-                let _ = tx.send((response, None));
+                let _ = tx.send((response, vec![]));
                 continue;
             }
         };

@@ -274,6 +274,13 @@ pub struct ServerArgs {
     /// without secrets, with a command of at most 4 KiB; others get an exec of their own.
     #[arg(long)]
     pub host_session: bool,
+    /// Named operations to expose, each with its replay contract (docs/OPERATIONS.md); the
+    /// file is checked as `cairn ops check` does, and refused if anything is found.
+    #[arg(long, env = "CAIRN_OPERATIONS", value_name = "FILE")]
+    pub operations: Option<PathBuf>,
+    /// Expose the named operations alone: no `execute` (JSON-RPC), no `run_command` (MCP).
+    #[arg(long)]
+    pub operations_only: bool,
     #[command(flatten)]
     pub approve: ApproveArgs,
     #[command(flatten)]
@@ -307,7 +314,17 @@ impl ServerArgs {
                 self.channels_per_connection as usize,
             )),
             host_session: self.host_session,
+            operations: None,
+            operations_only: self.operations_only,
         }
+    }
+
+    /// [`ServerArgs::config`] with the operations file loaded and checked.
+    pub fn config_with_operations(&self, kind: &str) -> Result<GatewayConfig, ExecError> {
+        let mut cfg = self.config(kind);
+        cfg.operations =
+            crate::operations::call::for_server(self.operations.as_deref(), self.operations_only)?;
+        Ok(cfg)
     }
 }
 

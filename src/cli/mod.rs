@@ -14,6 +14,7 @@ use clap::{Args, Parser, Subcommand};
 pub mod fleet;
 pub mod gateway;
 pub mod listen;
+pub mod ops;
 
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
@@ -127,6 +128,14 @@ pub enum Command {
         destination: String,
         #[command(flatten)]
         common: Common,
+    },
+    /// Call a named operation of an operations file: `cairn op NAME key=value …`
+    /// (docs/OPERATIONS.md).
+    Op(ops::OpArgs),
+    /// Operations files: `check FILE` (refuse unsafe contracts), `doc FILE` (Markdown).
+    Ops {
+        #[command(subcommand)]
+        command: ops::OpsCommand,
     },
     /// Fleet batches: `ls`, `status B`, `resume B`.
     Batch {
@@ -449,12 +458,16 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
         Command::Review(a) => gateway::review(a),
         Command::Resolve(a) => gateway::resolve(a).await,
         Command::Sessions(a) => gateway::sessions(a),
-        Command::Serve(a) => crate::serve::main(a.server.config("serve")).await,
+        Command::Serve(a) => crate::serve::main(a.server.config_with_operations("serve")?).await,
         Command::Mcp(a) => match a.http.options(a.server.actor.is_some())? {
-            Some(http) => crate::http::serve_mcp(a.server.config("mcp"), http).await,
-            None => crate::mcp::main(a.server.config("mcp")).await,
+            Some(http) => {
+                crate::http::serve_mcp(a.server.config_with_operations("mcp")?, http).await
+            }
+            None => crate::mcp::main(a.server.config_with_operations("mcp")?).await,
         },
         Command::Token { command } => listen::token(command),
+        Command::Op(a) => ops::op(a).await,
+        Command::Ops { command } => ops::ops(command),
         Command::Gc {
             output_retention,
             tombstone_retention,

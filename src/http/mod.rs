@@ -175,9 +175,21 @@ pub fn admit_execute(
     caller: &HttpCaller,
     p: &mut ExecuteParams,
 ) -> Result<(), GatewayError> {
+    admit_scope(caller, &mut p.scope)?;
+    if let Some(id) = &p.execution_id {
+        if let Ok(id) = ExecutionId::parse(id) {
+            admit_read(cfg, caller, &id)?;
+        }
+    }
+    Ok(())
+}
+
+/// The scope an HTTP caller acts in: its token's prefix when none is given; a given one must
+/// start with it.
+pub fn admit_scope(caller: &HttpCaller, scope: &mut Option<String>) -> Result<(), GatewayError> {
     if let Some(prefix) = &caller.caller.scope_prefix {
-        match &p.scope {
-            None => p.scope = Some(prefix.clone()),
+        match scope {
+            None => *scope = Some(prefix.clone()),
             Some(s) if s.starts_with(prefix.as_str()) => {}
             Some(s) => {
                 return Err(GatewayError::params(format!(
@@ -185,11 +197,6 @@ pub fn admit_execute(
                 caller.caller.actor
             )))
             }
-        }
-    }
-    if let Some(id) = &p.execution_id {
-        if let Ok(id) = ExecutionId::parse(id) {
-            admit_read(cfg, caller, &id)?;
         }
     }
     Ok(())

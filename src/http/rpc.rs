@@ -69,17 +69,21 @@ pub(super) async fn rpc(State(front): State<Arc<Front>>, req: Request) -> Respon
     if r.id.is_none() {
         return StatusCode::ACCEPTED.into_response();
     }
-    let on_end = deliver.map(|id| {
+    let on_end = (!deliver.is_empty()).then(|| {
         Box::new(move || {
             // On a blocking thread of its own: the journal write must not stall the
             // connection's task.
-            std::thread::spawn(move || gateway::delivered(&cfg, &id));
+            std::thread::spawn(move || {
+                for id in &deliver {
+                    gateway::delivered(&cfg, id);
+                }
+            });
         }) as Box<dyn FnOnce() + Send>
     });
     DeliverOnEnd::response(StatusCode::OK, resp, on_end)
 }
 
-/// What the caller may do with this method: `Some(scope)` for an `execute`, the scope it acts
+/// What the caller may do with this method: `Some(scope)` for an `execute` or a `call`, the scope it acts
 /// in (its token's prefix when none was given); an error for another actor's execution, a
 /// scope the token does not allow, or `recover`.
 async fn admit(
@@ -97,6 +101,11 @@ async fn admit(
                     .map_err(|e| GatewayError::params(format!("execute: {e}")))?;
                 admit_execute(&cfg, &caller, &mut e)?;
                 Ok(e.scope.map(Value::String))
+            }
+            "call" => {
+                let mut scope = p.get("scope").and_then(Value::as_str).map(str::to_owned);
+                super::admit_scope(&caller, &mut scope)?;
+                Ok(scope.map(Value::String))
             }
             "recover" => Err(GatewayError {
                 code: -32601,
@@ -125,18 +134,18 @@ async fn answer(
     method: String,
     mut params: Value,
     id: &Value,
-) -> (Value, Option<ExecutionId>) {
+) -> (Value, Vec<ExecutionId>) {
     let corr = caller.correlation(&correlation(id));
     let admitted = admit(&cfg, caller, &method, &params).await;
     match admitted {
         Ok(Some(scope)) => params["scope"] = scope,
         Ok(None) => {}
-        Err(e) => return (error(id, &e), None),
+        Err(e) => return (error(id, &e), vec![]),
     }
-    if matches!(method.as_str(), "execute" | "attach") {
+    if matches!(method.as_str(), "execute" | "attach" | "call") {
         let slot = match caller.slot() {
             Ok(s) => s,
-            Err(e) => return (error(id, &e), None),
+            Err(e) => return (error(id, &e), vec![]),
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let shown = id.clone();
@@ -160,7 +169,7 @@ async fn answer(
                     .into(),
                 data: None,
             };
-            (error(id, &e), None)
+            (error(id, &e), vec![])
         });
     }
     let shown = id.clone();
@@ -176,7 +185,7 @@ async fn answer(
     .unwrap_or_else(|e| {
         (
             error(id, &GatewayError::params(format!("internal error: {e}"))),
-            None,
+            vec![],
         )
     })
 }

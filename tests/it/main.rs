@@ -8,6 +8,7 @@ mod fuzz;
 mod gateway;
 mod http;
 mod known_hosts_diff;
+mod operations;
 mod recorded;
 mod run;
 mod script;
