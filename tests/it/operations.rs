@@ -684,3 +684,53 @@ fn the_python_mcp_sdk_sees_the_contract_calls_and_a_retried_call_attaches() {
     );
     assert_eq!(h.runs(), 1);
 }
+
+#[test]
+fn an_operation_on_two_destinations_is_one_execution_each_and_both_are_delivered() {
+    let h = Host::new();
+    // A second name for the same sshd: two destinations, two intents.
+    let key = fs::read_to_string(&h.known_hosts).unwrap();
+    let other = key.replacen("[127.0.0.1]", "[localhost]", 1);
+    fs::write(&h.known_hosts, format!("{key}{other}")).unwrap();
+    let ops = h.sshd.dir().join("fleet.toml");
+    fs::write(
+        &ops,
+        format!(
+            r#"
+[operations.touch_note]
+description = "Record a note on every host"
+class = "idempotent"
+hosts = ["127.0.0.1", "localhost"]
+argv = ["sh", "-c", "echo ran >> '{}'; printf '%s' \"$1\"", "touch_note", "{{note}}"]
+[operations.touch_note.args]
+note = {{ type = "string", pattern = "^[a-z]+$" }}
+"#,
+            h.counter.display()
+        ),
+    )
+    .unwrap();
+    let mut rpc = Rpc::start(&h, &["--operations", ops.to_str().unwrap()]);
+    let r = rpc.call(
+        1,
+        "call",
+        json!({"operation": "touch_note", "arguments": {"note": "hi"}}),
+    );
+    let results = r["result"]["results"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{r}"));
+    assert_eq!(results.len(), 2, "{r}");
+    let mut ids = std::collections::BTreeSet::new();
+    for v in results {
+        assert_eq!(v["state"], "completed", "{r}");
+        assert_eq!(v["stdout"], "hi", "{r}");
+        ids.insert(v["execution_id"].as_str().unwrap().to_owned());
+    }
+    assert_eq!(ids.len(), 2, "one execution per destination: {r}");
+    assert_eq!(h.runs(), 2);
+    // The response delivered both (recorded once the line was written).
+    for id in &ids {
+        wait_for("delivered", T, || {
+            h.kinds(id).contains(&"delivered".to_string()).then_some(())
+        });
+    }
+}
