@@ -20,7 +20,7 @@ use crate::journal::{
     Journal,
 };
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
-use crate::recovery::{decide, Action, Liveness, Prior, Probe};
+use crate::recovery::{decide, window_left, Action, Backoff, Liveness, Prior, Probe};
 use crate::ssh::{ConnectOptions, Connection, ExecEvent, SshError, Target};
 use crate::state::State;
 
@@ -1852,7 +1852,11 @@ impl Executor {
 
         let mut short_reads = 0;
         let mut next_dispatch = dispatch_first;
-        let mut backoff = self.patience.backoff_min;
+        let mut backoff = Backoff::new(
+            self.patience.backoff_min,
+            self.patience.backoff_max,
+            self.patience.fast_for,
+        );
         let mut lost_since: Option<Instant> = None;
         let mut recovered = !dispatch_first;
         loop {
@@ -1860,7 +1864,8 @@ impl Executor {
             // A reconnect attempt never runs past the patience window.
             let attempt = match lost_since {
                 Some(since) => {
-                    let left = self.patience.reconnect_for.saturating_sub(since.elapsed());
+                    let left = window_left(self.patience.reconnect_for, since.elapsed())
+                        .unwrap_or_default();
                     match tokio::time::timeout(
                         left.max(Duration::from_millis(100)),
                         self.connection(target),
@@ -1900,7 +1905,7 @@ impl Executor {
                         return self.give_up(run, &reason);
                     }
                     let since = *lost_since.get_or_insert_with(Instant::now);
-                    if since.elapsed() >= self.patience.reconnect_for {
+                    if window_left(self.patience.reconnect_for, since.elapsed()).is_none() {
                         let reason = format!(
                             "host unreachable for {:?} (last error: {e}); the outcome is unknown",
                             since.elapsed()
@@ -1908,13 +1913,12 @@ impl Executor {
                         return self.conclude(run, State::Unknown, &reason);
                     }
                     tracing::info!(
-                        "cairn: {} still unreachable ({e}); next try in {backoff:?}",
-                        target.display()
+                        "cairn: {} still unreachable ({e}); next try in {:?}",
+                        target.display(),
+                        backoff.pause()
                     );
-                    tokio::time::sleep(backoff).await;
-                    if since.elapsed() >= self.patience.fast_for {
-                        backoff = (backoff * 2).min(self.patience.backoff_max);
-                    }
+                    tokio::time::sleep(backoff.pause()).await;
+                    backoff.after_pause(since.elapsed());
                     continue;
                 }
             };
@@ -2042,7 +2046,7 @@ impl Executor {
                 recovered = true;
                 continue;
             }
-            backoff = self.patience.backoff_min;
+            backoff.reset();
 
             // 3. What did the host say?
             if let Some(v) = reply.verdict.as_deref() {
@@ -2141,7 +2145,7 @@ impl Executor {
                 }
                 Action::Retry { reason } => {
                     tracing::info!("{reason}");
-                    tokio::time::sleep(backoff).await;
+                    tokio::time::sleep(backoff.pause()).await;
                 }
                 Action::Nothing => {
                     let o = self.outcome_from_journal(run)?;

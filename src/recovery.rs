@@ -13,6 +13,8 @@
 //! | started, boot changed or supervisor dead, no finish  | `interrupted`                 |
 //! | epoch changed / unreadable / other protocol version  | `unknown`                     |
 
+use std::time::Duration;
+
 use crate::state::State;
 
 /// What the journal says happened before the probe, reduced to what the decision needs.
@@ -157,6 +159,52 @@ pub fn decide(prior: Prior, probe: &Probe) -> Action {
             "the supervisor is gone (PID absent or reused) and no finish record exists",
         ),
     }
+}
+
+/// The pause between reconnect attempts while a host is unreachable, as plain arithmetic (the
+/// caller reads the clock): `min` during the first `fast_for` of an outage (a blip usually ends
+/// within seconds, and a failed attempt while the link is down is cheap), then doubling up to
+/// `max`; back to `min` once the host answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Backoff {
+    pause: Duration,
+    min: Duration,
+    max: Duration,
+    fast_for: Duration,
+}
+
+impl Backoff {
+    pub fn new(min: Duration, max: Duration, fast_for: Duration) -> Self {
+        Backoff {
+            pause: min,
+            min,
+            max,
+            fast_for,
+        }
+    }
+
+    /// How long to wait before the next attempt.
+    pub fn pause(&self) -> Duration {
+        self.pause
+    }
+
+    /// An attempt failed and its pause was waited, `lost_for` into the outage.
+    pub fn after_pause(&mut self, lost_for: Duration) {
+        if lost_for >= self.fast_for {
+            self.pause = (self.pause * 2).min(self.max);
+        }
+    }
+
+    /// The host answered.
+    pub fn reset(&mut self) {
+        self.pause = self.min;
+    }
+}
+
+/// What an outage of `lost_for` leaves of the reconnect window `reconnect_for`; `None` once it
+/// is used up (the outcome is then `unknown`).
+pub fn window_left(reconnect_for: Duration, lost_for: Duration) -> Option<Duration> {
+    (lost_for < reconnect_for).then(|| reconnect_for - lost_for)
 }
 
 #[cfg(test)]
@@ -330,5 +378,33 @@ mod tests {
             Prior::NotDispatched
         );
         assert_eq!(Prior::from_journal(State::Delivered, None), Prior::Settled);
+    }
+
+    #[test]
+    fn backoff_stays_fast_at_first_then_doubles_up_to_its_ceiling() {
+        let ms = Duration::from_millis;
+        let mut b = Backoff::new(ms(100), ms(500), ms(1000));
+        assert_eq!(b.pause(), ms(100));
+        b.after_pause(ms(300));
+        assert_eq!(b.pause(), ms(100), "within the fast phase");
+        b.after_pause(ms(1000));
+        assert_eq!(b.pause(), ms(200));
+        b.after_pause(ms(1200));
+        assert_eq!(b.pause(), ms(400));
+        b.after_pause(ms(1600));
+        assert_eq!(b.pause(), ms(500), "capped");
+        b.after_pause(ms(2100));
+        assert_eq!(b.pause(), ms(500));
+        b.reset();
+        assert_eq!(b.pause(), ms(100));
+    }
+
+    #[test]
+    fn the_reconnect_window_ends_exactly_at_its_length() {
+        let s = Duration::from_secs;
+        assert_eq!(window_left(s(300), s(0)), Some(s(300)));
+        assert_eq!(window_left(s(300), s(299)), Some(s(1)));
+        assert_eq!(window_left(s(300), s(300)), None);
+        assert_eq!(window_left(s(300), s(301)), None);
     }
 }
