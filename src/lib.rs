@@ -56,6 +56,7 @@
 pub mod approve;
 pub mod audit;
 pub mod audit_show;
+pub mod caller;
 pub mod cli;
 pub mod epoch;
 pub mod error;
@@ -82,6 +83,7 @@ pub mod ssh;
 pub mod state;
 pub mod tasks;
 pub mod token;
+pub mod tool_result;
 
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
 pub use id::ExecutionId;

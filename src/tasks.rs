@@ -189,7 +189,7 @@ pub async fn get(
             };
             let (c3, i3) = (cfg.clone(), id.clone());
             let _ = tokio::task::spawn_blocking(move || gateway::delivered(&c3, &i3)).await;
-            let r = crate::mcp::result(v);
+            let r = crate::tool_result::result(v);
             TaskPayload::Completed {
                 result: object(serde_json::to_value(r).map_err(internal)?),
             }

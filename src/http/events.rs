@@ -166,12 +166,16 @@ impl JournalEvents {
                             .await;
                         }
                         ServerJsonRpcMessage::response(
-                            rmcp::model::ServerResult::CallToolResult(crate::mcp::result(v)),
+                            rmcp::model::ServerResult::CallToolResult(crate::tool_result::result(
+                                v,
+                            )),
                             request_id,
                         )
                     }
                     Err(e) => ServerJsonRpcMessage::response(
-                        rmcp::model::ServerResult::CallToolResult(crate::mcp::tool_error(e)),
+                        rmcp::model::ServerResult::CallToolResult(crate::tool_result::tool_error(
+                            e,
+                        )),
                         request_id,
                     ),
                 }

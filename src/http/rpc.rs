@@ -14,7 +14,8 @@ use axum::response::{IntoResponse, Response};
 use http::StatusCode;
 use serde_json::{json, Value};
 
-use super::{admit_execute, admit_read, DeliverOnEnd, Front, HttpCaller};
+use super::{DeliverOnEnd, Front};
+use crate::caller::{admit_execute, admit_read, HttpCaller};
 use crate::gateway::{self, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
 use crate::serve;
@@ -104,7 +105,7 @@ async fn admit(
             }
             "call" => {
                 let mut scope = p.get("scope").and_then(Value::as_str).map(str::to_owned);
-                super::admit_scope(&caller, &mut scope)?;
+                crate::caller::admit_scope(&caller, &mut scope)?;
                 Ok(scope.map(Value::String))
             }
             "recover" => Err(GatewayError {

@@ -22,13 +22,19 @@ use std::time::Duration;
 use super::contract::{ArgType, Destination, Operation, OperationsFile, Word, EXECUTION_ID};
 use crate::intent::{valid_env_name, OpClass};
 
-/// One problem in an operations file.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
-pub struct Finding {
-    pub line: usize,
-    pub operation: Option<String>,
-    pub message: String,
-    pub fix: String,
+pub use super::contract::Finding;
+
+impl OperationsFile {
+    /// Parse and check `text` (from `source`). Every check finding is returned, sorted by line.
+    pub fn parse(text: &str, source: &str) -> Result<OperationsFile, Vec<Finding>> {
+        let file = OperationsFile::read_unchecked(text, source)?;
+        let findings = check(&file);
+        if findings.is_empty() {
+            Ok(file)
+        } else {
+            Err(findings)
+        }
+    }
 }
 
 /// Findings as people read them: `FILE:LINE: operation NAME: message` and `  fix: …`.

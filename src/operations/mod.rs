@@ -11,7 +11,7 @@
 //! - [`check`]: the safety rules every file must pass before it is used (`cairn ops check`).
 //! - [`doc`]: the contract in plain words and as data (MCP `_meta`), and `cairn ops doc`.
 //! - [`call`]: running a call through the executor, for the CLI and the gateways.
-//! - [`mcp`]: one MCP tool per operation.
+//! - one MCP tool per operation: `crate::mcp::operations`, in the MCP front.
 //!
 //! Loading a file runs every check: a server never exposes an operation that `ops check` refuses.
 
@@ -19,7 +19,6 @@ pub mod call;
 pub mod check;
 pub mod contract;
 pub mod doc;
-pub mod mcp;
 
 pub use check::Finding;
 pub use contract::{Call, Operation, OperationsFile};

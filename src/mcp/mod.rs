@@ -8,7 +8,7 @@
 //! - `execution_status`: the journal's record of an execution (optionally a fresh probe).
 //! - `read_output`: an execution's stdout or stderr from a byte offset.
 //! - with `--operations FILE`, one tool per named operation, its replay contract in its
-//!   description and `_meta` (`src/operations/mcp.rs`); `--operations-only` drops `run_command`.
+//!   description and `_meta` (`src/mcp/operations.rs`); `--operations-only` drops `run_command`.
 //!
 //! Tool calls carry execution identity through intent matching: an agent that retries a
 //! `tools/call` (after a timeout, a crash, a reconnect) with the same arguments has the same
@@ -22,9 +22,10 @@
 //! retries later starts a new execution once the first is delivered; a client that died
 //! while the command ran (the usual case) attaches.
 
+pub mod operations;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{CallToolResult, ContentBlock, ServerCapabilities, ServerConfig};
+use rmcp::model::{CallToolResult, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler, ServiceExt};
 use serde::Deserialize;
@@ -32,6 +33,7 @@ use serde_json::{json, Value};
 
 use crate::executor::ExecError;
 use crate::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
+pub(crate) use crate::tool_result::{result, tool_error};
 
 /// `execution_status` input.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -79,31 +81,10 @@ fn correlation(id: &rmcp::model::RequestId) -> String {
     }
 }
 
-pub(crate) fn tool_error(e: GatewayError) -> CallToolResult {
-    CallToolResult::structured_error(json!({"error": e.message, "code": e.code}))
-}
-
-/// A result: the plain sentence first, then the record as JSON; structured content too.
-pub(crate) fn result(v: Value) -> CallToolResult {
-    let summary = v
-        .get("summary")
-        .and_then(Value::as_str)
-        .unwrap_or_default()
-        .to_owned();
-    let mut r = CallToolResult::structured(v.clone());
-    let mut content = Vec::new();
-    if !summary.is_empty() {
-        content.push(ContentBlock::text(summary));
-    }
-    content.push(ContentBlock::text(v.to_string()));
-    r.content = content;
-    r
-}
-
 /// Over HTTP, a caller reads only its own executions.
 fn own(
     cfg: &GatewayConfig,
-    caller: Option<&crate::http::HttpCaller>,
+    caller: Option<&crate::caller::HttpCaller>,
     params: &Value,
 ) -> Result<(), GatewayError> {
     let id = params.get("execution_id").and_then(Value::as_str);
@@ -111,7 +92,7 @@ fn own(
         caller,
         id.and_then(|s| crate::id::ExecutionId::parse(s).ok()),
     ) {
-        (Some(c), Some(id)) => crate::http::admit_read(cfg, c, &id),
+        (Some(c), Some(id)) => crate::caller::admit_read(cfg, c, &id),
         _ => Ok(()),
     }
 }
@@ -144,7 +125,7 @@ impl CairnMcp {
             tool_router.remove_route("run_command");
         }
         if let Some(ops) = &cfg.operations {
-            crate::operations::mcp::add_tools(&mut tool_router, ops);
+            operations::add_tools(&mut tool_router, ops);
         }
         CairnMcp {
             cfg,
@@ -271,7 +252,7 @@ impl CairnMcp {
         Parameters(p): Parameters<StatusParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
-        let caller = crate::http::caller_of(&ctx.extensions);
+        let caller = crate::caller::caller_of(&ctx.extensions);
         let params = json!({"execution_id": p.execution_id, "probe": p.probe});
         Ok(
             match blocking(move || {
@@ -299,7 +280,7 @@ impl CairnMcp {
         Parameters(p): Parameters<OutputParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
-        let caller = crate::http::caller_of(&ctx.extensions);
+        let caller = crate::caller::caller_of(&ctx.extensions);
         let params = json!({"execution_id": p.execution_id, "stream": p.stream.unwrap_or_else(|| "stdout".into()),
                             "offset": p.offset.unwrap_or(0), "limit": p.limit});
         let params = if params["limit"].is_null() {
@@ -339,7 +320,7 @@ impl CairnMcp {
 }
 
 impl CairnMcp {
-    /// A named operation's tool (`src/operations/mcp.rs`): as `run_command`, a task on a worker
+    /// A named operation's tool (`src/mcp/operations.rs`): as `run_command`, a task on a worker
     /// thread that runs to its recorded outcome even if the client cancels the call; over HTTP
     /// as the token's actor, in its scope, within its cap on calls in flight.
     pub(crate) async fn call_operation(
@@ -351,10 +332,10 @@ impl CairnMcp {
         let mut cfg = self.cfg.clone();
         let mut corr = correlation(&ctx.id);
         let (mut scope, mut slot) = (None, None);
-        if let Some(caller) = crate::http::caller_of(&ctx.extensions) {
+        if let Some(caller) = crate::caller::caller_of(&ctx.extensions) {
             cfg = caller.config(&self.cfg);
             corr = caller.correlation(&corr);
-            if let Err(e) = crate::http::admit_scope(&caller, &mut scope) {
+            if let Err(e) = crate::caller::admit_scope(&caller, &mut scope) {
                 return tool_error(e);
             }
             match caller.slot() {
@@ -455,20 +436,21 @@ impl CairnMcp {
         (
             GatewayConfig,
             String,
-            Option<crate::http::Slot>,
+            Option<crate::caller::Slot>,
             ExecuteParams,
         ),
         GatewayError,
     > {
         let corr = correlation(&ctx.id);
-        let Some(caller) = crate::http::caller_of(&ctx.extensions) else {
+        let Some(caller) = crate::caller::caller_of(&ctx.extensions) else {
             return Ok((self.cfg.clone(), corr, None, p));
         };
         let cfg = caller.config(&self.cfg);
         let corr = caller.correlation(&corr);
         let p = {
             let (cfg, caller) = (cfg.clone(), caller.clone());
-            blocking(move || crate::http::admit_execute(&cfg, &caller, &mut p).map(|()| p)).await?
+            blocking(move || crate::caller::admit_execute(&cfg, &caller, &mut p).map(|()| p))
+                .await?
         };
         let slot = caller.slot()?;
         Ok((cfg, corr, Some(slot), p))
@@ -480,7 +462,7 @@ impl CairnMcp {
         ctx: &RequestContext<RoleServer>,
         task_id: &str,
     ) -> Result<GatewayConfig, ErrorData> {
-        let Some(caller) = crate::http::caller_of(&ctx.extensions) else {
+        let Some(caller) = crate::caller::caller_of(&ctx.extensions) else {
             return Ok(self.cfg.clone());
         };
         let cfg = caller.config(&self.cfg);
@@ -488,7 +470,7 @@ impl CairnMcp {
         blocking(move || {
             let id = crate::id::ExecutionId::parse(&id)
                 .map_err(|e| GatewayError::params(e.to_string()))?;
-            crate::http::admit_read(&c2, &caller, &id)
+            crate::caller::admit_read(&c2, &caller, &id)
         })
         .await
         .map_err(|e| ErrorData::invalid_params(e.message, None))?;

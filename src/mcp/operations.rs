@@ -13,16 +13,16 @@ use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{CallToolResponse, MetaObject, Tool, ToolAnnotations};
 use rmcp::ErrorData;
 
-use super::doc;
-use super::OperationsFile;
+use super::CairnMcp;
 use crate::intent::OpClass;
-use crate::mcp::CairnMcp;
+use crate::operations::doc;
+use crate::operations::OperationsFile;
 
 /// The `_meta` key that holds an operation's contract.
 pub const META_KEY: &str = "cairn/contract";
 
 /// The MCP tool of one operation.
-pub fn tool(op: &super::Operation) -> Tool {
+pub fn tool(op: &crate::operations::Operation) -> Tool {
     let schema = doc::input_schema(op)
         .as_object()
         .cloned()

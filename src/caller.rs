@@ -1,0 +1,203 @@
+//! Who is asking, over HTTP: the actor a request's bearer token names, the MCP session it
+//! belongs to, and what that caller may do (the scopes its token allows, only its own
+//! executions, a cap on calls in flight). The HTTP front puts an [`HttpCaller`] on every
+//! request it lets past its guard; the MCP tools and `/rpc` read it from there.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+
+use crate::executor::ExecError;
+use crate::gateway::{ExecuteParams, GatewayConfig, GatewayError};
+use crate::id::ExecutionId;
+use crate::journal::Journal;
+use crate::token::Caller;
+
+/// What a request carries past the guard, in its extensions (and so in the MCP request's
+/// `http::request::Parts`).
+#[derive(Clone, Debug)]
+pub struct HttpCaller {
+    pub caller: Caller,
+    /// The MCP session the request belongs to (`Mcp-Session-Id`), if any.
+    pub mcp_session: Option<String>,
+    in_flight: Arc<InFlight>,
+}
+
+impl HttpCaller {
+    /// The caller a request's token names, in `mcp_session` if any, counted in `in_flight`.
+    pub fn new(caller: Caller, mcp_session: Option<String>, in_flight: Arc<InFlight>) -> Self {
+        HttpCaller {
+            caller,
+            mcp_session,
+            in_flight,
+        }
+    }
+
+    /// The correlation recorded in the journal: who asked, and in which MCP session or with
+    /// which request ID (a JSON-RPC id alone identifies nothing across clients).
+    pub fn correlation(&self, request_id: &str) -> String {
+        match &self.mcp_session {
+            Some(s) => format!(
+                "actor={} mcp-session={s} request={request_id}",
+                self.caller.actor
+            ),
+            None => format!("actor={} request={request_id}", self.caller.actor),
+        }
+    }
+
+    /// A slot for one call in flight, or the error saying the actor has too many.
+    pub fn slot(&self) -> Result<Slot, GatewayError> {
+        self.in_flight.acquire(&self.caller.actor)
+    }
+
+    /// The gateway configuration this caller's requests run with: its actor, and the server's
+    /// session.
+    pub fn config(&self, base: &GatewayConfig) -> GatewayConfig {
+        let mut c = base.clone();
+        c.actor = self.caller.actor.clone();
+        c
+    }
+}
+
+/// Calls in flight per actor.
+#[derive(Debug, Default)]
+pub struct InFlight {
+    cap: usize,
+    by_actor: Mutex<HashMap<String, usize>>,
+}
+
+/// One call in flight; the count drops when this does.
+pub struct Slot {
+    in_flight: Arc<InFlight>,
+    actor: String,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut m = self
+            .in_flight
+            .by_actor
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.actor) {
+            *n -= 1;
+            if *n == 0 {
+                m.remove(&self.actor);
+            }
+        }
+    }
+}
+
+impl InFlight {
+    /// A count of calls in flight per actor, refusing past `cap` (at least 1).
+    pub fn with_cap(cap: usize) -> Arc<InFlight> {
+        Arc::new(InFlight {
+            cap: cap.max(1),
+            ..Default::default()
+        })
+    }
+
+    fn acquire(self: &Arc<Self>, actor: &str) -> Result<Slot, GatewayError> {
+        let mut m = self.by_actor.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(actor.to_owned()).or_insert(0);
+        if *n >= self.cap {
+            return Err(GatewayError {
+                code: -32005,
+                message: format!(
+                    "actor {actor} already has {} calls in flight, the most this server allows \
+                     (--max-in-flight); nothing was started: retry when one has finished",
+                    self.cap
+                ),
+                data: Some(json!({"in_flight": *n, "cap": self.cap})),
+            });
+        }
+        *n += 1;
+        Ok(Slot {
+            in_flight: self.clone(),
+            actor: actor.to_owned(),
+        })
+    }
+}
+
+/// The HTTP caller of an MCP request (`None` on stdio).
+pub fn caller_of(ext: &rmcp::model::Extensions) -> Option<HttpCaller> {
+    ext.get::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<HttpCaller>())
+        .cloned()
+}
+
+/// What an HTTP caller may do with a `run_command` / `execute`: act in a scope its token
+/// allows (a token with a scope prefix and no scope given acts in the prefix itself), and name
+/// an execution ID only of its own.
+pub fn admit_execute(
+    cfg: &GatewayConfig,
+    caller: &HttpCaller,
+    p: &mut ExecuteParams,
+) -> Result<(), GatewayError> {
+    admit_scope(caller, &mut p.scope)?;
+    if let Some(id) = &p.execution_id {
+        if let Ok(id) = ExecutionId::parse(id) {
+            admit_read(cfg, caller, &id)?;
+        }
+    }
+    Ok(())
+}
+
+/// The scope an HTTP caller acts in: its token's prefix when none is given; a given one must
+/// start with it.
+pub fn admit_scope(caller: &HttpCaller, scope: &mut Option<String>) -> Result<(), GatewayError> {
+    if let Some(prefix) = &caller.caller.scope_prefix {
+        match scope {
+            None => *scope = Some(prefix.clone()),
+            Some(s) if s.starts_with(prefix.as_str()) => {}
+            Some(s) => {
+                return Err(GatewayError::params(format!(
+                "scope {s:?}: the token of actor {} acts only in scopes starting with {prefix:?}",
+                caller.caller.actor
+            )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP caller sees only its own executions: another actor's is "not found", as one that
+/// does not exist (no oracle for IDs).
+pub fn admit_read(
+    cfg: &GatewayConfig,
+    caller: &HttpCaller,
+    id: &ExecutionId,
+) -> Result<(), GatewayError> {
+    let j = Journal::open(&cfg.journal).map_err(ExecError::from)?;
+    let owner = j.intent_of(id).map_err(ExecError::from)?.map(|c| c.actor);
+    if owner.as_deref() == Some(caller.caller.actor.as_str()) {
+        return Ok(());
+    }
+    if owner.is_none() && j.execution(id).map_err(ExecError::from)?.is_none() {
+        // Nothing by that ID: the ordinary answer of the method says so.
+        return Ok(());
+    }
+    Err(GatewayError {
+        code: -32004,
+        message: format!("no execution {id} of actor {}", caller.caller.actor),
+        data: None,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cap_on_calls_in_flight_per_actor_refuses_past_it_and_frees_on_drop() {
+        let f = InFlight::with_cap(2);
+        let a = f.acquire("alice").unwrap();
+        let _b = f.acquire("alice").unwrap();
+        let e = f.acquire("alice").err().expect("the third is refused");
+        assert!(e.message.contains("2 calls in flight"), "{}", e.message);
+        let _c = f.acquire("bob").expect("another actor has its own count");
+        drop(a);
+        assert!(f.acquire("alice").is_ok());
+    }
+}
