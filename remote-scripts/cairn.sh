@@ -285,8 +285,9 @@ stream() {
 # exactly what reached the channel, so rest() continues from there.
 live() {
 	W=$T/w$$
-	# (noglob is on: name the files)
-	wrm() { rm -f "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne"; }
+	# (noglob is on: name the files; stderr here is the command's own stream: a file that
+	# cannot be removed, in a marker home made read-only, must not add bytes to it)
+	wrm() { rm -f "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne" 2>/dev/null; }
 	wrm
 	mkfifo "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne" 2>/dev/null || {
 		wrm

@@ -314,6 +314,12 @@ impl Hosts {
         self.dir.join("known_hosts")
     }
 
+    /// A host's home (/root, holding ~/.cairn) as mounted on this machine: its marker files
+    /// read here directly, with the host's own modification times.
+    pub fn home(&self, host: &str) -> PathBuf {
+        self.dir.join(host).join("home")
+    }
+
     /// `hosts.sh --prefix P ARGS…`, bounded; panics with its message on failure.
     pub fn fault(&self, args: &[&str]) {
         if let Err(e) = self.try_fault(args) {
