@@ -398,6 +398,21 @@ fn client_alive(client: &str) -> bool {
     }
 }
 
+/// An accept that lost the race for its execution ID (another process sending the same ID
+/// accepted it between our look-up and our insert) says so plainly, instead of a database
+/// error: the other process runs it, once. (Attaching here could meet it accepted but not yet
+/// dispatched, which reads as "never dispatched".)
+fn lost_id_race(e: crate::journal::JournalError, id: &ExecutionId) -> ExecError {
+    if e.is_duplicate_id() {
+        ExecError::Input(format!(
+            "execution {id} was accepted by another process at the same moment; it runs there, \
+             once. Follow it with `cairn attach {id}` or `cairn status {id}`"
+        ))
+    } else {
+        e.into()
+    }
+}
+
 /// Secret variables (`--secret-env NAME`): values from cairn's own environment, encoded for
 /// the host as `export NAME='value'` lines that travel after the command on the dispatch's
 /// stdin. They are never journaled, written to the marker, or put in argv; see
@@ -554,7 +569,9 @@ impl Executor {
             Err(e) => {
                 let mut evidence = crate::journal::accepted_evidence(&rec);
                 evidence["connection"] = json!(reach);
-                self.journal.accept(&rec, evidence)?;
+                self.journal
+                    .accept(&rec, evidence)
+                    .map_err(|e| lost_id_race(e, &id))?;
                 self.correlate(&id, &intent, true)?;
                 // An outcome, not an error: `--json` callers get the object, and the reason
                 // carries the error (host key, auth, unreachable) for people.
@@ -605,14 +622,18 @@ impl Executor {
         for _ in 0..5 {
             let mut cols = cols.clone();
             cols.accepted_ms = crate::journal::now_ms();
-            match self.journal.accept_or_match_with(
-                &rec,
-                &cols,
-                Some(legacy),
-                evidence.clone(),
-                match_evidence.clone(),
-                choose_match,
-            )? {
+            match self
+                .journal
+                .accept_or_match_with(
+                    &rec,
+                    &cols,
+                    Some(legacy),
+                    evidence.clone(),
+                    match_evidence.clone(),
+                    choose_match,
+                )
+                .map_err(|e| lost_id_race(e, &id))?
+            {
                 AcceptOrMatch::Accepted(_) => {
                     accepted = true;
                     break;

@@ -69,6 +69,15 @@ pub enum JournalError {
 
 type Result<T> = std::result::Result<T, JournalError>;
 
+impl JournalError {
+    /// Whether this is an `accept` that lost the race for its execution ID: another process
+    /// accepted an execution under the same ID between our look-up and our insert.
+    pub fn is_duplicate_id(&self) -> bool {
+        matches!(self, JournalError::Sqlite { source: rusqlite::Error::SqliteFailure(e, Some(m)), .. }
+            if e.code == rusqlite::ErrorCode::ConstraintViolation && m.contains("executions.id"))
+    }
+}
+
 /// What identifies an execution's intent; fixed when it is accepted.
 #[derive(Clone, Debug, Serialize)]
 pub struct ExecutionRecord {
@@ -1071,10 +1080,16 @@ fn advance_anchor(anchor: &anchor::Anchor, ev: &Event) {
 
 /// Status from a sequence of transition states (see [`status_from_events`]).
 pub fn status_from_states(states: &[State]) -> Option<Status> {
-    let mut state = None;
+    let mut state: Option<State> = None;
     let mut before_unknown = None;
     for &s in states {
         if s == State::Unknown {
+            // A settled outcome stands: an `unknown` after it comes from a process that could
+            // not reach the host (a `recover` that loaded the execution while it was open and
+            // lost the race with the client that settled it), which is no evidence against it.
+            if state.is_some_and(State::is_settled) {
+                continue;
+            }
             if let Some(prev) = state.filter(|p| *p != State::Unknown) {
                 before_unknown = Some(prev);
             }
@@ -1561,6 +1576,36 @@ mod tests {
             AcceptOrMatch::Matched(c) => assert_eq!(c.id.as_str(), "v1-old"),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn an_unknown_after_a_settled_outcome_does_not_unsettle_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+        for (id, settled) in [
+            ("s1", State::Completed),
+            ("s2", State::Delivered),
+            ("s3", State::Interrupted),
+            ("s4", State::Failed),
+        ] {
+            let r = rec(id);
+            j.accept(&r, serde_json::json!({})).unwrap();
+            for s in [State::Dispatched, State::Running, settled, State::Unknown] {
+                j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
+                    .unwrap();
+            }
+            let st = j.status(&r.id).unwrap().unwrap();
+            assert_eq!(st.state, settled, "{id}");
+            assert_eq!(st.before_unknown, None, "{id}");
+        }
+        // (before it settles, an unknown is the state, as ever)
+        let r = rec("s5");
+        j.accept(&r, serde_json::json!({})).unwrap();
+        for s in [State::Running, State::Unknown, State::Completed] {
+            j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
+                .unwrap();
+        }
+        assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Completed);
     }
 
     #[test]
