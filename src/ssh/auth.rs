@@ -64,6 +64,23 @@ impl Attempts<'_> {
         Ok(h)
     }
 
+    /// Note one agent-signed attempt; `true` when the server accepted it.
+    fn settle<E: std::fmt::Display>(
+        &mut self,
+        label: String,
+        r: Result<AuthResult, E>,
+    ) -> Result<bool, SshError> {
+        match r {
+            Ok(AuthResult::Success) => return Ok(true),
+            Ok(AuthResult::Failure { .. }) => self.tried.push(label),
+            Err(e) => self
+                .tried
+                .push(format!("{label} (agent could not sign: {e})")),
+        }
+        self.check_alive()?;
+        Ok(false)
+    }
+
     fn check_alive(&self) -> Result<(), SshError> {
         if self.handle.is_closed() {
             return Err(SshError::Disconnected(format!(
@@ -288,12 +305,9 @@ async fn try_agent(
                         .handle
                         .authenticate_certificate_with(user.clone(), certificate, hash, &mut agent)
                         .await;
-                    match r {
-                        Ok(AuthResult::Success) => return Ok(true),
-                        Ok(AuthResult::Failure { .. }) => a.tried.push(label),
-                        Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
+                    if a.settle(label, r)? {
+                        return Ok(true);
                     }
-                    a.check_alive()?;
                     continue;
                 }
             };
@@ -313,12 +327,9 @@ async fn try_agent(
                     .handle
                     .authenticate_certificate_with(user.clone(), cert.clone(), hash, &mut agent)
                     .await;
-                match r {
-                    Ok(AuthResult::Success) => return Ok(true),
-                    Ok(AuthResult::Failure { .. }) => a.tried.push(label),
-                    Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
+                if a.settle(label, r)? {
+                    return Ok(true);
                 }
-                a.check_alive()?;
             }
             let label = format!("agent key {}", describe(&key));
             tracing::debug!(user = %user, "trying {label}");
@@ -327,12 +338,9 @@ async fn try_agent(
                 .handle
                 .authenticate_publickey_with(user.clone(), key, hash, &mut agent)
                 .await;
-            match r {
-                Ok(AuthResult::Success) => return Ok(true),
-                Ok(AuthResult::Failure { .. }) => a.tried.push(label),
-                Err(e) => a.tried.push(format!("{label} (agent could not sign: {e})")),
+            if a.settle(label, r)? {
+                return Ok(true);
             }
-            a.check_alive()?;
         }
     }
     Ok(false)
