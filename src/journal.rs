@@ -180,6 +180,25 @@ impl Journal {
         base.join("cairn").join("journal.db")
     }
 
+    /// Run `sql` (one `BEGIN IMMEDIATE … COMMIT` batch creating tables) unless the table
+    /// `last` already exists: how a journal made before a feature gains that feature's tables.
+    fn add_tables(&self, c: &rusqlite::Connection, last: &str, sql: &str) -> Result<()> {
+        let have: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = ?1",
+                [last],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))?;
+        if have > 0 {
+            return Ok(());
+        }
+        c.execute_batch(sql).map_err(|e| {
+            let _ = c.execute_batch("ROLLBACK");
+            self.err(e)
+        })
+    }
+
     /// Open (creating if needed) the journal at `path`.
     pub fn open(path: &Path) -> Result<Journal> {
         refuse_url(path)?;

@@ -38,17 +38,9 @@ impl BatchRecord {
 impl Journal {
     /// Add the batch tables to a journal made before them (schema version 1 is unreleased).
     pub(super) fn add_batch_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        let have: i64 = c
-            .query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'batch_members'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| self.err(e))?;
-        if have > 0 {
-            return Ok(());
-        }
-        c.execute_batch(
+        self.add_tables(
+            c,
+            "batch_members",
             "BEGIN IMMEDIATE;
                  CREATE TABLE IF NOT EXISTS batches (
                     id TEXT PRIMARY KEY,
@@ -66,10 +58,6 @@ impl Journal {
                  );
                  COMMIT;",
         )
-        .map_err(|e| {
-            let _ = c.execute_batch("ROLLBACK");
-            self.err(e)
-        })
     }
 
     /// Record a batch and all its members in one transaction, before any dispatch.

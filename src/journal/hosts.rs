@@ -16,17 +16,9 @@ use crate::id::ExecutionId;
 impl Journal {
     /// Add the host bookkeeping tables to a journal made before them.
     pub(super) fn add_host_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        let have: i64 = c
-            .query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'host_key_shared'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| self.err(e))?;
-        if have > 0 {
-            return Ok(());
-        }
-        c.execute_batch(
+        self.add_tables(
+            c,
+            "host_key_shared",
             "BEGIN IMMEDIATE;
                  -- The epoch each marker home had when last seen, per place.
                  CREATE TABLE IF NOT EXISTS host_places (
@@ -49,10 +41,6 @@ impl Journal {
                  );
                  COMMIT;",
         )
-        .map_err(|e| {
-            let _ = c.execute_batch("ROLLBACK");
-            self.err(e)
-        })
     }
 
     /// The epoch last seen at `place`.

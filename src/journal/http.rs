@@ -65,17 +65,9 @@ impl Journal {
     /// Add the HTTP front's tables to a journal made before them (schema version 1 is
     /// unreleased; the tables are outside the hash chains, so old journals verify as before).
     pub(super) fn add_http_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        let have: i64 = c
-            .query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'http_streams'",
-                [],
-                |r| r.get(0),
-            )
-            .map_err(|e| self.err(e))?;
-        if have > 0 {
-            return Ok(());
-        }
-        c.execute_batch(
+        self.add_tables(
+            c,
+            "http_streams",
             "BEGIN IMMEDIATE;
                  CREATE TABLE IF NOT EXISTS tokens (
                     id TEXT PRIMARY KEY,
@@ -110,10 +102,6 @@ impl Journal {
                  );
                  COMMIT;",
         )
-        .map_err(|e| {
-            let _ = c.execute_batch("ROLLBACK");
-            self.err(e)
-        })
     }
 
     pub fn add_token(&mut self, t: &TokenRecord) -> Result<()> {
