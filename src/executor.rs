@@ -111,6 +111,10 @@ pub struct Outcome {
     pub fingerprint: Option<String>,
     /// The operation class.
     pub class: Option<String>,
+    /// Accepted, not dispatched, and owned by this process (`pid@host`), which is still alive
+    /// and may still send it: nothing is concluded (see [`crate::owner`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub held_by: Option<String>,
 }
 
 impl Outcome {
@@ -122,6 +126,8 @@ impl Outcome {
             }
             State::Cancelled => self.exit_code.map(i32::from).unwrap_or(EXIT_UNKNOWN),
             State::Running | State::Dispatched if self.exit_code.is_none() => 0,
+            // Its owner may still send it: not "nothing was dispatched", which invites a resend.
+            State::Accepted | State::Authorized if self.held_by.is_some() => EXIT_UNKNOWN,
             State::Failed | State::Rejected | State::Accepted | State::Authorized => {
                 EXIT_NOT_DISPATCHED
             }
@@ -367,37 +373,6 @@ struct Asked<'a> {
     command: &'a [u8],
 }
 
-/// Whether the process that wrote a journal row (`pid@hostname`) may still be alive. A
-/// process on another machine cannot be checked: assumed alive.
-fn client_alive(client: &str) -> bool {
-    let Some((pid, host)) = client.split_once('@') else {
-        return true;
-    };
-    let me = crate::journal::client_identity();
-    if me.split_once('@').map(|m| m.1) != Some(host) {
-        return true;
-    }
-    let Ok(pid) = pid.parse::<i32>() else {
-        return true;
-    };
-    #[cfg(unix)]
-    {
-        let r = unsafe { libc::kill(pid, 0) };
-        if r == 0 {
-            // A zombie answers kill -0: look at its state.
-            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-            let state = stat.rsplit_once(") ").map(|x| x.1).unwrap_or("");
-            return !state.starts_with('Z');
-        }
-        std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = pid;
-        true
-    }
-}
-
 /// An accept that lost the race for its execution ID (another process sending the same ID
 /// accepted it between our look-up and our insert) says so plainly, instead of a database
 /// error: the other process runs it, once. (Attaching here could meet it accepted but not yet
@@ -544,6 +519,9 @@ impl Executor {
         }
 
         let id = req.id.clone().unwrap_or_else(ExecutionId::generate);
+        // Claimed before it is accepted, so that no moment exists in which the journal holds
+        // it accepted and this process does not count as its live owner.
+        let _claim = crate::owner::claim(&id);
         let rec = ExecutionRecord {
             id: id.clone(),
             created_at: now_rfc3339(),
@@ -689,17 +667,15 @@ impl Executor {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let state = self.journal.status(id)?.map(|s| s.state);
-        let owner_alive = self
-            .journal
-            .execution(id)?
-            .is_some_and(|r| client_alive(&r.client));
-        if state != Some(State::Accepted) || owner_alive {
+        if state != Some(State::Accepted) || self.owner_may_dispatch(id)?.is_some() {
             return self.attach(id, sink).await;
         }
         if self.journal.intent_of(id)?.is_none() {
             // accepted without an intent: the host was never identified
             return self.attach(id, sink).await;
         }
+        // This process owns it from here (the `resumed` event names it for other processes).
+        let _claim = crate::owner::claim(id);
         let mut run = self.load(id)?;
         self.journal.append(
             id,
@@ -881,9 +857,7 @@ impl Executor {
             State::Accepted | State::Authorized | State::Dispatched
         ) && Instant::now() < deadline
         {
-            let rec = self.journal.execution(&c.id)?;
-            let owner_alive = rec.as_ref().is_some_and(|r| client_alive(&r.client));
-            if !owner_alive {
+            if self.owner_may_dispatch(&c.id)?.is_none() {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -1129,6 +1103,9 @@ impl Executor {
     /// The journal's view of an execution, without contacting the host.
     pub fn journal_outcome(&mut self, id: &ExecutionId) -> Result<Outcome, ExecError> {
         let run = self.load(id)?;
+        if run.prior == Prior::Held {
+            return self.held_outcome(&run);
+        }
         self.outcome_from_journal(&run)
     }
 
@@ -1188,7 +1165,11 @@ impl Executor {
     ) -> Result<(Outcome, Result<Probe, String>), ExecError> {
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
-        let journal_outcome = self.outcome_from_journal(&run)?;
+        let journal_outcome = if run.prior == Prior::Held {
+            self.held_outcome(&run)?
+        } else {
+            self.outcome_from_journal(&run)?
+        };
         let probe = match self.connection(&target).await {
             Err(e) => Err(e.to_string()),
             Ok(ci) => {
@@ -1284,7 +1265,9 @@ impl Executor {
         if run.prior == Prior::Settled {
             return self.outcome_from_journal(&run);
         }
-        if run.prior == Prior::NotDispatched {
+        if matches!(run.prior, Prior::NotDispatched | Prior::Held) {
+            // A live owner checks the state again before its `dispatched` event and does not
+            // send a cancelled execution.
             return self.conclude(
                 &mut run,
                 State::Cancelled,
@@ -1371,6 +1354,16 @@ impl Executor {
             Some(s) => Prior::from_journal(s.state, s.before_unknown),
             None => Prior::NotDispatched,
         };
+        let prior = if prior == Prior::NotDispatched {
+            let owner = crate::owner::owner_of(&rec.client, &events);
+            if crate::owner::may_still_dispatch(id.as_str(), owner) {
+                Prior::Held
+            } else {
+                prior
+            }
+        } else {
+            prior
+        };
         let mut run = Run {
             prior,
             ..Run::new(rec)
@@ -1404,6 +1397,69 @@ impl Executor {
             }
         }
         Ok(run)
+    }
+
+    /// What the journal says of `id` before any probe, as the recovery table takes it
+    /// (including whether a live owner holds it undispatched).
+    pub fn prior(&mut self, id: &ExecutionId) -> Result<Prior, ExecError> {
+        Ok(self.load(id)?.prior)
+    }
+
+    /// The owner of `id` (`pid@host`) when it is accepted, not dispatched, and that owner may
+    /// still send it (see [`crate::owner`]).
+    fn owner_may_dispatch(&self, id: &ExecutionId) -> Result<Option<String>, ExecError> {
+        let Some(rec) = self.journal.execution(id)? else {
+            return Ok(None);
+        };
+        let events = self.journal.events(id)?;
+        let owner = crate::owner::owner_of(&rec.client, &events);
+        Ok(crate::owner::may_still_dispatch(id.as_str(), owner).then(|| owner.to_owned()))
+    }
+
+    /// `run` is held by a live owner: wait (within the reconnect window) until the owner
+    /// dispatches it, settles it, or is gone; then `run` is what the journal says by then.
+    async fn wait_for_owner(&mut self, run: &mut Run) -> Result<(), ExecError> {
+        let id = run.rec.id.clone();
+        let deadline = Instant::now() + self.patience.reconnect_for;
+        let mut said = false;
+        while Instant::now() < deadline {
+            let state = self.journal.status(&id)?.map(|s| s.state);
+            let pending = matches!(state, Some(State::Accepted | State::Authorized));
+            if !pending || self.owner_may_dispatch(&id)?.is_none() {
+                break;
+            }
+            if !said {
+                tracing::info!(
+                    "cairn: {id} is accepted by a live process that has not dispatched it yet; \
+                     waiting for it (up to {:?})",
+                    self.patience.reconnect_for
+                );
+                said = true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (out_off, err_off) = (run.out_off, run.err_off);
+        *run = self.load(&id)?;
+        run.out_off = out_off;
+        run.err_off = err_off;
+        Ok(())
+    }
+
+    /// The outcome of an execution a live owner may still dispatch: the journal's state, the
+    /// owner, and why nothing is concluded. Nothing is written.
+    fn held_outcome(&self, run: &Run) -> Result<Outcome, ExecError> {
+        let owner = self.owner_may_dispatch(&run.rec.id)?;
+        let mut o = self.outcome_from_journal(run)?;
+        let reason = match decide(Prior::Held, &Probe::Unreachable) {
+            Action::Retry { reason } => reason,
+            _ => String::new(),
+        };
+        o.reason = Some(format!(
+            "{reason} (owner: {})",
+            owner.as_deref().unwrap_or("gone since")
+        ));
+        o.held_by = owner.or_else(|| Some(run.rec.client.clone()));
+        Ok(o)
     }
 
     /// The host of `run` announced `announced`: keep the bookkeeping of its place (per
@@ -1844,6 +1900,14 @@ impl Executor {
         live: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
+        if run.prior == Prior::Held && !dispatch_first {
+            if !detach {
+                self.wait_for_owner(run).await?;
+            }
+            if run.prior == Prior::Held {
+                return self.held_outcome(run);
+            }
+        }
         if run.prior == Prior::Settled {
             // A settled execution is never touched again: report what the journal holds,
             // plus the stored output when asked to replay it.
@@ -1962,6 +2026,29 @@ impl Executor {
             // 2. One exec: the dispatch, or the probe that is also the reattach stream.
             let nonce = marker::new_nonce();
             let reply = if next_dispatch {
+                if run.prior == Prior::NotDispatched {
+                    // Settled by another process while this one prepared it (a `cancel` of an
+                    // execution waiting for its approval): it is not sent.
+                    let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
+                    if let Some(s) =
+                        now.filter(|s| !matches!(s, State::Accepted | State::Authorized))
+                    {
+                        // Its approval stays on record, as a note: a transition now would move
+                        // the settled state back.
+                        let held = std::mem::take(&mut run.held);
+                        let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
+                        self.journal.append(
+                            &run.rec.id,
+                            "dispatch-withheld",
+                            None,
+                            json!({"by": crate::journal::client_identity(), "state": s,
+                                   "withheld": kinds,
+                                   "reason": "settled by another process before this one dispatched it; nothing was sent"}),
+                        )?;
+                        run.prior = Prior::Settled;
+                        return self.outcome_from_journal(run);
+                    }
+                }
                 let secrets = self.secrets_for(&run.rec.id)?;
                 let epoch = run.dispatch_epoch.clone();
                 self.record(
@@ -2339,6 +2426,7 @@ impl Executor {
             needs_review: matches!(state, State::Unknown | State::Interrupted),
             fingerprint: intent.as_ref().map(|i| i.fingerprint.clone()),
             class: intent.map(|i| i.class),
+            held_by: None,
         })
     }
 }

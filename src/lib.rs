@@ -29,6 +29,8 @@
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
+//! - [`owner`]: who may still dispatch an accepted execution (this process's claims, a live
+//!   PID), so that no other process concludes "never dispatched" while its owner sends it.
 //!
 //! Pure decisions (no I/O):
 //! - [`recovery`]: the recovery table (journal × probe → action).
@@ -72,6 +74,7 @@ pub mod mcp;
 pub mod operations;
 pub mod options;
 pub mod outcome;
+pub mod owner;
 pub mod pool;
 pub mod reach;
 pub mod recovery;

@@ -91,7 +91,14 @@ pub fn summary(o: &Outcome) -> String {
             o.reason.as_deref().unwrap_or("")
         ),
         State::Cancelled => "Cancelled.".into(),
-        State::Accepted | State::Authorized => "Accepted, not yet dispatched.".into(),
+        State::Accepted | State::Authorized => match &o.held_by {
+            Some(owner) => format!(
+                "NOT CONCLUDED: accepted by {owner}, which is still alive and has not dispatched it yet; \
+                 it may still send it. Do not send it again: attach to it (`cairn attach {}`).",
+                o.execution_id
+            ),
+            None => "Accepted, not yet dispatched.".into(),
+        },
     };
     let review = if o.needs_review {
         " It needs human review (cairn review / cairn resolve)."

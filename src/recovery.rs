@@ -7,6 +7,8 @@
 //!
 //! | marker on the host                                   | action                        |
 //! |------------------------------------------------------|-------------------------------|
+//! | (not dispatched, its owner alive)                    | wait: nothing is concluded    |
+//! | (not dispatched, its owner gone)                     | `failed`: nothing was sent    |
 //! | absent, same epoch, guard never crossed              | dispatch again, same ID       |
 //! | started, supervisor alive                            | reattach from the offsets     |
 //! | finished                                             | collect the stored result     |
@@ -23,6 +25,9 @@ pub enum Prior {
     /// Accepted or authorized: the `dispatched` event was never written, so no byte of the
     /// dispatch left this machine (the event is durable before the bytes are sent).
     NotDispatched,
+    /// Accepted or authorized, not dispatched, and the process that owns it may still send it
+    /// (see [`crate::owner`]): nothing can be concluded while it lives.
+    Held,
     /// `dispatched` was written; the host may or may not have received it.
     Dispatched,
     /// The host's started record was seen (`running`).
@@ -114,6 +119,14 @@ pub fn decide(prior: Prior, probe: &Probe) -> Action {
     use Liveness::*;
     match (prior, probe) {
         (Prior::Settled, _) => Action::Nothing,
+
+        // Its owner may still send it: "never dispatched" would be a guess, and `failed` tells
+        // a caller it is safe to send again. Wait for the owner, whatever the host says now.
+        (Prior::Held, _) => Action::Retry {
+            reason: "accepted by a process that is still alive and has not dispatched it yet; \
+                     nothing is concluded while it may still send it"
+                .to_owned(),
+        },
 
         // Nothing was ever sent: no host can have started it, whatever the probe says
         // (and if a host does hold a marker for this ID, it was not this journal's dispatch).
@@ -329,6 +342,16 @@ mod tests {
     }
 
     #[test]
+    fn not_dispatched_with_a_live_owner_concludes_nothing() {
+        for probe in all_probes() {
+            assert!(
+                matches!(decide(Prior::Held, &probe), Action::Retry { .. }),
+                "{probe:?}"
+            );
+        }
+    }
+
+    #[test]
     fn settled_executions_are_left_alone() {
         for probe in all_probes() {
             assert_eq!(decide(Prior::Settled, &probe), Action::Nothing);
@@ -342,6 +365,7 @@ mod tests {
     fn no_row_redispatches_a_started_execution_or_guesses_an_outcome() {
         for prior in [
             Prior::NotDispatched,
+            Prior::Held,
             Prior::Dispatched,
             Prior::Started,
             Prior::Settled,

@@ -22,7 +22,7 @@ use crate::id::ExecutionId;
 use crate::journal::Journal;
 use crate::options::HostOptions;
 use crate::outcome::Capture;
-use crate::recovery::{decide, Action, Prior, Probe};
+use crate::recovery::{decide, Action, Probe};
 use crate::ssh::ConnectOptions;
 use crate::state::State;
 
@@ -650,7 +650,7 @@ async fn recover(common: &Common, json: bool, wait: bool) -> Result<i32, ExecErr
                         .unwrap_or_default()
                 );
             }
-            if matches!(o.state, State::Unknown | State::Interrupted) {
+            if matches!(o.state, State::Unknown | State::Interrupted) || o.held_by.is_some() {
                 worst = EXIT_UNKNOWN;
             }
         }
@@ -762,11 +762,7 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
 async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, ExecError> {
     let mut ex = common.executor()?;
     let (o, probe) = ex.probe(id).await?;
-    let st = ex.journal.status(id)?;
-    let prior = st
-        .as_ref()
-        .map(|s| Prior::from_journal(s.state, s.before_unknown))
-        .unwrap_or(Prior::NotDispatched);
+    let prior = ex.prior(id)?;
     let probe_v = probe.clone().unwrap_or(Probe::Unreachable);
     let action = decide(prior, &probe_v);
     let host_says = match &probe {

@@ -926,3 +926,133 @@ fn command_line_timeouts_win_over_ssh_config() {
     assert_eq!(t.connect_timeout, Duration::from_secs(2));
     assert_eq!(t.keepalive_interval, Duration::from_secs(1));
 }
+
+const LIMIT: Duration = Duration::from_secs(90);
+
+/// `cmd` run under `script` (util-linux) so that it has a terminal: `--approve prompt` asks on
+/// it, and what is written to the returned child's stdin answers.
+fn under_a_terminal(cmd: &std::process::Command) -> std::process::Child {
+    let quote = |s: &std::ffi::OsStr| format!("'{}'", s.to_string_lossy().replace('\'', r"'\''"));
+    let line = std::iter::once(quote(cmd.get_program()))
+        .chain(cmd.get_args().map(quote))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let mut s = std::process::Command::new("script");
+    s.args(["-qefc", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (k, v) in cmd.get_envs() {
+        match v {
+            Some(v) => s.env(k, v),
+            None => s.env_remove(k),
+        };
+    }
+    s.spawn().expect("script (util-linux)")
+}
+
+fn answer(child: &mut std::process::Child, line: &str) {
+    use std::io::Write;
+    let stdin = child.stdin.as_mut().expect("script's stdin");
+    stdin.write_all(line.as_bytes()).unwrap();
+    stdin.flush().unwrap();
+}
+
+fn wait_accepted(h: &Host, id: &str) {
+    wait_for(
+        "the first process holding the execution accepted, at its prompt",
+        Duration::from_secs(30),
+        || {
+            h.journal()
+                .status(&cairn::ExecutionId::parse(id).unwrap())
+                .ok()
+                .flatten()
+                .filter(|s| s.state == State::Accepted)
+        },
+    );
+}
+
+/// The same `--id` sent again while the first process holds it accepted and not yet
+/// dispatched (here: waiting at its approval prompt). The second must neither run it nor
+/// answer `failed` (which tells a caller it is safe to send again): it waits for the first,
+/// attaches when it dispatches, and returns the one run's result. `recover` and `status`
+/// meanwhile conclude nothing.
+#[test]
+fn a_second_run_of_an_id_a_live_process_has_not_dispatched_yet_waits_and_attaches() {
+    let h = Host::new();
+    let id = "twin-live-owner";
+    let cmd = format!("{}echo one-run", h.count());
+    let mut first = under_a_terminal(&h.run_cmd(&["--id", id, "--approve", "prompt"], &cmd));
+    wait_accepted(&h, id);
+
+    let second = spawn(h.run_cmd(&["--id", id, "--json"], &cmd));
+    // recover (no --wait) and status while the owner lives: nothing concluded, nothing sent.
+    let rec = output(h.cairn("recover"), LIMIT);
+    assert_eq!(rec.status.code(), Some(254), "{rec:?}");
+    let text = String::from_utf8_lossy(&rec.stdout);
+    assert!(text.contains(id) && text.contains("still alive"), "{text}");
+    let mut st = h.cairn("status");
+    st.args([id, "--json"]);
+    let st = json_of(&output(st, LIMIT));
+    assert_eq!(st["state"], "accepted", "{st}");
+    assert!(st["held_by"].is_string(), "{st}");
+    assert!(
+        st["next_action"]
+            .as_str()
+            .unwrap()
+            .contains("nothing is concluded"),
+        "{st}"
+    );
+    std::thread::sleep(Duration::from_millis(1500));
+    assert_eq!(h.state(id), State::Accepted, "{:?}", h.kinds(id));
+    assert_eq!(h.runs(), 0);
+
+    answer(&mut first, "y\n");
+    let out = wait_child(second, LIMIT);
+    let v = json_of(&out);
+    assert_eq!(out.status.code(), Some(0), "{v}");
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(v["stdout"], "one-run\n", "{v}");
+    assert_eq!(v["attached"], true, "{v}");
+    let first = wait_child(first, LIMIT);
+    assert_eq!(first.status.code(), Some(0), "{first:?}");
+    assert_eq!(h.runs(), 1, "ran exactly once");
+    assert_eq!(h.executions(), 1);
+    let kinds = h.kinds(id);
+    assert!(!kinds.iter().any(|k| k == "failed"), "{kinds:?}");
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "dispatched").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert_eq!(h.state(id), State::Delivered, "{kinds:?}");
+}
+
+/// `cancel` of an execution whose live owner is still waiting for approval: cancelled, and
+/// the owner, approved afterwards, does not send it.
+#[test]
+fn cancel_before_dispatch_stops_a_live_owner_from_sending_it() {
+    let h = Host::new();
+    let id = "cancel-live-owner";
+    let cmd = format!("{}echo never", h.count());
+    let mut first = under_a_terminal(&h.run_cmd(&["--id", id, "--approve", "prompt"], &cmd));
+    wait_accepted(&h, id);
+    let mut c = h.cairn("cancel");
+    c.arg(id);
+    let out = output(c, LIMIT);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(h.state(id), State::Cancelled);
+
+    answer(&mut first, "y\n");
+    let first = wait_child(first, LIMIT);
+    assert_ne!(first.status.code(), Some(0), "{first:?}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(h.runs(), 0, "a cancelled execution is never sent");
+    let kinds = h.kinds(id);
+    assert!(kinds.iter().any(|k| k == "dispatch-withheld"), "{kinds:?}");
+    assert!(!kinds.iter().any(|k| k == "dispatched"), "{kinds:?}");
+    assert!(kinds.iter().any(|k| k == "cancelled"), "{kinds:?}");
+    // (the owner delivered the cancelled outcome to its caller)
+    assert_eq!(h.state(id), State::Delivered, "{kinds:?}");
+}

@@ -180,7 +180,7 @@ impl Plan {
         });
         let via = match r.range(0, 99) {
             0..=32 => Via::Session,
-            33..=42 if with_known_bugs() => Via::Twin,
+            33..=42 => Via::Twin,
             _ => Via::Run,
         };
         let kill_recovery = (r.range(0, 2) == 0).then(|| r.millis(100, 2000));
@@ -214,11 +214,8 @@ impl Plan {
 }
 
 /// `CAMPAIGN_KNOWN_BUGS=1` also runs what still finds known bugs, left out of the default run
-/// (which CI runs) until they are fixed. Two `cairn run` with one execution ID at once: the
-/// second finds the first's execution accepted but not yet dispatched, attaches, and the
-/// recovery table reads "accepted, never dispatched" as "the client stopped before any byte was
-/// sent": it answers `failed` for an execution the first process then runs (seen: seed 5,
-/// trials 1 and 5). And read-only markers (`chattr +i` on the marker home) mid-run:
+/// (which CI runs) until they are fixed: read-only markers (`chattr +i` on the marker home)
+/// mid-run:
 /// - dispatch: the start guard crossed (x/ID.start linked) and then the supervisor could not go
 ///   on; its roll-back `rm` fails too, and the client is told `failed` ("the host refused the
 ///   dispatch") while the started record stays on the host (seen: seed 5, trial 30);
