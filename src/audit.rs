@@ -130,6 +130,16 @@ impl Row {
 
 /// Verify the journal at `journal` against `anchor`, reading the file only.
 pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
+    if journal
+        .to_str()
+        .is_some_and(crate::journal::is_postgres_url)
+    {
+        return Err(
+            "cairn audit verify reads a SQLite journal file; verifying a PostgreSQL journal \
+             (its chain per execution) is not built yet. Nothing was read or changed"
+                .into(),
+        );
+    }
     crate::journal::refuse_url(journal).map_err(|e| e.to_string())?;
     if !journal.exists() {
         return Err(format!("no journal at {}", journal.display()));

@@ -817,10 +817,17 @@ impl Executor {
         if let Some(k) = &self.intent_key {
             return Ok(k.clone());
         }
-        let path = self
-            .intent_key_path
-            .clone()
-            .unwrap_or_else(|| IntentKey::default_path(self.journal.path()));
+        let path = match self.intent_key_path.clone() {
+            Some(p) => p,
+            None => IntentKey::default_path(self.journal.path()).ok_or_else(|| {
+                ExecError::Input(
+                    "a PostgreSQL journal is shared by replicas, and they match one intent only \
+                     under one intent key: give every replica the same key file with \
+                     --intent-key FILE or CAIRN_INTENT_KEY"
+                        .into(),
+                )
+            })?,
+        };
         let k = IntentKey::load_or_create(&path).map_err(ExecError::Input)?;
         self.intent_key = Some(k.clone());
         Ok(k)

@@ -643,15 +643,25 @@ impl IntentKey {
     }
 
     /// The default key file: `$CAIRN_INTENT_KEY`, else `intent.key` next to the journal.
-    pub fn default_path(journal: &Path) -> PathBuf {
+    /// `None` for a PostgreSQL journal without `$CAIRN_INTENT_KEY`: its replicas must share
+    /// one key, so none is made up on one machine.
+    pub fn default_path(journal: &Path) -> Option<PathBuf> {
         if let Some(p) = std::env::var_os("CAIRN_INTENT_KEY").filter(|p| !p.is_empty()) {
-            return PathBuf::from(p);
+            return Some(PathBuf::from(p));
         }
-        journal
-            .parent()
-            .filter(|d| !d.as_os_str().is_empty())
-            .unwrap_or(Path::new("."))
-            .join("intent.key")
+        if journal
+            .to_str()
+            .is_some_and(crate::journal::is_postgres_url)
+        {
+            return None;
+        }
+        Some(
+            journal
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .unwrap_or(Path::new("."))
+                .join("intent.key"),
+        )
     }
 
     /// Load the key at `path`, creating it (32 random bytes, hex, mode 0600) on first use.

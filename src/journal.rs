@@ -28,14 +28,29 @@ use crate::state::State;
 
 const SCHEMA_VERSION: i64 = 1;
 
+/// Hand a public method to the PostgreSQL backend when the journal is one; the SQLite
+/// implementation follows the macro in each method.
+macro_rules! on_postgres {
+    ($self:ident, $pg:ident => $e:expr) => {
+        if let Backend::Postgres($pg) = &$self.backend {
+            return $e;
+        }
+    };
+}
+
 pub mod anchor;
 mod batch;
+#[cfg(test)]
+#[path = "../tests/it/support/postgres.rs"]
+pub(crate) mod test_postgres;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
 pub use group::GroupCommitStats;
 mod hosts;
 mod http;
+mod postgres;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
+pub use postgres::{is_postgres_url, PG_SCHEMA_VERSION};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -55,10 +70,29 @@ pub enum JournalError {
     Version { path: PathBuf, found: i64 },
     #[error(
         "journal '{location}' looks like a {scheme}:// URL, but this build of cairn keeps its journal \
-         in a SQLite file only; nothing was created. Give a file path (--journal FILE or \
-         CAIRN_JOURNAL), or a file name without '://'"
+         in a SQLite file or in PostgreSQL (postgres://…) only; nothing was created. Give a file \
+         path (--journal FILE or CAIRN_JOURNAL), a postgres:// URL, or a file name without '://'"
     )]
     Unsupported { location: String, scheme: String },
+    /// A PostgreSQL journal's error (the URL shown without its password).
+    #[error("journal {location}: {message}")]
+    Postgres {
+        location: String,
+        message: String,
+        /// The SQLSTATE, when the server gave one.
+        code: Option<String>,
+        /// The constraint the statement violated, when the server named one.
+        constraint: Option<String>,
+    },
+    #[error(
+        "journal {location} has schema version {found}; this cairn understands versions up to \
+         {supported}. Use a newer cairn, or point --journal elsewhere"
+    )]
+    PgVersion {
+        location: String,
+        found: i32,
+        supported: i32,
+    },
     #[error("journal {path}: execution {id} has a corrupt row: {message}")]
     Corrupt {
         path: PathBuf,
@@ -73,8 +107,18 @@ impl JournalError {
     /// Whether this is an `accept` that lost the race for its execution ID: another process
     /// accepted an execution under the same ID between our look-up and our insert.
     pub fn is_duplicate_id(&self) -> bool {
-        matches!(self, JournalError::Sqlite { source: rusqlite::Error::SqliteFailure(e, Some(m)), .. }
-            if e.code == rusqlite::ErrorCode::ConstraintViolation && m.contains("executions.id"))
+        match self {
+            JournalError::Sqlite {
+                source: rusqlite::Error::SqliteFailure(e, Some(m)),
+                ..
+            } => e.code == rusqlite::ErrorCode::ConstraintViolation && m.contains("executions.id"),
+            JournalError::Postgres {
+                code, constraint, ..
+            } => {
+                code.as_deref() == Some("23505") && constraint.as_deref() == Some("executions_pkey")
+            }
+            _ => false,
+        }
     }
 }
 
@@ -131,10 +175,26 @@ pub struct Status {
     pub before_unknown: Option<State>,
 }
 
+/// A handle on the journal. Its methods are the same whichever store keeps it; the store is a
+/// [`Backend`] chosen by the location given to [`Journal::open`].
 pub struct Journal {
     path: PathBuf,
+    backend: Backend,
+}
+
+/// Where a journal is kept. Every public method of [`Journal`] asks its backend, so callers
+/// (the executor, the fronts, audit) never know which store they write to.
+enum Backend {
+    /// A SQLite file on this machine (the default).
+    Sqlite(SqliteFile),
+    /// A PostgreSQL database, shared by every replica that names it (`postgres://…`).
+    Postgres(std::sync::Arc<postgres::Pg>),
+}
+
+/// The SQLite backend's state: the anchor next to the file, and the group commit (with the
+/// connection pool) shared with every other handle on the file in this process.
+struct SqliteFile {
     anchor: anchor::Anchor,
-    /// Shared with every other handle on this file in this process (group commit).
     group: std::sync::Arc<group::Group>,
 }
 
@@ -199,8 +259,15 @@ impl Journal {
         })
     }
 
-    /// Open (creating if needed) the journal at `path`.
+    /// Open (creating if needed) the journal at `path`: a SQLite file, or the PostgreSQL
+    /// database a `postgres://` URL names (its schema created or migrated on first use).
     pub fn open(path: &Path) -> Result<Journal> {
+        if let Some(url) = path.to_str().filter(|p| is_postgres_url(p)) {
+            return Ok(Journal {
+                path: path.to_owned(),
+                backend: Backend::Postgres(postgres::open(url)?),
+            });
+        }
         refuse_url(path)?;
         let io = |message: String| JournalError::Io {
             path: path.to_owned(),
@@ -217,24 +284,27 @@ impl Journal {
         let mut identity = file_identity(path);
         let fresh = identity.is_none() && !path.exists();
         let anchor = anchor::Anchor::for_journal(path);
+        let group = group::group_for(path, &anchor.path);
         let j = Journal {
             path: path.to_owned(),
-            group: group::group_for(path, &anchor.path),
-            anchor,
+            backend: Backend::Sqlite(SqliteFile {
+                group: std::sync::Arc::clone(&group),
+                anchor,
+            }),
         };
         // Another handle of this process checked this very file's schema: nothing to do, and
         // no connection to open (operations lease the pool's).
-        if !fresh && j.group.checked(identity) {
+        if !fresh && group.checked(identity) {
             return Ok(j);
         }
         if fresh {
             // Opening the first connection creates the file.
-            j.group.retarget(None);
+            group.retarget(None);
             drop(j.conn()?);
             set_mode(path, 0o600);
             identity = file_identity(path);
         }
-        j.group.retarget(identity);
+        group.retarget(identity);
         // Several processes opening a new journal at once can be told "database is locked"
         // at once (SQLite does not wait for the switch to WAL or a schema change in every
         // case; seen about once in 300 concurrent first opens). Creating the schema is
@@ -249,12 +319,23 @@ impl Journal {
                 r => break r?,
             }
         }
-        j.group.mark_checked(identity);
+        group.mark_checked(identity);
         Ok(j)
     }
 
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// Run one SQL statement as the journal's own connection (tests: what the journal's role
+    /// may and may not do).
+    #[cfg(test)]
+    pub(crate) fn raw_execute(&self, sql: &str) -> Result<u64> {
+        on_postgres!(self, pg => pg.raw_execute(sql));
+        self.conn()?
+            .execute(sql, [])
+            .map(|n| n as u64)
+            .map_err(|e| self.err(e))
     }
 
     fn err(&self, source: rusqlite::Error) -> JournalError {
@@ -264,9 +345,22 @@ impl Journal {
         }
     }
 
+    /// The SQLite backend's state; an error on another backend (its callers are the SQLite
+    /// implementations of the public methods, which other backends never reach).
+    fn file(&self) -> Result<&SqliteFile> {
+        match &self.backend {
+            Backend::Sqlite(f) => Ok(f),
+            Backend::Postgres(pg) => Err(JournalError::Io {
+                path: pg.location().into(),
+                message: "a SQLite operation was asked of a PostgreSQL journal".into(),
+            }),
+        }
+    }
+
     /// A SQLite connection for one operation (see [`group::Lease`]).
     fn conn(&self) -> Result<group::Lease<'_>> {
-        self.group
+        self.file()?
+            .group
             .lease(&|| connect(&self.path))
             .map_err(|e| self.err(e))
     }
@@ -274,7 +368,7 @@ impl Journal {
     /// SQLite connections this process has opened to this journal file (all handles count):
     /// as many as operations ran at once, not one per handle.
     pub fn connections_opened(&self) -> u64 {
-        self.group.connections_opened()
+        self.file().map_or(0, |f| f.group.connections_opened())
     }
 
     fn init(&self) -> Result<()> {
@@ -434,6 +528,7 @@ impl Journal {
     /// Record a new execution and its `accepted` event in one transaction (group-committed with
     /// other handles' writes, like [`Journal::append`]). Fails if the ID already exists.
     pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
+        on_postgres!(self, pg => pg.accept(rec, &evidence));
         self.commit(group::Request::Accept {
             rec: rec.clone(),
             evidence,
@@ -443,7 +538,9 @@ impl Journal {
     /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
     /// `cairn audit verify`), never fails the operation.
     fn anchor_to(&self, ev: &Event) {
-        advance_anchor(&self.anchor, ev);
+        if let Ok(f) = self.file() {
+            advance_anchor(&f.anchor, ev);
+        }
     }
 
     /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
@@ -459,6 +556,9 @@ impl Journal {
         state: Option<State>,
         evidence: serde_json::Value,
     ) -> Result<Event> {
+        on_postgres!(self, pg => pg
+            .append_all(id, &[(kind.to_owned(), state, evidence)])
+            .and_then(|e| e.ok_or_else(|| pg_missing_event(pg))));
         self.commit(group::Request::Append {
             id: id.as_str().to_owned(),
             kind: kind.to_owned(),
@@ -469,9 +569,10 @@ impl Journal {
 
     /// Commit one request through this journal's group.
     fn commit(&mut self, req: group::Request) -> Result<Event> {
-        let group = std::sync::Arc::clone(&self.group);
+        let file = self.file()?;
+        let group = std::sync::Arc::clone(&file.group);
         group
-            .submit(req, &|| connect(&self.path), &self.anchor)
+            .submit(req, &|| connect(&self.path), &file.anchor)
             .map_err(|f| match f {
                 group::Failure::Sqlite(source) => self.err(source),
                 group::Failure::LeaderLost => JournalError::Io {
@@ -486,10 +587,11 @@ impl Journal {
     /// How many transactions and events group commit has written to this journal in this
     /// process (every handle on the file counts).
     pub fn group_commit_stats(&self) -> GroupCommitStats {
-        self.group.stats()
+        self.file().map(|f| f.group.stats()).unwrap_or_default()
     }
 
     pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
+        on_postgres!(self, pg => pg.execution(id));
         let row = self
             .conn()?
             .query_row(
@@ -537,6 +639,7 @@ impl Journal {
     }
 
     pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
+        on_postgres!(self, pg => pg.events(id));
         let lease = self.conn()?;
         let mut st = lease
             .prepare_cached(
@@ -598,7 +701,9 @@ impl Journal {
 
     /// Executions, newest first, with their current state.
     pub fn list(&self) -> Result<Vec<(ExecutionRecord, Status)>> {
-        let ids: Vec<String> = {
+        let ids: Vec<String> = if let Backend::Postgres(pg) = &self.backend {
+            pg.execution_ids()?
+        } else {
             let lease = self.conn()?;
             let mut st = lease
                 .prepare("SELECT id FROM executions ORDER BY created_at DESC, id DESC")
@@ -624,6 +729,7 @@ impl Journal {
     }
 
     pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
+        on_postgres!(self, pg => pg.cursor(id));
         let r = self
             .conn()?
             .query_row(
@@ -643,6 +749,7 @@ impl Journal {
     /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
     /// and a reattach then asks the host again from an earlier offset.
     pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
+        on_postgres!(self, pg => pg.set_cursor(id, out_off, err_off));
         let lease = self.conn()?;
         lease
             .execute_batch("PRAGMA synchronous=NORMAL")
@@ -666,6 +773,7 @@ impl Journal {
 
     /// Forget the output cursors of delivered executions (progress, not evidence).
     pub fn prune_cursors(&self) -> Result<usize> {
+        on_postgres!(self, pg => pg.prune_cursors());
         self.conn()?
             .execute(
                 "DELETE FROM cursors WHERE execution_id IN
@@ -771,6 +879,13 @@ fn redact_url(url: &str) -> String {
     }
 }
 
+fn pg_missing_event(pg: &postgres::Pg) -> JournalError {
+    JournalError::Io {
+        path: pg.location().into(),
+        message: "an append returned no event".into(),
+    }
+}
+
 /// Milliseconds since the Unix epoch.
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -808,6 +923,7 @@ impl Journal {
         match_evidence: serde_json::Value,
         choose: impl FnOnce(&[Candidate]) -> Option<usize>,
     ) -> Result<AcceptOrMatch> {
+        on_postgres!(self, pg => pg.accept_or_match(rec, cols, &evidence, &match_evidence, choose));
         let path = self.path.clone();
         let sq = |source| JournalError::Sqlite {
             path: path.clone(),
@@ -890,6 +1006,7 @@ impl Journal {
 
     /// The intent an execution was accepted with (`None` for one accepted without).
     pub fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
+        on_postgres!(self, pg => pg.intent_of(id));
         let row = self
             .conn()?
             .query_row(
@@ -919,6 +1036,7 @@ impl Journal {
 
     /// Executions created by a session.
     pub fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
+        on_postgres!(self, pg => pg.executions_of_session(session));
         let lease = self.conn()?;
         let mut st = lease
             .prepare("SELECT id FROM executions WHERE session_id = ?1 ORDER BY accepted_ms, id")
@@ -931,6 +1049,7 @@ impl Journal {
 
     /// Record the start of a session (a CLI process, a `serve` or `mcp` run).
     pub fn start_session(&mut self, s: &SessionRecord) -> Result<()> {
+        on_postgres!(self, pg => pg.start_session(s));
         let path = self.path.clone();
         let sq = |source| JournalError::Sqlite {
             path: path.clone(),
@@ -963,7 +1082,8 @@ impl Journal {
     }
 
     fn anchor_sessions(&self, seq: i64, hash: &str) {
-        if let Err(e) = self.anchor.advance_sessions(seq, hash) {
+        let Ok(f) = self.file() else { return };
+        if let Err(e) = f.anchor.advance_sessions(seq, hash) {
             tracing::warn!("cairn: journal anchor not updated: {e}");
         }
     }
@@ -975,6 +1095,7 @@ impl Journal {
         kind: &str,
         evidence: serde_json::Value,
     ) -> Result<()> {
+        on_postgres!(self, pg => pg.session_event(session, kind, &evidence));
         let path = self.path.clone();
         let sq = |source| JournalError::Sqlite {
             path: path.clone(),
@@ -994,6 +1115,7 @@ impl Journal {
 
     /// Every session, newest first, with its end (the `ended` event) and execution count.
     pub fn sessions(&self) -> Result<Vec<SessionView>> {
+        on_postgres!(self, pg => pg.sessions());
         let lease = self.conn()?;
         let mut st = lease
             .prepare(
@@ -1399,6 +1521,7 @@ impl Journal {
         id: &ExecutionId,
         events: Vec<(String, Option<State>, serde_json::Value)>,
     ) -> Result<Option<Event>> {
+        on_postgres!(self, pg => pg.append_all(id, &events));
         if events.is_empty() {
             return Ok(None);
         }
@@ -1453,88 +1576,98 @@ mod tests {
     #[test]
     fn events_are_append_only_and_chained() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
-        let r = rec("a1");
-        let e1 = j.accept(&r, serde_json::json!({})).unwrap();
-        let e2 = j
-            .append(
-                &r.id,
-                "dispatched",
-                Some(State::Dispatched),
-                serde_json::json!({"x": 1}),
-            )
-            .unwrap();
-        assert_eq!(e1.seq + 1, e2.seq);
-        let evs = j.events(&r.id).unwrap();
-        assert_eq!(evs.len(), 2);
-        assert!(j
-            .conn()
-            .unwrap()
-            .execute("UPDATE events SET kind = 'x' WHERE seq = 1", [])
-            .is_err());
-        assert!(j.conn().unwrap().execute("DELETE FROM events", []).is_err());
-        assert!(j.accept(&r, serde_json::json!({})).is_err(), "duplicate ID");
-        let st = j.status(&r.id).unwrap().unwrap();
-        assert_eq!(st.state, State::Dispatched);
+        for (backend, path) in backends("events_are_append_only_and_chained", dir.path()) {
+            let mut j = Journal::open(&path).unwrap();
+            let r = rec("a1");
+            let e1 = j.accept(&r, serde_json::json!({})).unwrap();
+            let e2 = j
+                .append(
+                    &r.id,
+                    "dispatched",
+                    Some(State::Dispatched),
+                    serde_json::json!({"x": 1}),
+                )
+                .unwrap();
+            assert_eq!(e1.seq + 1, e2.seq);
+            let evs = j.events(&r.id).unwrap();
+            assert_eq!(evs.len(), 2);
+            assert!(
+                j.raw_execute("UPDATE events SET kind = 'x' WHERE seq = 1")
+                    .is_err(),
+                "{backend}"
+            );
+            assert!(j.raw_execute("DELETE FROM events").is_err(), "{backend}");
+            assert!(j.accept(&r, serde_json::json!({})).is_err(), "duplicate ID");
+            let st = j.status(&r.id).unwrap().unwrap();
+            assert_eq!(st.state, State::Dispatched);
+            let _ = backend;
+        }
     }
 
     #[test]
     fn append_all_writes_events_in_order_in_one_transaction() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.db");
-        let mut j = Journal::open(&path).unwrap();
-        let r = rec("a9");
-        j.accept(&r, serde_json::json!({})).unwrap();
-        let before = j.group_commit_stats();
-        let last = j
-            .append_all(
-                &r.id,
-                vec![
-                    (
-                        "authorized".into(),
-                        Some(State::Authorized),
-                        serde_json::json!({}),
-                    ),
-                    (
-                        "dispatched".into(),
-                        Some(State::Dispatched),
-                        serde_json::json!({}),
-                    ),
-                    (
+        for (backend, path) in backends(
+            "append_all_writes_events_in_order_in_one_transaction",
+            dir.path(),
+        ) {
+            let mut j = Journal::open(&path).unwrap();
+            let r = rec("a9");
+            j.accept(&r, serde_json::json!({})).unwrap();
+            let before = j.group_commit_stats();
+            let last = j
+                .append_all(
+                    &r.id,
+                    vec![
+                        (
+                            "authorized".into(),
+                            Some(State::Authorized),
+                            serde_json::json!({}),
+                        ),
+                        (
+                            "dispatched".into(),
+                            Some(State::Dispatched),
+                            serde_json::json!({}),
+                        ),
+                        (
+                            "running".into(),
+                            Some(State::Running),
+                            serde_json::json!({}),
+                        ),
+                    ],
+                )
+                .unwrap()
+                .unwrap();
+            if backend == "sqlite" {
+                let after = j.group_commit_stats();
+                assert_eq!(after.transactions - before.transactions, 1);
+                assert_eq!(after.events - before.events, 3);
+            }
+            let kinds: Vec<String> = j
+                .events(&r.id)
+                .unwrap()
+                .into_iter()
+                .map(|e| e.kind)
+                .collect();
+            assert_eq!(kinds, ["accepted", "authorized", "dispatched", "running"]);
+            assert_eq!(last.kind, "running");
+            assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Running);
+            assert!(j.append_all(&r.id, Vec::new()).unwrap().is_none());
+            // An unknown execution: nothing of it is written.
+            let ghost = ExecutionId::parse("ghost").unwrap();
+            assert!(j
+                .append_all(
+                    &ghost,
+                    vec![(
                         "running".into(),
                         Some(State::Running),
-                        serde_json::json!({}),
-                    ),
-                ],
-            )
-            .unwrap()
-            .unwrap();
-        let after = j.group_commit_stats();
-        assert_eq!(after.transactions - before.transactions, 1);
-        assert_eq!(after.events - before.events, 3);
-        let kinds: Vec<String> = j
-            .events(&r.id)
-            .unwrap()
-            .into_iter()
-            .map(|e| e.kind)
-            .collect();
-        assert_eq!(kinds, ["accepted", "authorized", "dispatched", "running"]);
-        assert_eq!(last.kind, "running");
-        assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Running);
-        assert!(j.append_all(&r.id, Vec::new()).unwrap().is_none());
-        // An unknown execution: nothing of it is written.
-        let ghost = ExecutionId::parse("ghost").unwrap();
-        assert!(j
-            .append_all(
-                &ghost,
-                vec![(
-                    "running".into(),
-                    Some(State::Running),
-                    serde_json::json!({})
-                )]
-            )
-            .is_err());
-        assert!(j.events(&ghost).unwrap().is_empty());
+                        serde_json::json!({})
+                    )]
+                )
+                .is_err());
+            assert!(j.events(&ghost).unwrap().is_empty());
+            let _ = backend;
+        }
     }
 
     #[test]
@@ -1600,46 +1733,57 @@ mod tests {
     #[test]
     fn an_unknown_after_a_settled_outcome_does_not_unsettle_it() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
-        for (id, settled) in [
-            ("s1", State::Completed),
-            ("s2", State::Delivered),
-            ("s3", State::Interrupted),
-            ("s4", State::Failed),
-        ] {
-            let r = rec(id);
+        for (backend, path) in backends(
+            "an_unknown_after_a_settled_outcome_does_not_unsettle_it",
+            dir.path(),
+        ) {
+            let mut j = Journal::open(&path).unwrap();
+            for (id, settled) in [
+                ("s1", State::Completed),
+                ("s2", State::Delivered),
+                ("s3", State::Interrupted),
+                ("s4", State::Failed),
+            ] {
+                let r = rec(id);
+                j.accept(&r, serde_json::json!({})).unwrap();
+                for s in [State::Dispatched, State::Running, settled, State::Unknown] {
+                    j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
+                        .unwrap();
+                }
+                let st = j.status(&r.id).unwrap().unwrap();
+                assert_eq!(st.state, settled, "{id}");
+                assert_eq!(st.before_unknown, None, "{id}");
+            }
+            // (before it settles, an unknown is the state, as ever)
+            let r = rec("s5");
             j.accept(&r, serde_json::json!({})).unwrap();
-            for s in [State::Dispatched, State::Running, settled, State::Unknown] {
+            for s in [State::Running, State::Unknown, State::Completed] {
                 j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
                     .unwrap();
             }
-            let st = j.status(&r.id).unwrap().unwrap();
-            assert_eq!(st.state, settled, "{id}");
-            assert_eq!(st.before_unknown, None, "{id}");
+            assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Completed);
+            let _ = backend;
         }
-        // (before it settles, an unknown is the state, as ever)
-        let r = rec("s5");
-        j.accept(&r, serde_json::json!({})).unwrap();
-        for s in [State::Running, State::Unknown, State::Completed] {
-            j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
-                .unwrap();
-        }
-        assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Completed);
     }
 
     #[test]
     fn status_remembers_what_was_known_before_unknown() {
         let dir = tempfile::tempdir().unwrap();
-        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
-        let r = rec("a2");
-        j.accept(&r, serde_json::json!({})).unwrap();
-        for s in [State::Dispatched, State::Running, State::Unknown] {
-            j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
-                .unwrap();
+        for (backend, path) in
+            backends("status_remembers_what_was_known_before_unknown", dir.path())
+        {
+            let mut j = Journal::open(&path).unwrap();
+            let r = rec("a2");
+            j.accept(&r, serde_json::json!({})).unwrap();
+            for s in [State::Dispatched, State::Running, State::Unknown] {
+                j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
+                    .unwrap();
+            }
+            let st = j.status(&r.id).unwrap().unwrap();
+            assert_eq!(st.state, State::Unknown);
+            assert_eq!(st.before_unknown, Some(State::Running));
+            let _ = backend;
         }
-        let st = j.status(&r.id).unwrap().unwrap();
-        assert_eq!(st.state, State::Unknown);
-        assert_eq!(st.before_unknown, Some(State::Running));
     }
 
     #[test]
@@ -1696,29 +1840,43 @@ mod tests {
     #[test]
     fn two_handles_append_concurrently_without_losing_events() {
         let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("j.db");
-        let mut j = Journal::open(&path).unwrap();
-        let r = rec("c1");
-        j.accept(&r, serde_json::json!({})).unwrap();
-        let threads: Vec<_> = (0..2)
-            .map(|_| {
-                let path = path.clone();
-                let id = r.id.clone();
-                std::thread::spawn(move || {
-                    let mut j = Journal::open(&path).unwrap();
-                    for _ in 0..50 {
-                        j.append(&id, "note", None, serde_json::json!({})).unwrap();
-                    }
+        for (backend, path) in backends(
+            "two_handles_append_concurrently_without_losing_events",
+            dir.path(),
+        ) {
+            let mut j = Journal::open(&path).unwrap();
+            let r = rec("c1");
+            j.accept(&r, serde_json::json!({})).unwrap();
+            let threads: Vec<_> = (0..2)
+                .map(|_| {
+                    let path = path.clone();
+                    let id = r.id.clone();
+                    std::thread::spawn(move || {
+                        let mut j = Journal::open(&path).unwrap();
+                        for _ in 0..50 {
+                            j.append(&id, "note", None, serde_json::json!({})).unwrap();
+                        }
+                    })
                 })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        let evs = j.events(&r.id).unwrap();
-        assert_eq!(evs.len(), 101);
-        for w in evs.windows(2) {
-            assert_eq!(w[0].seq + 1, w[1].seq);
+                .collect();
+            for t in threads {
+                t.join().unwrap();
+            }
+            let evs = j.events(&r.id).unwrap();
+            assert_eq!(evs.len(), 101);
+            for w in evs.windows(2) {
+                // SQLite numbers without gaps; PostgreSQL's sequence only increases (an append
+                // that waited for another one's lock draws a second number).
+                match backend {
+                    "sqlite" => assert_eq!(w[0].seq + 1, w[1].seq),
+                    _ => assert!(
+                        w[0].seq < w[1].seq,
+                        "{backend}: {} then {}",
+                        w[0].seq,
+                        w[1].seq
+                    ),
+                }
+            }
         }
     }
 
@@ -1861,5 +2019,411 @@ mod tests {
         j.append(&r.id, "note", None, serde_json::json!({}))
             .unwrap();
         assert_eq!(j.events(&r.id).unwrap().len(), 6);
+    }
+
+    /// Where the journal suite runs each backend-neutral test: a SQLite file in `dir`, and a
+    /// fresh database on the test PostgreSQL server (see `test_postgres`; without PostgreSQL,
+    /// loudly skipped outside CI, a failure in CI).
+    pub(crate) fn backends(test: &str, dir: &Path) -> Vec<(&'static str, PathBuf)> {
+        let mut v = vec![("sqlite", dir.join("j.db"))];
+        if let Some(server) = super::test_postgres::server(test) {
+            v.push(("postgres", PathBuf::from(server.database(test))));
+        }
+        v
+    }
+
+    fn intent(fp: &str, retention_secs: u64) -> IntentColumns {
+        IntentColumns {
+            fingerprint: fp.into(),
+            actor: "agent:a".into(),
+            scope: "default".into(),
+            class: "remote-command".into(),
+            retention_secs,
+            accepted_ms: now_ms(),
+            session_id: None,
+            intent: serde_json::json!({"op": fp}),
+        }
+    }
+
+    #[test]
+    fn intent_matching_attaches_within_the_window_and_accepts_when_nothing_fits() {
+        let dir = tempfile::tempdir().unwrap();
+        for (backend, path) in backends("intent_matching_window", dir.path()) {
+            let mut j = Journal::open(&path).unwrap();
+            let any = |c: &[Candidate]| (!c.is_empty()).then_some(0);
+            let ask = |j: &mut Journal,
+                       id: &str,
+                       fp: &str,
+                       ret: u64,
+                       choose: &dyn Fn(&[Candidate]) -> Option<usize>| {
+                j.accept_or_match(
+                    &rec(id),
+                    &intent(fp, ret),
+                    accepted_evidence(&rec(id)),
+                    serde_json::json!({"by": id}),
+                    choose,
+                )
+                .unwrap()
+            };
+            assert!(matches!(
+                ask(&mut j, "m1", "fp", 3600, &any),
+                AcceptOrMatch::Accepted(_)
+            ));
+            match ask(&mut j, "m2", "fp", 3600, &any) {
+                AcceptOrMatch::Matched(c) => {
+                    assert_eq!(c.id.as_str(), "m1", "{backend}");
+                    assert_eq!(c.status.state, State::Accepted, "{backend}");
+                    assert_eq!(c.class, "remote-command", "{backend}");
+                }
+                other => panic!("{backend}: {other:?}"),
+            }
+            assert!(j
+                .execution(&ExecutionId::parse("m2").unwrap())
+                .unwrap()
+                .is_none());
+            let kinds: Vec<String> = j
+                .events(&ExecutionId::parse("m1").unwrap())
+                .unwrap()
+                .into_iter()
+                .map(|e| e.kind)
+                .collect();
+            assert_eq!(kinds, ["accepted", "intent-matched"], "{backend}");
+            // The caller declines every candidate (a failed one, say): a new execution.
+            let none = |_: &[Candidate]| None;
+            assert!(matches!(
+                ask(&mut j, "m3", "fp", 3600, &none),
+                AcceptOrMatch::Accepted(_)
+            ));
+            // Both are candidates now, newest first.
+            let seen = std::cell::RefCell::new(Vec::new());
+            let look = |c: &[Candidate]| {
+                *seen.borrow_mut() = c.iter().map(|c| c.id.to_string()).collect();
+                None
+            };
+            ask(&mut j, "m4", "fp", 3600, &look);
+            assert_eq!(*seen.borrow(), ["m3", "m1"], "{backend}");
+            // Another actor, another scope or another fingerprint never matches.
+            let mut other = intent("fp", 3600);
+            other.actor = "agent:b".into();
+            let r = j
+                .accept_or_match(
+                    &rec("m5"),
+                    &other,
+                    serde_json::json!({}),
+                    serde_json::json!({}),
+                    any,
+                )
+                .unwrap();
+            assert!(matches!(r, AcceptOrMatch::Accepted(_)), "{backend}");
+            // A window of 0 s has passed at once: nothing to attach to.
+            assert!(matches!(
+                ask(&mut j, "w1", "fp0", 0, &any),
+                AcceptOrMatch::Accepted(_)
+            ));
+            assert!(matches!(
+                ask(&mut j, "w2", "fp0", 0, &any),
+                AcceptOrMatch::Accepted(_)
+            ));
+            let cols = j
+                .intent_of(&ExecutionId::parse("m1").unwrap())
+                .unwrap()
+                .unwrap();
+            assert_eq!(cols.fingerprint, "fp");
+            assert_eq!(cols.intent, serde_json::json!({"op": "fp"}), "{backend}");
+            assert!(j
+                .intent_of(&ExecutionId::parse("ghost").unwrap())
+                .unwrap()
+                .is_none());
+        }
+    }
+
+    #[test]
+    fn identical_requests_racing_on_many_handles_make_one_execution() {
+        let dir = tempfile::tempdir().unwrap();
+        for (backend, path) in backends("identical_requests_racing", dir.path()) {
+            drop(Journal::open(&path).unwrap());
+            let n = 8;
+            let barrier = std::sync::Arc::new(std::sync::Barrier::new(n));
+            let threads: Vec<_> = (0..n)
+                .map(|i| {
+                    let (path, barrier) = (path.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let mut j = Journal::open(&path).unwrap();
+                        barrier.wait();
+                        let id = format!("race{i}");
+                        j.accept_or_match(
+                            &rec(&id),
+                            &intent("same", 3600),
+                            serde_json::json!({}),
+                            serde_json::json!({}),
+                            |c: &[Candidate]| (!c.is_empty()).then_some(0),
+                        )
+                        .unwrap()
+                    })
+                })
+                .collect();
+            let outcomes: Vec<AcceptOrMatch> =
+                threads.into_iter().map(|t| t.join().unwrap()).collect();
+            let accepted = outcomes
+                .iter()
+                .filter(|o| matches!(o, AcceptOrMatch::Accepted(_)))
+                .count();
+            assert_eq!(accepted, 1, "{backend}: {outcomes:?}");
+            let j = Journal::open(&path).unwrap();
+            assert_eq!(j.list().unwrap().len(), 1, "{backend}");
+            let winner = &j.list().unwrap()[0].0.id;
+            for o in &outcomes {
+                if let AcceptOrMatch::Matched(c) = o {
+                    assert_eq!(&c.id, winner, "{backend}");
+                }
+            }
+            assert_eq!(
+                j.events(winner).unwrap().len(),
+                n,
+                "{backend}: accepted + {} matched",
+                n - 1
+            );
+        }
+    }
+
+    #[test]
+    fn sessions_batches_tokens_and_cursors_read_back_as_written() {
+        let dir = tempfile::tempdir().unwrap();
+        for (backend, path) in backends("sessions_batches_tokens", dir.path()) {
+            let mut j = Journal::open(&path).unwrap();
+            let s = SessionRecord {
+                id: "se_1".into(),
+                kind: "serve".into(),
+                actor: "local:ops".into(),
+                pid: 42,
+                client: "42@test".into(),
+                started_at: now_rfc3339(),
+                detail: serde_json::json!({"name": "gw"}),
+            };
+            j.start_session(&s).unwrap();
+            assert!(
+                j.start_session(&s).is_err(),
+                "{backend}: a session starts once"
+            );
+            let mut r = rec("b1");
+            let cols = IntentColumns {
+                session_id: Some("se_1".into()),
+                ..intent("sfp", 60)
+            };
+            j.accept_or_match(
+                &r,
+                &cols,
+                serde_json::json!({}),
+                serde_json::json!({}),
+                |_| None,
+            )
+            .unwrap();
+            j.session_event("se_1", "ended", serde_json::json!({"why": "test"}))
+                .unwrap();
+            assert!(j
+                .session_event("se_none", "ended", serde_json::json!({}))
+                .is_err());
+            let v = j.sessions().unwrap();
+            assert_eq!(v.len(), 1, "{backend}");
+            assert_eq!(v[0].record, s, "{backend}");
+            assert!(v[0].ended_at.is_some(), "{backend}");
+            assert_eq!(v[0].executions, 1, "{backend}");
+            assert_eq!(
+                j.executions_of_session("se_1").unwrap(),
+                ["b1"],
+                "{backend}"
+            );
+
+            r.id = ExecutionId::parse("b2").unwrap();
+            let members = vec![
+                ("h1".to_string(), r.id.clone()),
+                ("h2".into(), ExecutionId::parse("b3").unwrap()),
+            ];
+            j.create_batch(
+                "ba_1",
+                b"uptime",
+                &serde_json::json!({"parallel": 2}),
+                &members,
+            )
+            .unwrap();
+            assert!(j
+                .create_batch("ba_1", b"x", &serde_json::json!({}), &[])
+                .is_err());
+            let b = j.batch("ba_1").unwrap().unwrap();
+            assert_eq!(b.command, b"uptime", "{backend}");
+            assert_eq!(b.options["parallel"], 2, "{backend}");
+            let got: Vec<(i64, &str, &str)> = b
+                .members
+                .iter()
+                .map(|m| (m.position, m.destination.as_str(), m.execution_id.as_str()))
+                .collect();
+            assert_eq!(got, [(0, "h1", "b2"), (1, "h2", "b3")], "{backend}");
+            assert_eq!(j.batch_ids().unwrap(), ["ba_1"], "{backend}");
+            assert!(j.batch("nope").unwrap().is_none());
+
+            let t = TokenRecord {
+                id: "tk_1".into(),
+                hash: "ab".repeat(32),
+                actor: "agent:a".into(),
+                scope_prefix: Some("t-".into()),
+                created_at: now_rfc3339(),
+                expires_at: None,
+                expires_ms: None,
+                revoked_at: None,
+            };
+            j.add_token(&t).unwrap();
+            assert!(j.add_token(&t).is_err(), "{backend}: one token per ID");
+            let got = j.token_by_hash(&t.hash).unwrap().unwrap();
+            assert_eq!(
+                (got.id.as_str(), got.scope_prefix.as_deref()),
+                ("tk_1", Some("t-"))
+            );
+            assert!(j.token_by_hash("cd").unwrap().is_none());
+            assert!(j.revoke_token("tk_1").unwrap(), "{backend}");
+            assert!(!j.revoke_token("tk_1").unwrap(), "{backend}: revoked once");
+            assert!(j.tokens().unwrap()[0].revoked_at.is_some(), "{backend}");
+
+            let id = ExecutionId::parse("b1").unwrap();
+            assert_eq!(j.cursor(&id).unwrap(), (0, 0));
+            j.set_cursor(&id, 10, 3).unwrap();
+            j.set_cursor(&id, 12, 3).unwrap();
+            assert_eq!(j.cursor(&id).unwrap(), (12, 3), "{backend}");
+            j.append(
+                &id,
+                "delivered",
+                Some(State::Delivered),
+                serde_json::json!({}),
+            )
+            .unwrap();
+            assert_eq!(j.prune_cursors().unwrap(), 1, "{backend}");
+            assert_eq!(j.cursor(&id).unwrap(), (0, 0), "{backend}");
+
+            let seq = j.store_http_event("st1", None, Some("{}")).unwrap();
+            j.record_http_stream(&StreamRecord {
+                stream_id: "st1".into(),
+                session_id: None,
+                actor: "agent:a".into(),
+                request: "{}".into(),
+            })
+            .unwrap();
+            assert_eq!(j.http_events_after("st1", 0).unwrap()[0].seq, seq);
+            assert_eq!(j.http_stream("st1").unwrap().unwrap().actor, "agent:a");
+            j.bind_http_session("hs", "agent:a").unwrap();
+            j.bind_http_session("hs", "agent:b").unwrap();
+            j.store_http_session("hs", "{\"v\":1}").unwrap();
+            assert_eq!(
+                j.http_session("hs").unwrap(),
+                Some((Some("agent:a".into()), Some("{\"v\":1}".into()))),
+                "{backend}: bound once"
+            );
+            j.delete_http_session("hs").unwrap();
+            assert!(j.http_session("hs").unwrap().is_none());
+            j.append(
+                &id,
+                "correlation",
+                None,
+                serde_json::json!({"correlation_id": "c-1"}),
+            )
+            .unwrap();
+            assert_eq!(
+                j.execution_by_correlation("c-1").unwrap().as_deref(),
+                Some("b1")
+            );
+            let last = j.last_event_seq().unwrap();
+            assert!(j
+                .execution_by_correlation_after("c-1", last)
+                .unwrap()
+                .is_none());
+            let m = j.metrics().unwrap();
+            assert_eq!(m.by_state, [("delivered".to_string(), 1)], "{backend}");
+        }
+    }
+
+    #[test]
+    fn a_second_accept_of_one_id_is_told_apart_as_a_lost_race() {
+        let dir = tempfile::tempdir().unwrap();
+        for (backend, path) in backends("duplicate_id", dir.path()) {
+            let mut j = Journal::open(&path).unwrap();
+            j.accept(&rec("d1"), serde_json::json!({})).unwrap();
+            let e = j.accept(&rec("d1"), serde_json::json!({})).unwrap_err();
+            assert!(e.is_duplicate_id(), "{backend}: {e}");
+            let e = j
+                .append(
+                    &ExecutionId::parse("d2").unwrap(),
+                    "note",
+                    None,
+                    serde_json::json!({}),
+                )
+                .unwrap_err();
+            assert!(!e.is_duplicate_id(), "{backend}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_postgres_journal_migrates_once_and_refuses_a_newer_schema() {
+        let Some(server) = test_postgres::server("postgres_schema") else {
+            return;
+        };
+        let url = server.database("schema");
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        // Replicas starting together: one migration.
+        let threads: Vec<_> = (0..4)
+            .map(|_| {
+                let url = url.clone();
+                std::thread::spawn(move || Journal::open(Path::new(&url)).map(|_| ()))
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap().unwrap();
+        }
+        assert_eq!(
+            server
+                .psql(
+                    &db,
+                    "SELECT string_agg(version::text, ',') FROM cairn_schema"
+                )
+                .unwrap()
+                .trim(),
+            PG_SCHEMA_VERSION.to_string()
+        );
+        server
+            .psql(
+                &db,
+                "INSERT INTO cairn_schema (version, by_client) VALUES (99, 'later')",
+            )
+            .unwrap();
+        let e = Journal::open(Path::new(&url))
+            .err()
+            .expect("a newer schema is refused");
+        let text = e.to_string();
+        assert!(
+            text.contains("schema version 99") && text.contains("up to 1"),
+            "{text}"
+        );
+        // What the role cannot do to evidence, whatever it is granted.
+        server
+            .psql(&db, "DELETE FROM cairn_schema WHERE version = 99")
+            .unwrap();
+        let mut j = Journal::open(Path::new(&url)).unwrap();
+        j.accept(&rec("p1"), serde_json::json!({})).unwrap();
+        for sql in [
+            "UPDATE events SET kind = 'x'",
+            "DELETE FROM events",
+            "TRUNCATE events",
+            "UPDATE executions SET host = 'elsewhere'",
+        ] {
+            let e = j.raw_execute(sql).unwrap_err().to_string();
+            assert!(
+                e.contains("append-only") || e.contains("fixed once accepted"),
+                "{sql}: {e}"
+            );
+        }
+        // A bad URL is a clear error that does not repeat the password.
+        let e = Journal::open(Path::new("postgres://ops:s3cret@127.0.0.1:1/x"))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("postgres://ops:***@127.0.0.1:1/x"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
     }
 }

@@ -181,7 +181,8 @@ pub enum AuditCommand {
 /// Options every command that talks to a host takes.
 #[derive(Args, Debug, Clone)]
 pub struct Common {
-    /// Journal file (default: $XDG_STATE_HOME/cairn/journal.db).
+    /// Journal: a SQLite file (default: $XDG_STATE_HOME/cairn/journal.db), or a PostgreSQL
+    /// database shared by replicas (postgres://USER@HOST/DB; see docs/REPLICAS.md).
     #[arg(long, env = "CAIRN_JOURNAL")]
     pub journal: Option<PathBuf>,
     /// Port to connect to (overrides ssh_config).

@@ -6,7 +6,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::{client_identity, now_rfc3339, Journal, Result};
+use super::{client_identity, now_rfc3339, Backend, Journal, Result};
 use crate::id::ExecutionId;
 
 /// One host of a batch.
@@ -69,6 +69,7 @@ impl Journal {
         options: &serde_json::Value,
         members: &[(String, ExecutionId)],
     ) -> Result<()> {
+        on_postgres!(self, pg => pg.create_batch(id, command, options, members));
         let path = self.path.clone();
         let e = |source| super::JournalError::Sqlite {
             path: path.clone(),
@@ -96,6 +97,7 @@ impl Journal {
 
     /// One batch with its members, in order.
     pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        on_postgres!(self, pg => pg.batch(id));
         let head = self
             .conn()?
             .query_row(
@@ -145,6 +147,7 @@ impl Journal {
 
     /// Every batch ID, oldest first.
     pub fn batch_ids(&self) -> Result<Vec<String>> {
+        on_postgres!(self, pg => pg.batch_ids());
         let lease = self.conn()?;
         let mut st = lease
             .prepare("SELECT id FROM batches ORDER BY created_at, id")

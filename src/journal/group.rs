@@ -533,8 +533,11 @@ pub(super) mod tests {
             },
             append("ex_ok", 4),
         ];
-        let group = j.group.clone();
-        let out = group.write_batch(&mut j.conn().unwrap(), &j.anchor, &reqs);
+        let (group, anchor) = {
+            let f = j.file().unwrap();
+            (f.group.clone(), f.anchor.clone())
+        };
+        let out = group.write_batch(&mut j.conn().unwrap(), &anchor, &reqs);
         let ok: Vec<bool> = out.iter().map(Result::is_ok).collect();
         assert_eq!(ok, [true, false, true, false, true]);
 
@@ -556,7 +559,7 @@ pub(super) mod tests {
             .map(|e| (e.seq, e.hash))
             .collect();
         assert_eq!(returned, stored, "callers get the seq and hash stored");
-        let report = crate::audit::verify(&path, &j.anchor).unwrap();
+        let report = crate::audit::verify(&path, &anchor).unwrap();
         assert!(report.ok(), "{:?}", report.findings);
         assert_eq!(report.anchored_seq, Some(report.head_seq));
     }

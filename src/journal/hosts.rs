@@ -9,7 +9,7 @@
 
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-use super::{append_in, now_rfc3339, Journal, JournalError, Result};
+use super::{append_in, now_rfc3339, Backend, Journal, JournalError, Result};
 use crate::epoch::{self, Announced, HostPlace};
 use crate::id::ExecutionId;
 
@@ -45,6 +45,7 @@ impl Journal {
 
     /// The epoch last seen at `place`.
     pub fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        on_postgres!(self, pg => pg.host_epoch_at(place));
         self.conn()?
             .query_row(
                 "SELECT epoch FROM host_places
@@ -66,6 +67,7 @@ impl Journal {
         place: &HostPlace,
         epoch: &str,
     ) -> Result<Announced> {
+        on_postgres!(self, pg => pg.observe_host_epoch(id, place, epoch));
         let path = self.path.clone();
         let sq = |source| JournalError::Sqlite {
             path: path.clone(),
@@ -130,12 +132,7 @@ impl Journal {
         }
         let mut last_ev = None;
         if let Some(old) = &a.changed_from {
-            let ev = serde_json::json!({
-                "destination": place.destination, "host_key": place.host_key,
-                "remote_dir": place.remote_dir, "old": old, "new": epoch, "at": now,
-                "meaning": "the host's marker home was wiped or replaced since this journal last saw it; \
-                            executions dispatched into the old epoch keep its rule (a missing marker proves nothing)",
-            });
+            let ev = host_epoch_changed_evidence(place, old, epoch, &now);
             last_ev =
                 Some(append_in(&tx, id.as_str(), "host-epoch-changed", None, &ev).map_err(sq)?);
         }
@@ -148,13 +145,7 @@ impl Journal {
                 params![place.host_key, place.remote_dir, x, y, now],
             )
             .map_err(sq)?;
-            let ev = serde_json::json!({
-                "host_key": place.host_key, "remote_dir": place.remote_dir,
-                "destination": place.destination, "epoch": epoch,
-                "other_destination": other, "other_epoch": other_epoch, "at": now,
-                "meaning": "two destinations present one host key with different epochs (a cloned image?); \
-                            cairn keeps their bookkeeping and executions apart",
-            });
+            let ev = host_key_shared_evidence(place, epoch, other, other_epoch, &now);
             last_ev = Some(append_in(&tx, id.as_str(), "host-key-shared", None, &ev).map_err(sq)?);
         }
         tx.commit().map_err(sq)?;
@@ -164,6 +155,38 @@ impl Journal {
         }
         Ok(a)
     }
+}
+
+/// The evidence of a `host-epoch-changed` event (both backends write the same).
+pub(super) fn host_epoch_changed_evidence(
+    place: &HostPlace,
+    old: &str,
+    epoch: &str,
+    now: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "destination": place.destination, "host_key": place.host_key,
+        "remote_dir": place.remote_dir, "old": old, "new": epoch, "at": now,
+        "meaning": "the host's marker home was wiped or replaced since this journal last saw it; \
+                    executions dispatched into the old epoch keep its rule (a missing marker proves nothing)",
+    })
+}
+
+/// The evidence of a `host-key-shared` event.
+pub(super) fn host_key_shared_evidence(
+    place: &HostPlace,
+    epoch: &str,
+    other: &str,
+    other_epoch: &str,
+    now: &str,
+) -> serde_json::Value {
+    serde_json::json!({
+        "host_key": place.host_key, "remote_dir": place.remote_dir,
+        "destination": place.destination, "epoch": epoch,
+        "other_destination": other, "other_epoch": other_epoch, "at": now,
+        "meaning": "two destinations present one host key with different epochs (a cloned image?); \
+                    cairn keeps their bookkeeping and executions apart",
+    })
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::{now_ms, now_rfc3339, Journal, Result};
+use super::{now_ms, now_rfc3339, Backend, Journal, Result};
 
 /// A bearer token as stored: never the token itself.
 #[derive(Clone, Debug, Serialize)]
@@ -105,6 +105,7 @@ impl Journal {
     }
 
     pub fn add_token(&mut self, t: &TokenRecord) -> Result<()> {
+        on_postgres!(self, pg => pg.add_token(t));
         self.conn()?
             .execute(
                 "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
@@ -155,15 +156,18 @@ impl Journal {
 
     /// The token whose SHA-256 (hex) is `hash`, revoked or not.
     pub fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        on_postgres!(self, pg => Ok(pg.tokens_where(Some(hash))?.pop()));
         Ok(self.token_where("WHERE hash = ?1", hash)?.pop())
     }
 
     pub fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        on_postgres!(self, pg => pg.tokens_where(None));
         self.token_where("", "")
     }
 
     /// Revoke a token by its ID; `false` if there is no such token (or it was revoked before).
     pub fn revoke_token(&mut self, id: &str) -> Result<bool> {
+        on_postgres!(self, pg => pg.revoke_token(id));
         let n = self
             .conn()?
             .execute(
@@ -181,6 +185,7 @@ impl Journal {
         retry_ms: Option<i64>,
         message: Option<&str>,
     ) -> Result<i64> {
+        on_postgres!(self, pg => pg.store_http_event(stream_id, retry_ms, message));
         let lease = self.conn()?;
         lease
             .execute(
@@ -194,6 +199,7 @@ impl Journal {
 
     /// The stream an event belongs to.
     pub fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
+        on_postgres!(self, pg => pg.http_event_stream(seq));
         self.conn()?
             .query_row(
                 "SELECT stream_id FROM http_events WHERE seq = ?1",
@@ -206,6 +212,7 @@ impl Journal {
 
     /// The events of `stream_id` after `seq`, in order.
     pub fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
+        on_postgres!(self, pg => pg.http_events_after(stream_id, seq));
         let lease = self.conn()?;
         let mut st = lease
             .prepare_cached(
@@ -226,6 +233,7 @@ impl Journal {
     }
 
     pub fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
+        on_postgres!(self, pg => pg.record_http_stream(s));
         self.conn()?
             .execute(
                 "INSERT OR IGNORE INTO http_streams (stream_id, session_id, actor, request, opened_ms)
@@ -237,6 +245,7 @@ impl Journal {
     }
 
     pub fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
+        on_postgres!(self, pg => pg.http_stream(stream_id));
         self.conn()?
             .query_row(
                 "SELECT stream_id, session_id, actor, request FROM http_streams
@@ -258,6 +267,7 @@ impl Journal {
     /// Remember an MCP session's `initialize` parameters (JSON), so a restarted server can
     /// restore it.
     pub fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
+        on_postgres!(self, pg => pg.store_http_session(id, state));
         self.conn()?
             .execute(
                 "INSERT INTO http_sessions (id, created_at, state) VALUES (?1, ?2, ?3)
@@ -270,6 +280,7 @@ impl Journal {
 
     /// Bind an MCP session to the actor whose token opened it (once; later calls keep it).
     pub fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
+        on_postgres!(self, pg => pg.bind_http_session(id, actor));
         self.conn()?
             .execute(
                 "INSERT INTO http_sessions (id, actor, created_at) VALUES (?1, ?2, ?3)
@@ -282,6 +293,7 @@ impl Journal {
 
     /// A stored MCP session: (actor, state).
     pub fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
+        on_postgres!(self, pg => pg.http_session(id));
         self.conn()?
             .query_row(
                 "SELECT actor, state FROM http_sessions WHERE id = ?1",
@@ -293,6 +305,7 @@ impl Journal {
     }
 
     pub fn delete_http_session(&self, id: &str) -> Result<()> {
+        on_postgres!(self, pg => pg.delete_http_session(id));
         self.conn()?
             .execute("DELETE FROM http_sessions WHERE id = ?1", [id])
             .map(|_| ())
@@ -301,6 +314,7 @@ impl Journal {
 
     /// The execution a request with this correlation started or attached to (the newest).
     pub fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
+        on_postgres!(self, pg => pg.execution_by_correlation_after(correlation, 0));
         self.conn()?
             .query_row(
                 "SELECT execution_id FROM events
@@ -318,6 +332,7 @@ impl Journal {
     /// client resumes within seconds or minutes; these are state, not evidence). Returns the
     /// events removed.
     pub fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
+        on_postgres!(self, pg => pg.prune_http_events(before_ms));
         let c = self.conn()?;
         let n = c
             .execute("DELETE FROM http_events WHERE at_ms < ?1", [before_ms])
@@ -340,6 +355,7 @@ impl Journal {
         correlation: &str,
         after_seq: i64,
     ) -> Result<Option<String>> {
+        on_postgres!(self, pg => pg.execution_by_correlation_after(correlation, after_seq));
         self.conn()?
             .query_row(
                 "SELECT execution_id FROM events
@@ -355,6 +371,7 @@ impl Journal {
 
     /// The sequence of the journal's last execution event (0 when empty).
     pub fn last_event_seq(&self) -> Result<i64> {
+        on_postgres!(self, pg => pg.last_event_seq());
         self.conn()?
             .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))
             .map_err(|e| self.err(e))
@@ -362,6 +379,7 @@ impl Journal {
 
     /// The journal's numbers for `/metrics` (one read transaction's worth of queries).
     pub fn metrics(&self) -> Result<JournalMetrics> {
+        on_postgres!(self, pg => pg.metrics());
         let c = self.conn()?;
         let e = |e| self.err(e);
         let mut m = JournalMetrics::default();

@@ -371,7 +371,7 @@ fn the_sessions_journal_is_chained_and_anchored_too() {
 #[test]
 fn a_url_looking_journal_is_refused_and_creates_nothing() {
     let cwd = tempfile::tempdir().unwrap();
-    let url = "postgres://ops:s3cret-pw@db.internal:5432/cairn";
+    let url = "mysql://ops:s3cret-pw@db.internal:5432/cairn";
     let cases: [&[&str]; 4] = [
         &["ls", "--journal", url],
         &["recover", "--journal", url],
@@ -394,7 +394,7 @@ fn a_url_looking_journal_is_refused_and_creates_nothing() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert!(!out.status.success(), "{args:?} must fail");
         assert!(
-            stderr.contains("looks like a postgres:// URL") && stderr.contains("SQLite file"),
+            stderr.contains("looks like a mysql:// URL") && stderr.contains("SQLite file"),
             "{args:?}: {stderr}"
         );
         assert!(
@@ -414,4 +414,36 @@ fn a_url_looking_journal_is_refused_and_creates_nothing() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("looks like a sqlite:// URL"));
     assert_eq!(std::fs::read_dir(cwd.path()).unwrap().count(), 0);
+}
+
+// A postgres:// journal is understood: a database that cannot be reached is a clear error that
+// does not repeat the password, and `audit verify` says what it cannot do yet. Nothing is
+// created in the working directory either way.
+#[test]
+fn a_postgres_journal_that_cannot_be_reached_fails_clearly_and_creates_nothing() {
+    let cwd = tempfile::tempdir().unwrap();
+    let url = "postgres://ops:s3cret-pw@127.0.0.1:1/cairn";
+    for (args, want) in [
+        (
+            &["ls", "--journal", url][..],
+            "postgres://ops:***@127.0.0.1:1/cairn",
+        ),
+        (&["audit", "verify", "--journal", url][..], "not built yet"),
+    ] {
+        let out = Command::new(BIN)
+            .args(args)
+            .current_dir(cwd.path())
+            .env_remove("CAIRN_JOURNAL")
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{args:?} must fail");
+        assert!(stderr.contains(want), "{args:?}: {stderr}");
+        assert!(!stderr.contains("s3cret-pw"), "{args:?}: {stderr}");
+        assert_eq!(
+            std::fs::read_dir(cwd.path()).unwrap().count(),
+            0,
+            "{args:?}"
+        );
+    }
 }

@@ -1,0 +1,1426 @@
+//! The PostgreSQL backend (`--journal postgres://…`): one journal shared by gateway replicas.
+//!
+//! Same records and the same rules as the SQLite file, in a schema of its own:
+//!
+//! - **Append-only events.** Triggers refuse `UPDATE`, `DELETE` and `TRUNCATE` on `events` and
+//!   `session_events`, and `UPDATE` on an accepted execution or a started session, whatever the
+//!   role's grants (docs/REPLICAS.md gives a role that holds only the grants it needs).
+//! - **A chain per execution.** Each event's hash chains it to the execution's previous event
+//!   (the execution's head is a row of `chain_heads`, locked for the append), so replicas writing
+//!   different executions never queue on one hot row. `seq` is one sequence over all events:
+//!   increasing, not gapless (a rolled-back append uses a number). Session entries chain per
+//!   session (a session is one process: one replica).
+//! - **One execution per intent across replicas.** Intent matching and acceptance are one
+//!   atomic statement on `intent_keys` (primary key: fingerprint, actor, scope):
+//!   `INSERT … ON CONFLICT … DO UPDATE … WHERE <expired> RETURNING`. The replica whose row it is
+//!   accepts; every other one finds the key held, with the row locked by that same statement, and
+//!   chooses among the live candidates under the lock, exactly as the SQLite file does under
+//!   `BEGIN IMMEDIATE`. Windows are measured in database time, not replica clocks.
+//! - **Versioned migrations** applied on first use, under an advisory lock (replicas starting
+//!   together migrate once); a database whose schema is newer than this binary is refused.
+//!
+//! How the synchronous journal API drives an asynchronous client: the executor calls the
+//! journal synchronously from async code (as it does with SQLite, whose commits block the
+//! calling thread for their fsync). The connections (tokio-postgres, pooled by
+//! deadpool-postgres) live on a small runtime of the journal's own; each operation enters that
+//! runtime's context and blocks the calling thread on its future with
+//! `futures::executor::block_on`, which, unlike `Runtime::block_on` or the sync `postgres` crate,
+//! does not panic inside another tokio runtime. The caller's thread waits on channels only; all
+//! socket I/O is driven by the journal runtime's threads, so a caller on a single-threaded
+//! runtime cannot starve its own query.
+
+use std::collections::{BTreeSet, HashMap};
+use std::future::Future;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::time::Duration;
+
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::NoTls;
+
+use super::{
+    chain_hash, client_identity, now_ms, now_rfc3339, redact_url, session_chain_hash,
+    session_started_evidence, status_from_states, AcceptOrMatch, BatchMember, BatchRecord,
+    Candidate, ChainFields, Event, ExecutionRecord, IntentColumns, JournalError, JournalMetrics,
+    Result, SessionRecord, SessionView, StoredEvent, StreamRecord, TokenRecord,
+};
+use crate::epoch::{self, Announced, HostPlace};
+use crate::id::ExecutionId;
+use crate::state::State;
+
+/// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
+pub const PG_SCHEMA_VERSION: i32 = 1;
+
+/// Each version's DDL, applied in order in one transaction each.
+const MIGRATIONS: &[(i32, &str)] = &[(1, MIGRATION_1)];
+
+const MIGRATION_1: &str = "
+CREATE FUNCTION cairn_refuse() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN RAISE EXCEPTION '%', TG_ARGV[0] USING ERRCODE = 'insufficient_privilege'; END $$;
+
+CREATE TABLE executions (
+    id TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    destination TEXT NOT NULL,
+    host TEXT NOT NULL,
+    port INTEGER NOT NULL,
+    \"user\" TEXT NOT NULL,
+    command BYTEA NOT NULL,
+    command_digest TEXT NOT NULL,
+    remote_dir TEXT NOT NULL,
+    timeout_secs BIGINT NOT NULL,
+    client TEXT NOT NULL,
+    fingerprint TEXT,
+    actor TEXT,
+    scope TEXT,
+    class TEXT,
+    retention_secs BIGINT,
+    accepted_ms BIGINT,
+    session_id TEXT,
+    intent TEXT
+);
+CREATE INDEX executions_by_intent ON executions(fingerprint, actor, scope, accepted_ms);
+CREATE INDEX executions_by_session ON executions(session_id);
+CREATE TRIGGER executions_fixed BEFORE UPDATE OR DELETE ON executions
+    FOR EACH ROW EXECUTE FUNCTION cairn_refuse('an execution record is fixed once accepted');
+
+-- The head of each execution's hash chain (locked by an append).
+CREATE TABLE chain_heads (
+    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
+    seq BIGINT NOT NULL,
+    hash TEXT NOT NULL
+);
+
+CREATE SEQUENCE event_seq;
+CREATE TABLE events (
+    seq BIGINT PRIMARY KEY,
+    execution_id TEXT NOT NULL REFERENCES executions(id),
+    at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    state TEXT,
+    evidence TEXT NOT NULL,
+    client TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX events_by_execution ON events(execution_id, seq);
+CREATE INDEX events_by_kind ON events(kind, seq);
+CREATE TRIGGER events_append_only BEFORE UPDATE OR DELETE ON events
+    FOR EACH ROW EXECUTE FUNCTION cairn_refuse('journal events are append-only');
+CREATE TRIGGER events_append_only_t BEFORE TRUNCATE ON events
+    FOR EACH STATEMENT EXECUTE FUNCTION cairn_refuse('journal events are append-only');
+
+-- Which execution holds an intent, until when (database time, ms since the Unix epoch).
+CREATE TABLE intent_keys (
+    fingerprint TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    expires_ms BIGINT NOT NULL,
+    PRIMARY KEY (fingerprint, actor, scope)
+);
+
+CREATE TABLE cursors (
+    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
+    out_off BIGINT NOT NULL,
+    err_off BIGINT NOT NULL
+);
+
+CREATE TABLE sessions (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    actor TEXT NOT NULL,
+    pid BIGINT NOT NULL,
+    client TEXT NOT NULL,
+    started_at TEXT NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE TRIGGER sessions_fixed BEFORE UPDATE OR DELETE ON sessions
+    FOR EACH ROW EXECUTE FUNCTION cairn_refuse('a session record is fixed once started');
+CREATE TABLE session_heads (
+    session_id TEXT PRIMARY KEY REFERENCES sessions(id),
+    seq BIGINT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE SEQUENCE session_event_seq;
+CREATE TABLE session_events (
+    seq BIGINT PRIMARY KEY,
+    session_id TEXT NOT NULL REFERENCES sessions(id),
+    at TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    evidence TEXT NOT NULL,
+    prev_hash TEXT NOT NULL,
+    hash TEXT NOT NULL
+);
+CREATE INDEX session_events_by_session ON session_events(session_id, seq);
+CREATE TRIGGER session_events_append_only BEFORE UPDATE OR DELETE ON session_events
+    FOR EACH ROW EXECUTE FUNCTION cairn_refuse('session events are append-only');
+CREATE TRIGGER session_events_append_only_t BEFORE TRUNCATE ON session_events
+    FOR EACH STATEMENT EXECUTE FUNCTION cairn_refuse('session events are append-only');
+
+CREATE TABLE batches (
+    id TEXT PRIMARY KEY,
+    created_at TEXT NOT NULL,
+    command BYTEA NOT NULL,
+    options TEXT NOT NULL,
+    client TEXT NOT NULL
+);
+CREATE TABLE batch_members (
+    batch_id TEXT NOT NULL REFERENCES batches(id),
+    position BIGINT NOT NULL,
+    destination TEXT NOT NULL,
+    execution_id TEXT NOT NULL,
+    PRIMARY KEY (batch_id, position)
+);
+
+CREATE TABLE host_places (
+    destination TEXT NOT NULL,
+    host_key TEXT NOT NULL,
+    remote_dir TEXT NOT NULL,
+    epoch TEXT NOT NULL,
+    seen_at TEXT NOT NULL,
+    PRIMARY KEY (destination, host_key, remote_dir)
+);
+CREATE INDEX host_places_by_key ON host_places(host_key, remote_dir);
+CREATE TABLE host_key_shared (
+    host_key TEXT NOT NULL,
+    remote_dir TEXT NOT NULL,
+    destination_a TEXT NOT NULL,
+    destination_b TEXT NOT NULL,
+    said_at TEXT NOT NULL,
+    PRIMARY KEY (host_key, remote_dir, destination_a, destination_b)
+);
+
+CREATE TABLE tokens (
+    id TEXT PRIMARY KEY,
+    hash TEXT NOT NULL UNIQUE,
+    actor TEXT NOT NULL,
+    scope_prefix TEXT,
+    created_at TEXT NOT NULL,
+    expires_at TEXT,
+    expires_ms BIGINT,
+    revoked_at TEXT
+);
+CREATE TABLE http_sessions (
+    id TEXT PRIMARY KEY,
+    actor TEXT,
+    created_at TEXT NOT NULL,
+    created_ms BIGINT NOT NULL,
+    state TEXT
+);
+CREATE TABLE http_events (
+    seq BIGSERIAL PRIMARY KEY,
+    stream_id TEXT NOT NULL,
+    at_ms BIGINT NOT NULL,
+    retry_ms BIGINT,
+    message TEXT
+);
+CREATE INDEX http_events_by_stream ON http_events(stream_id, seq);
+CREATE TABLE http_streams (
+    stream_id TEXT PRIMARY KEY,
+    session_id TEXT,
+    actor TEXT NOT NULL,
+    request TEXT NOT NULL,
+    opened_ms BIGINT NOT NULL
+);
+";
+
+/// Database time in milliseconds since the Unix epoch (the clock every replica shares).
+const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// Whether a journal location names a PostgreSQL database.
+pub fn is_postgres_url(location: &str) -> bool {
+    let lower = location.get(..13).unwrap_or(location).to_ascii_lowercase();
+    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
+}
+
+/// The journal runtime: two threads that drive every PostgreSQL connection of this process.
+fn runtime() -> &'static tokio::runtime::Runtime {
+    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+    RT.get_or_init(|| {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("cairn-journal-pg")
+            .enable_all()
+            .build()
+            .expect("start the journal's PostgreSQL runtime")
+    })
+}
+
+/// One database: its pool, shared by every handle on the same URL in this process.
+pub(super) struct Pg {
+    pool: Pool,
+    /// The URL with any password replaced, for messages.
+    location: String,
+}
+
+/// The store for `url`: the live one of this process, else a new pool with the schema checked
+/// (and migrated) once.
+pub(super) fn open(url: &str) -> Result<Arc<Pg>> {
+    type Registry = Mutex<HashMap<String, Weak<Pg>>>;
+    static REGISTRY: OnceLock<Registry> = OnceLock::new();
+    let mut reg = REGISTRY
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(pg) = reg.get(url).and_then(Weak::upgrade) {
+        return Ok(pg);
+    }
+    reg.retain(|_, g| g.strong_count() > 0);
+    let location = redact_url(url);
+    let bad = |message: String| JournalError::Postgres {
+        location: location.clone(),
+        message,
+        code: None,
+        constraint: None,
+    };
+    let config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|e| bad(format!("not a usable PostgreSQL URL: {e}")))?;
+    let mut config = config;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    if config.get_application_name().is_none() {
+        config.application_name("cairn");
+    }
+    let mgr = Manager::from_config(
+        config,
+        NoTls,
+        ManagerConfig {
+            recycling_method: RecyclingMethod::Fast,
+        },
+    );
+    let pool = {
+        let _rt = runtime().enter();
+        Pool::builder(mgr)
+            .max_size(16)
+            .runtime(deadpool_postgres::Runtime::Tokio1)
+            .wait_timeout(Some(Duration::from_secs(30)))
+            .create_timeout(Some(Duration::from_secs(15)))
+            .build()
+            .map_err(|e| bad(e.to_string()))?
+    };
+    let pg = Arc::new(Pg { pool, location });
+    pg.migrate()?;
+    reg.insert(url.to_owned(), Arc::downgrade(&pg));
+    Ok(pg)
+}
+
+type Obj = deadpool_postgres::Object;
+type Tx<'a> = deadpool_postgres::Transaction<'a>;
+
+impl Pg {
+    pub(super) fn location(&self) -> &str {
+        &self.location
+    }
+
+    fn err(&self, e: tokio_postgres::Error) -> JournalError {
+        let db = e.as_db_error();
+        let message = match db {
+            Some(d) => d.message().to_owned(),
+            None => e.to_string(),
+        };
+        JournalError::Postgres {
+            location: self.location.clone(),
+            message,
+            code: db.map(|d| d.code().code().to_owned()),
+            constraint: db.and_then(|d| d.constraint()).map(str::to_owned),
+        }
+    }
+
+    fn fail(&self, message: impl Into<String>) -> JournalError {
+        JournalError::Postgres {
+            location: self.location.clone(),
+            message: message.into(),
+            code: None,
+            constraint: None,
+        }
+    }
+
+    /// Run one operation to its end on the calling thread (see the module comment).
+    fn block<T>(&self, fut: impl Future<Output = Result<T>>) -> Result<T> {
+        let _rt = runtime().enter();
+        futures::executor::block_on(fut)
+    }
+
+    async fn client(&self) -> Result<Obj> {
+        self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(e) => self.err(e),
+            other => self.fail(format!("no connection to the database: {other}")),
+        })
+    }
+
+    fn migrate(&self) -> Result<()> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            // Replicas starting together: one migrates, the others wait and find it done.
+            tx.batch_execute(
+                "SELECT pg_advisory_xact_lock(7306928318543210001);
+                 CREATE TABLE IF NOT EXISTS cairn_schema (
+                    version INTEGER PRIMARY KEY,
+                    applied_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+                    by_client TEXT NOT NULL
+                 );",
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            let found: i32 = tx
+                .query_one("SELECT COALESCE(MAX(version), 0) FROM cairn_schema", &[])
+                .await
+                .map_err(|e| self.err(e))?
+                .get(0);
+            if found > PG_SCHEMA_VERSION {
+                return Err(JournalError::PgVersion {
+                    location: self.location.clone(),
+                    found,
+                    supported: PG_SCHEMA_VERSION,
+                });
+            }
+            for (v, sql) in MIGRATIONS.iter().filter(|(v, _)| *v > found) {
+                tx.batch_execute(sql).await.map_err(|e| self.err(e))?;
+                tx.execute(
+                    "INSERT INTO cairn_schema (version, by_client) VALUES ($1, $2)",
+                    &[v, &client_identity()],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))
+        })
+    }
+
+    /// Append one event to execution `id`'s chain inside `tx` (the head row is locked until
+    /// commit, so appends to one execution are serialised and never fork its chain).
+    async fn append_in(
+        &self,
+        tx: &Tx<'_>,
+        id: &str,
+        kind: &str,
+        state: Option<State>,
+        evidence: &serde_json::Value,
+    ) -> Result<Event> {
+        // The head row's lock is taken before the number is drawn, so one execution's events
+        // are numbered in the order they are chained.
+        let head = tx
+            .query_opt(
+                "UPDATE chain_heads SET seq = nextval('event_seq') WHERE execution_id = $1
+                 RETURNING hash, seq",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let Some(head) = head else {
+            return Err(self.fail(format!("no execution {id} in this journal")));
+        };
+        let prev_hash: String = head.get(0);
+        let seq: i64 = head.get(1);
+        let at = now_rfc3339();
+        let evidence_text = evidence.to_string();
+        let client = client_identity();
+        let hash = chain_hash(&ChainFields {
+            prev_hash: &prev_hash,
+            seq,
+            execution_id: id,
+            at: &at,
+            kind,
+            state: state.map(|s| s.as_str()).unwrap_or(""),
+            evidence: &evidence_text,
+            client,
+        });
+        let st = state.map(|s| s.as_str());
+        tx.execute(
+            "WITH e AS (
+                INSERT INTO events (seq, execution_id, at, kind, state, evidence, client,
+                                    prev_hash, hash)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9))
+             UPDATE chain_heads SET hash = $9 WHERE execution_id = $2",
+            &[
+                &seq,
+                &id,
+                &at,
+                &kind,
+                &st,
+                &evidence_text,
+                &client,
+                &prev_hash,
+                &hash,
+            ],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(Event {
+            seq,
+            execution_id: id.to_owned(),
+            at,
+            kind: kind.to_owned(),
+            state,
+            evidence: evidence.clone(),
+            client: client.to_owned(),
+            hash,
+        })
+    }
+
+    async fn insert_accepted(
+        &self,
+        tx: &Tx<'_>,
+        rec: &ExecutionRecord,
+        cols: Option<&IntentColumns>,
+        evidence: &serde_json::Value,
+    ) -> Result<Event> {
+        let intent = cols.map(|c| c.intent.to_string());
+        let params: [&(dyn ToSql + Sync); 19] = [
+            &rec.id.as_str(),
+            &rec.created_at,
+            &rec.destination,
+            &rec.host,
+            &i32::from(rec.port),
+            &rec.user,
+            &rec.command,
+            &rec.command_digest,
+            &rec.remote_dir,
+            &(rec.timeout_secs as i64),
+            &rec.client,
+            &cols.map(|c| c.fingerprint.as_str()),
+            &cols.map(|c| c.actor.as_str()),
+            &cols.map(|c| c.scope.as_str()),
+            &cols.map(|c| c.class.as_str()),
+            &cols.map(|c| c.retention_secs as i64),
+            &cols.map(|c| c.accepted_ms),
+            &cols.and_then(|c| c.session_id.as_deref()),
+            &intent,
+        ];
+        tx.execute(
+            "WITH x AS (
+                INSERT INTO executions (id, created_at, destination, host, port, \"user\",
+                    command, command_digest, remote_dir, timeout_secs, client, fingerprint,
+                    actor, scope, class, retention_secs, accepted_ms, session_id, intent)
+                VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
+                    $17, $18, $19)
+                RETURNING id)
+             INSERT INTO chain_heads (execution_id, seq, hash) SELECT id, 0, '' FROM x",
+            &params,
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        self.append_in(
+            tx,
+            rec.id.as_str(),
+            "accepted",
+            Some(State::Accepted),
+            evidence,
+        )
+        .await
+    }
+
+    pub(super) fn accept(
+        &self,
+        rec: &ExecutionRecord,
+        evidence: &serde_json::Value,
+    ) -> Result<Event> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let ev = self.insert_accepted(&tx, rec, None, evidence).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(ev)
+        })
+    }
+
+    pub(super) fn append_all(
+        &self,
+        id: &ExecutionId,
+        events: &[(String, Option<State>, serde_json::Value)],
+    ) -> Result<Option<Event>> {
+        if events.is_empty() {
+            return Ok(None);
+        }
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let mut last = None;
+            for (kind, state, evidence) in events {
+                last = Some(
+                    self.append_in(&tx, id.as_str(), kind, *state, evidence)
+                        .await?,
+                );
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(last)
+        })
+    }
+
+    pub(super) fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
+        self.block(async {
+            let c = self.client().await?;
+            let row = c
+                .query_opt(
+                    "SELECT id, created_at, destination, host, port, \"user\", command,
+                            command_digest, remote_dir, timeout_secs, client
+                     FROM executions WHERE id = $1",
+                    &[&id.as_str()],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            let Some(r) = row else { return Ok(None) };
+            let corrupt = |message: String| JournalError::Corrupt {
+                path: self.location.clone().into(),
+                id: id.to_string(),
+                message,
+            };
+            let port: i32 = r.get(4);
+            let timeout: i64 = r.get(9);
+            Ok(Some(ExecutionRecord {
+                id: ExecutionId::parse(r.get::<_, &str>(0)).map_err(|e| corrupt(e.to_string()))?,
+                created_at: r.get(1),
+                destination: r.get(2),
+                host: r.get(3),
+                port: u16::try_from(port)
+                    .map_err(|_| corrupt(format!("port {port} out of range")))?,
+                user: r.get(5),
+                command: r.get(6),
+                command_digest: r.get(7),
+                remote_dir: r.get(8),
+                timeout_secs: u64::try_from(timeout)
+                    .map_err(|_| corrupt(format!("timeout {timeout} out of range")))?,
+                client: r.get(10),
+            }))
+        })
+    }
+
+    pub(super) fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
+        self.block(async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
+                     WHERE execution_id = $1 ORDER BY seq",
+                    &[&id.as_str()],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            let mut out = Vec::with_capacity(rows.len());
+            for r in rows {
+                let seq: i64 = r.get(0);
+                let eid: String = r.get(1);
+                let corrupt = |message: String| JournalError::Corrupt {
+                    path: self.location.clone().into(),
+                    id: eid.clone(),
+                    message,
+                };
+                let state = match r.get::<_, Option<&str>>(4) {
+                    Some(s) => Some(
+                        s.parse::<State>()
+                            .map_err(|e| corrupt(format!("event {seq}: {e}")))?,
+                    ),
+                    None => None,
+                };
+                let evidence = serde_json::from_str(r.get::<_, &str>(5))
+                    .map_err(|e| corrupt(format!("event {seq}: evidence is not JSON: {e}")))?;
+                out.push(Event {
+                    seq,
+                    execution_id: eid.clone(),
+                    at: r.get(2),
+                    kind: r.get(3),
+                    state,
+                    evidence,
+                    client: r.get(7),
+                    hash: r.get(6),
+                });
+            }
+            Ok(out)
+        })
+    }
+
+    /// Every execution ID, newest first.
+    pub(super) fn execution_ids(&self) -> Result<Vec<String>> {
+        self.block(async {
+            let c = self.client().await?;
+            let rows = c
+                .query(
+                    "SELECT id FROM executions ORDER BY created_at DESC, id DESC",
+                    &[],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(rows.iter().map(|r| r.get(0)).collect())
+        })
+    }
+
+    pub(super) fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
+        self.block(async {
+            let c = self.client().await?;
+            let r = c
+                .query_opt(
+                    "SELECT out_off, err_off FROM cursors WHERE execution_id = $1",
+                    &[&id.as_str()],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            Ok(r.map(|r| {
+                (
+                    r.get::<_, i64>(0).max(0) as u64,
+                    r.get::<_, i64>(1).max(0) as u64,
+                )
+            })
+            .unwrap_or((0, 0)))
+        })
+    }
+
+    /// A cursor is progress, not evidence: written without waiting for the WAL flush
+    /// (`synchronous_commit = off` for this transaction), like SQLite's `synchronous=NORMAL`.
+    pub(super) fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            tx.batch_execute("SET LOCAL synchronous_commit = off")
+                .await
+                .map_err(|e| self.err(e))?;
+            tx.execute(
+                "INSERT INTO cursors (execution_id, out_off, err_off) VALUES ($1, $2, $3)
+                 ON CONFLICT (execution_id) DO UPDATE SET out_off = $2, err_off = $3",
+                &[&id.as_str(), &(out_off as i64), &(err_off as i64)],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            tx.commit().await.map_err(|e| self.err(e))
+        })
+    }
+
+    pub(super) fn prune_cursors(&self) -> Result<usize> {
+        self.exec(
+            "DELETE FROM cursors WHERE execution_id IN
+               (SELECT execution_id FROM events WHERE state = 'delivered')",
+            &[],
+        )
+        .map(|n| n as usize)
+    }
+
+    /// One statement on a pooled connection: the rows it touched.
+    fn exec(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<u64> {
+        self.block(async {
+            let c = self.client().await?;
+            c.execute(sql, params).await.map_err(|e| self.err(e))
+        })
+    }
+
+    fn query(&self, sql: &str, params: &[&(dyn ToSql + Sync)]) -> Result<Vec<tokio_postgres::Row>> {
+        self.block(async {
+            let c = self.client().await?;
+            c.query(sql, params).await.map_err(|e| self.err(e))
+        })
+    }
+
+    fn query_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<tokio_postgres::Row>> {
+        self.block(async {
+            let c = self.client().await?;
+            c.query_opt(sql, params).await.map_err(|e| self.err(e))
+        })
+    }
+
+    /// Intent matching's check-and-insert (see the module comment). `legacy` fingerprints
+    /// (`cairn-intent-v1`) are never looked for: no PostgreSQL journal holds executions
+    /// accepted before the intent record held the destination.
+    pub(super) fn accept_or_match(
+        &self,
+        rec: &ExecutionRecord,
+        cols: &IntentColumns,
+        evidence: &serde_json::Value,
+        match_evidence: &serde_json::Value,
+        choose: impl FnOnce(&[Candidate]) -> Option<usize>,
+    ) -> Result<AcceptOrMatch> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let retention_ms = (cols.retention_secs as i64).saturating_mul(1000);
+            let key: [&(dyn ToSql + Sync); 3] = [&cols.fingerprint, &cols.actor, &cols.scope];
+            // The one atomic statement: take the key if it is free or expired; otherwise the
+            // statement locks the live holder's row, so the rest of this transaction decides
+            // alone among the replicas asking for the same intent.
+            let won = tx
+                .query_opt(
+                    &format!(
+                        "INSERT INTO intent_keys AS k (fingerprint, actor, scope, execution_id,
+                                                       expires_ms)
+                         VALUES ($1, $2, $3, $4, {DB_NOW_MS} + $5)
+                         ON CONFLICT (fingerprint, actor, scope) DO UPDATE
+                            SET execution_id = excluded.execution_id,
+                                expires_ms = excluded.expires_ms
+                            WHERE k.expires_ms <= {DB_NOW_MS}
+                         RETURNING execution_id"
+                    ),
+                    &[key[0], key[1], key[2], &rec.id.as_str(), &retention_ms],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .is_some();
+            if !won {
+                let cands = self.candidates(&tx, cols).await?;
+                if let Some(i) = choose(&cands).filter(|i| *i < cands.len()) {
+                    let mut cands = cands;
+                    let cand = cands.swap_remove(i);
+                    self.append_in(
+                        &tx,
+                        cand.id.as_str(),
+                        "intent-matched",
+                        None,
+                        match_evidence,
+                    )
+                    .await?;
+                    tx.commit().await.map_err(|e| self.err(e))?;
+                    return Ok(AcceptOrMatch::Matched(cand));
+                }
+                // Nothing to attach to (failed, delivered …): this execution holds the key now.
+                tx.execute(
+                    &format!(
+                        "UPDATE intent_keys SET execution_id = $4, expires_ms = {DB_NOW_MS} + $5
+                         WHERE fingerprint = $1 AND actor = $2 AND scope = $3"
+                    ),
+                    &[key[0], key[1], key[2], &rec.id.as_str(), &retention_ms],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            let ev = self.insert_accepted(&tx, rec, Some(cols), evidence).await?;
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(AcceptOrMatch::Accepted(ev))
+        })
+    }
+
+    /// Earlier executions with this intent still inside their window (database time), newest
+    /// first, with their status.
+    async fn candidates(&self, tx: &Tx<'_>, cols: &IntentColumns) -> Result<Vec<Candidate>> {
+        let rows = tx
+            .query(
+                &format!(
+                    "SELECT x.id, x.class, x.accepted_ms, x.retention_secs,
+                        ARRAY(SELECT v.state FROM events v
+                              WHERE v.execution_id = x.id AND v.state IS NOT NULL
+                              ORDER BY v.seq)
+                     FROM executions x
+                     WHERE x.fingerprint = $1 AND x.actor = $2 AND x.scope = $3
+                       AND x.accepted_ms + x.retention_secs * 1000 > {DB_NOW_MS}
+                     ORDER BY x.accepted_ms DESC, x.id DESC"
+                ),
+                &[&cols.fingerprint, &cols.actor, &cols.scope],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+        let mut out = Vec::new();
+        for r in rows {
+            let states: Vec<State> = r
+                .get::<_, Vec<String>>(4)
+                .iter()
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            let Some(status) = status_from_states(&states) else {
+                continue;
+            };
+            let Ok(id) = ExecutionId::parse(r.get::<_, &str>(0)) else {
+                continue;
+            };
+            out.push(Candidate {
+                id,
+                class: r.get::<_, Option<String>>(1).unwrap_or_default(),
+                accepted_ms: r.get::<_, Option<i64>>(2).unwrap_or_default(),
+                retention_secs: r.get::<_, Option<i64>>(3).unwrap_or_default().max(0) as u64,
+                status,
+            });
+        }
+        Ok(out)
+    }
+
+    pub(super) fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
+        let row = self.query_opt(
+            "SELECT fingerprint, actor, scope, class, retention_secs, accepted_ms, session_id,
+                    intent FROM executions WHERE id = $1 AND fingerprint IS NOT NULL",
+            &[&id.as_str()],
+        )?;
+        Ok(row.map(|r| IntentColumns {
+            fingerprint: r.get(0),
+            actor: r.get::<_, Option<String>>(1).unwrap_or_default(),
+            scope: r.get::<_, Option<String>>(2).unwrap_or_default(),
+            class: r.get::<_, Option<String>>(3).unwrap_or_default(),
+            retention_secs: r.get::<_, Option<i64>>(4).unwrap_or_default().max(0) as u64,
+            accepted_ms: r.get::<_, Option<i64>>(5).unwrap_or_default(),
+            session_id: r.get(6),
+            intent: r
+                .get::<_, Option<&str>>(7)
+                .and_then(|t| serde_json::from_str(t).ok())
+                .unwrap_or_default(),
+        }))
+    }
+
+    pub(super) fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
+        Ok(self
+            .query(
+                "SELECT id FROM executions WHERE session_id = $1 ORDER BY accepted_ms, id",
+                &[&session],
+            )?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    /// Append a chained entry to `session`'s chain inside `tx`.
+    async fn session_append_in(
+        &self,
+        tx: &Tx<'_>,
+        session: &str,
+        at: &str,
+        kind: &str,
+        evidence: &str,
+    ) -> Result<()> {
+        let head = tx
+            .query_opt(
+                "UPDATE session_heads SET seq = nextval('session_event_seq') WHERE session_id = $1
+                 RETURNING hash, seq",
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.err(e))?
+            .ok_or_else(|| self.fail(format!("no session {session} in this journal")))?;
+        let prev_hash: String = head.get(0);
+        let seq: i64 = head.get(1);
+        let hash = session_chain_hash(&ChainFields {
+            prev_hash: &prev_hash,
+            seq,
+            execution_id: session,
+            at,
+            kind,
+            state: "",
+            evidence,
+            client: "",
+        });
+        tx.execute(
+            "WITH e AS (
+                INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
+                VALUES ($1, $2, $3, $4, $5, $6, $7))
+             UPDATE session_heads SET hash = $7 WHERE session_id = $2",
+            &[&seq, &session, &at, &kind, &evidence, &prev_hash, &hash],
+        )
+        .await
+        .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    pub(super) fn start_session(&self, s: &SessionRecord) -> Result<()> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            tx.execute(
+                "WITH s AS (
+                    INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id)
+                 INSERT INTO session_heads (session_id, seq, hash) SELECT id, 0, '' FROM s",
+                &[
+                    &s.id,
+                    &s.kind,
+                    &s.actor,
+                    &s.pid,
+                    &s.client,
+                    &s.started_at,
+                    &s.detail.to_string(),
+                ],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            let evidence = session_started_evidence(s);
+            self.session_append_in(&tx, &s.id, &s.started_at, "started", &evidence)
+                .await?;
+            tx.commit().await.map_err(|e| self.err(e))
+        })
+    }
+
+    pub(super) fn session_event(
+        &self,
+        session: &str,
+        kind: &str,
+        evidence: &serde_json::Value,
+    ) -> Result<()> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            self.session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
+                .await?;
+            tx.commit().await.map_err(|e| self.err(e))
+        })
+    }
+
+    pub(super) fn sessions(&self) -> Result<Vec<SessionView>> {
+        let rows = self.query(
+            "SELECT s.id, s.kind, s.actor, s.pid, s.client, s.started_at, s.detail,
+                (SELECT at FROM session_events e WHERE e.session_id = s.id AND e.kind = 'ended'
+                    ORDER BY seq DESC LIMIT 1),
+                (SELECT COUNT(*) FROM executions x WHERE x.session_id = s.id)
+             FROM sessions s ORDER BY s.started_at DESC, s.id DESC",
+            &[],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| SessionView {
+                record: SessionRecord {
+                    id: r.get(0),
+                    kind: r.get(1),
+                    actor: r.get(2),
+                    pid: r.get(3),
+                    client: r.get(4),
+                    started_at: r.get(5),
+                    detail: serde_json::from_str(r.get::<_, &str>(6)).unwrap_or_default(),
+                },
+                ended_at: r.get(7),
+                executions: r.get::<_, i64>(8).max(0) as u64,
+            })
+            .collect())
+    }
+
+    pub(super) fn create_batch(
+        &self,
+        id: &str,
+        command: &[u8],
+        options: &serde_json::Value,
+        members: &[(String, ExecutionId)],
+    ) -> Result<()> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            tx.execute(
+                "INSERT INTO batches (id, created_at, command, options, client)
+                 VALUES ($1, $2, $3, $4, $5)",
+                &[
+                    &id,
+                    &now_rfc3339(),
+                    &command,
+                    &options.to_string(),
+                    &client_identity(),
+                ],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            for (i, (dest, ex)) in members.iter().enumerate() {
+                tx.execute(
+                    "INSERT INTO batch_members (batch_id, position, destination, execution_id)
+                     VALUES ($1, $2, $3, $4)",
+                    &[&id, &(i as i64), dest, &ex.as_str()],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))
+        })
+    }
+
+    pub(super) fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        let Some(head) = self.query_opt(
+            "SELECT id, created_at, command, options, client FROM batches WHERE id = $1",
+            &[&id],
+        )?
+        else {
+            return Ok(None);
+        };
+        let members = self
+            .query(
+                "SELECT position, destination, execution_id FROM batch_members
+                 WHERE batch_id = $1 ORDER BY position",
+                &[&id],
+            )?
+            .iter()
+            .map(|r| BatchMember {
+                position: r.get(0),
+                destination: r.get(1),
+                execution_id: r.get(2),
+            })
+            .collect();
+        Ok(Some(BatchRecord {
+            id: head.get(0),
+            created_at: head.get(1),
+            command: head.get(2),
+            options: serde_json::from_str(head.get::<_, &str>(3)).unwrap_or_default(),
+            client: head.get(4),
+            members,
+        }))
+    }
+
+    pub(super) fn batch_ids(&self) -> Result<Vec<String>> {
+        Ok(self
+            .query("SELECT id FROM batches ORDER BY created_at, id", &[])?
+            .iter()
+            .map(|r| r.get(0))
+            .collect())
+    }
+
+    pub(super) fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        Ok(self
+            .query_opt(
+                "SELECT epoch FROM host_places
+                 WHERE destination = $1 AND host_key = $2 AND remote_dir = $3",
+                &[&place.destination, &place.host_key, &place.remote_dir],
+            )?
+            .map(|r| r.get(0)))
+    }
+
+    /// As on SQLite: the bookkeeping and the events it teaches in one transaction. The place's
+    /// key is locked first (an advisory lock on its hash), so two replicas learning about one
+    /// host key at once do not both announce the same change.
+    pub(super) fn observe_host_epoch(
+        &self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced> {
+        self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let lock_key = format!("{}\n{}", place.host_key, place.remote_dir);
+            tx.execute(
+                "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+                &[&lock_key],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            let last: Option<String> = tx
+                .query_opt(
+                    "SELECT epoch FROM host_places
+                     WHERE destination = $1 AND host_key = $2 AND remote_dir = $3",
+                    &[&place.destination, &place.host_key, &place.remote_dir],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .map(|r| r.get(0));
+            let same_key: Vec<(String, String)> = tx
+                .query(
+                    "SELECT destination, epoch FROM host_places
+                     WHERE host_key = $1 AND remote_dir = $2 AND destination != $3
+                     ORDER BY destination",
+                    &[&place.host_key, &place.remote_dir, &place.destination],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let said: BTreeSet<String> = tx
+                .query(
+                    "SELECT CASE WHEN destination_a = $3 THEN destination_b ELSE destination_a END
+                     FROM host_key_shared
+                     WHERE host_key = $1 AND remote_dir = $2
+                       AND (destination_a = $3 OR destination_b = $3)",
+                    &[&place.host_key, &place.remote_dir, &place.destination],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+            let a = epoch::announce(place, epoch, last.as_deref(), &same_key, &said);
+            let now = now_rfc3339();
+            if a.store {
+                tx.execute(
+                    "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
+                     VALUES ($1, $2, $3, $4, $5)
+                     ON CONFLICT (destination, host_key, remote_dir)
+                        DO UPDATE SET epoch = $4, seen_at = $5",
+                    &[
+                        &place.destination,
+                        &place.host_key,
+                        &place.remote_dir,
+                        &epoch,
+                        &now,
+                    ],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            }
+            if let Some(old) = &a.changed_from {
+                let ev = super::hosts::host_epoch_changed_evidence(place, old, epoch, &now);
+                self.append_in(&tx, id.as_str(), "host-epoch-changed", None, &ev)
+                    .await?;
+            }
+            for (other, other_epoch) in &a.shared_with {
+                let (x, y) = epoch::pair(other, &place.destination);
+                tx.execute(
+                    "INSERT INTO host_key_shared
+                        (host_key, remote_dir, destination_a, destination_b, said_at)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                    &[&place.host_key, &place.remote_dir, &x, &y, &now],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+                let ev =
+                    super::hosts::host_key_shared_evidence(place, epoch, other, other_epoch, &now);
+                self.append_in(&tx, id.as_str(), "host-key-shared", None, &ev)
+                    .await?;
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            Ok(a)
+        })
+    }
+
+    pub(super) fn add_token(&self, t: &TokenRecord) -> Result<()> {
+        self.exec(
+            "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
+                                 expires_ms, revoked_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)",
+            &[
+                &t.id,
+                &t.hash,
+                &t.actor,
+                &t.scope_prefix,
+                &t.created_at,
+                &t.expires_at,
+                &t.expires_ms,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    pub(super) fn tokens_where(&self, by_hash: Option<&str>) -> Result<Vec<TokenRecord>> {
+        let rows = self.query(
+            "SELECT id, hash, actor, scope_prefix, created_at, expires_at, expires_ms, revoked_at
+             FROM tokens WHERE $1::text IS NULL OR hash = $1 ORDER BY created_at, id",
+            &[&by_hash],
+        )?;
+        Ok(rows
+            .iter()
+            .map(|r| TokenRecord {
+                id: r.get(0),
+                hash: r.get(1),
+                actor: r.get(2),
+                scope_prefix: r.get(3),
+                created_at: r.get(4),
+                expires_at: r.get(5),
+                expires_ms: r.get(6),
+                revoked_at: r.get(7),
+            })
+            .collect())
+    }
+
+    pub(super) fn revoke_token(&self, id: &str) -> Result<bool> {
+        Ok(self.exec(
+            "UPDATE tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
+            &[&id, &now_rfc3339()],
+        )? > 0)
+    }
+
+    pub(super) fn store_http_event(
+        &self,
+        stream_id: &str,
+        retry_ms: Option<i64>,
+        message: Option<&str>,
+    ) -> Result<i64> {
+        let r = self.query_opt(
+            "INSERT INTO http_events (stream_id, at_ms, retry_ms, message)
+             VALUES ($1, $2, $3, $4) RETURNING seq",
+            &[&stream_id, &now_ms(), &retry_ms, &message],
+        )?;
+        r.map(|r| r.get(0))
+            .ok_or_else(|| self.fail("the insert returned no sequence"))
+    }
+
+    pub(super) fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
+        Ok(self
+            .query_opt("SELECT stream_id FROM http_events WHERE seq = $1", &[&seq])?
+            .map(|r| r.get(0)))
+    }
+
+    pub(super) fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
+        Ok(self
+            .query(
+                "SELECT seq, stream_id, retry_ms, message FROM http_events
+                 WHERE stream_id = $1 AND seq > $2 ORDER BY seq",
+                &[&stream_id, &seq],
+            )?
+            .iter()
+            .map(|r| StoredEvent {
+                seq: r.get(0),
+                stream_id: r.get(1),
+                retry_ms: r.get(2),
+                message: r.get(3),
+            })
+            .collect())
+    }
+
+    pub(super) fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
+        self.exec(
+            "INSERT INTO http_streams (stream_id, session_id, actor, request, opened_ms)
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+            &[&s.stream_id, &s.session_id, &s.actor, &s.request, &now_ms()],
+        )
+        .map(|_| ())
+    }
+
+    pub(super) fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
+        Ok(self
+            .query_opt(
+                "SELECT stream_id, session_id, actor, request FROM http_streams
+                 WHERE stream_id = $1",
+                &[&stream_id],
+            )?
+            .map(|r| StreamRecord {
+                stream_id: r.get(0),
+                session_id: r.get(1),
+                actor: r.get(2),
+                request: r.get(3),
+            }))
+    }
+
+    pub(super) fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
+        self.exec(
+            "INSERT INTO http_sessions (id, created_at, created_ms, state) VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET state = excluded.state",
+            &[&id, &now_rfc3339(), &now_ms(), &state],
+        )
+        .map(|_| ())
+    }
+
+    pub(super) fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
+        self.exec(
+            "INSERT INTO http_sessions AS s (id, actor, created_at, created_ms)
+             VALUES ($1, $2, $3, $4)
+             ON CONFLICT (id) DO UPDATE SET actor = COALESCE(s.actor, excluded.actor)",
+            &[&id, &actor, &now_rfc3339(), &now_ms()],
+        )
+        .map(|_| ())
+    }
+
+    pub(super) fn http_session(
+        &self,
+        id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>)>> {
+        Ok(self
+            .query_opt(
+                "SELECT actor, state FROM http_sessions WHERE id = $1",
+                &[&id],
+            )?
+            .map(|r| (r.get(0), r.get(1))))
+    }
+
+    pub(super) fn delete_http_session(&self, id: &str) -> Result<()> {
+        self.exec("DELETE FROM http_sessions WHERE id = $1", &[&id])
+            .map(|_| ())
+    }
+
+    pub(super) fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>> {
+        Ok(self
+            .query_opt(
+                "SELECT execution_id FROM events
+                 WHERE seq > $2 AND kind IN ('correlation', 'intent-matched', 'request-reused')
+                   AND (evidence::jsonb) ->> 'correlation_id' = $1
+                 ORDER BY seq DESC LIMIT 1",
+                &[&correlation, &after_seq],
+            )?
+            .map(|r| r.get(0)))
+    }
+
+    pub(super) fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
+        self.block(async {
+            let c = self.client().await?;
+            let n = c
+                .execute("DELETE FROM http_events WHERE at_ms < $1", &[&before_ms])
+                .await
+                .map_err(|e| self.err(e))?;
+            for sql in [
+                "DELETE FROM http_streams WHERE opened_ms < $1",
+                "DELETE FROM http_sessions WHERE created_ms < $1",
+            ] {
+                c.execute(sql, &[&before_ms])
+                    .await
+                    .map_err(|e| self.err(e))?;
+            }
+            Ok(n as usize)
+        })
+    }
+
+    pub(super) fn last_event_seq(&self) -> Result<i64> {
+        Ok(self
+            .query_opt("SELECT COALESCE(MAX(seq), 0)::bigint FROM events", &[])?
+            .map(|r| r.get(0))
+            .unwrap_or(0))
+    }
+
+    pub(super) fn metrics(&self) -> Result<JournalMetrics> {
+        self.block(async {
+            let c = self.client().await?;
+            let e = |e| self.err(e);
+            let by_state = c
+                .query(
+                    "SELECT st, COUNT(*) FROM (
+                        SELECT (SELECT v.state FROM events v
+                                WHERE v.execution_id = x.id AND v.state IS NOT NULL
+                                ORDER BY v.seq DESC LIMIT 1) AS st
+                        FROM executions x) s
+                     WHERE st IS NOT NULL GROUP BY st ORDER BY st",
+                    &[],
+                )
+                .await
+                .map_err(e)?
+                .iter()
+                .map(|r| (r.get(0), r.get(1)))
+                .collect();
+            let mut m = JournalMetrics {
+                by_state,
+                ..JournalMetrics::default()
+            };
+            m.dispatch_latencies = c
+                .query(
+                    "SELECT EXTRACT(EPOCH FROM (d.at::timestamptz - a.at::timestamptz))::float8
+                     FROM events a JOIN events d
+                       ON d.seq = (SELECT MIN(seq) FROM events
+                                   WHERE execution_id = a.execution_id AND kind = 'dispatched')
+                     WHERE a.kind = 'accepted'",
+                    &[],
+                )
+                .await
+                .map_err(e)?
+                .iter()
+                .filter_map(|r| r.get::<_, Option<f64>>(0))
+                .map(|s| s.max(0.0))
+                .collect();
+            let counts = c
+                .query(
+                    "SELECT kind, COUNT(*) FROM events
+                     WHERE kind IN ('intent-matched', 'request-reused', 'delivery-abandoned')
+                     GROUP BY kind",
+                    &[],
+                )
+                .await
+                .map_err(e)?;
+            for r in counts {
+                let n = r.get::<_, i64>(1).max(0) as u64;
+                match r.get::<_, &str>(0) {
+                    "intent-matched" => m.attached_by_intent = n,
+                    "request-reused" => m.attached_by_id = n,
+                    _ => m.delivery_abandoned = n,
+                }
+            }
+            m.reconnects = c
+                .query_one(
+                    "SELECT COALESCE(SUM(CASE
+                        WHEN jsonb_typeof((evidence::jsonb) -> 'reconnects') = 'number'
+                        THEN ((evidence::jsonb) ->> 'reconnects')::numeric ELSE 0 END), 0)::bigint
+                     FROM events WHERE state IS NOT NULL",
+                    &[],
+                )
+                .await
+                .map_err(e)?
+                .get::<_, i64>(0)
+                .max(0) as u64;
+            Ok(m)
+        })
+    }
+
+    /// Run SQL as this journal's role (tests: what the role may and may not do).
+    #[cfg(test)]
+    pub(super) fn raw_execute(&self, sql: &str) -> Result<u64> {
+        self.exec(sql, &[])
+    }
+}
