@@ -17,14 +17,14 @@ use crate::support::Proxy;
 const T: Duration = Duration::from_secs(60);
 
 /// A `cairn mcp --listen` process.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     log: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
-    fn start(h: &Host, port: u16, extra: &[&str]) -> Server {
+    pub(crate) fn start(h: &Host, port: u16, extra: &[&str]) -> Server {
         let mut c = h.cairn("mcp");
         c.arg("--remote-dir")
             .arg(&h.remote_dir)
@@ -64,11 +64,11 @@ impl Server {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().join("\n")
     }
 
-    fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         assert!(sigkill(self.child.id() as i32, false));
         let _ = self.child.wait();
     }
@@ -97,7 +97,7 @@ fn token_cmd(h: &Host, args: &[&str]) -> std::process::Output {
     c.output().expect("cairn token")
 }
 
-fn token(h: &Host, actor: &str, extra: &[&str]) -> String {
+pub(crate) fn token(h: &Host, actor: &str, extra: &[&str]) -> String {
     let mut args = vec!["add", actor];
     args.extend_from_slice(extra);
     let out = token_cmd(h, &args);
@@ -106,7 +106,7 @@ fn token(h: &Host, actor: &str, extra: &[&str]) -> String {
 }
 
 /// One HTTP/1.1 request on a fresh connection: (status, body as text).
-fn request(
+pub(crate) fn request(
     port: u16,
     method: &str,
     path: &str,
@@ -159,7 +159,7 @@ fn dechunk(mut s: &str) -> String {
 }
 
 const MCP_ACCEPT: (&str, &str) = ("Accept", "application/json, text/event-stream");
-const JSON: (&str, &str) = ("Content-Type", "application/json");
+pub(crate) const JSON: (&str, &str) = ("Content-Type", "application/json");
 
 fn initialize_body() -> String {
     json!({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {

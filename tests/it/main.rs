@@ -10,6 +10,7 @@ mod http;
 mod known_hosts_diff;
 mod operations;
 mod recorded;
+mod replicas;
 mod run;
 mod script;
 mod ssh;

@@ -4,6 +4,7 @@
 pub mod docker;
 #[cfg(test)] // (the demo example includes this harness, but not the test fixture)
 pub mod host;
+pub mod postgres;
 pub mod proxy;
 pub mod sshd;
 

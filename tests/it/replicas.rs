@@ -1,0 +1,135 @@
+//! Gateway replicas on one PostgreSQL journal (docs/REPLICAS.md): two `cairn mcp --listen`
+//! processes sharing a database behave as one gateway for intent matching. Against a real
+//! sshd and the private PostgreSQL server of this test binary; every test counts how many times
+//! the command ran on the host.
+
+use std::path::PathBuf;
+
+use serde_json::{json, Value};
+
+use crate::http::{request, token, Server, JSON};
+use crate::support::host::*;
+use crate::support::postgres;
+
+/// A test host whose journal is a fresh PostgreSQL database, and the intent key file every
+/// replica shares. `None` when PostgreSQL is missing outside CI (said loudly).
+fn replicated_host(test: &str) -> Option<(Host, PathBuf)> {
+    let server = postgres::server(test)?;
+    let mut h = Host::new();
+    h.journal = PathBuf::from(server.database(test));
+    let key = h.sshd.dir().join("intent.key");
+    Some((h, key))
+}
+
+fn replica(h: &Host, key: &std::path::Path) -> Server {
+    Server::start(h, 0, &["--intent-key", key.to_str().unwrap()])
+}
+
+/// `execute` over `/rpc` on `port` as `auth`: the result object (or the error, as JSON).
+fn execute(port: u16, auth: &str, id: u64, command: &str) -> Value {
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+                      "params": {"destination": "127.0.0.1", "command": command}});
+    let (status, text) = request(
+        port,
+        "POST",
+        "/rpc",
+        &[JSON, ("Authorization", auth)],
+        &body.to_string(),
+    );
+    assert_eq!(status, 200, "{text}");
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+#[test]
+fn six_identical_calls_over_two_replicas_at_once_make_one_execution_that_runs_once() {
+    let Some((h, key)) = replicated_host("six_identical_calls") else {
+        return;
+    };
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let (a, b) = (replica(&h, &key), replica(&h, &key));
+    // Long enough that every call arrives while the first is still running.
+    let cmd = format!("{}sleep 2; echo once", h.count());
+    let barrier = std::sync::Arc::new(std::sync::Barrier::new(6));
+    let calls: Vec<_> = (0..6u64)
+        .map(|i| {
+            let port = if i % 2 == 0 { a.port } else { b.port };
+            let (auth, cmd, barrier) = (auth.clone(), cmd.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                execute(port, &auth, i + 1, &cmd)
+            })
+        })
+        .collect();
+    let answers: Vec<Value> = calls.into_iter().map(|t| t.join().unwrap()).collect();
+    let logs = format!("replica A:\n{}\nreplica B:\n{}", a.log(), b.log());
+    let ids: std::collections::BTreeSet<String> = answers
+        .iter()
+        .map(|r| {
+            assert_eq!(r["result"]["state"], "completed", "{r}\n{logs}");
+            assert_eq!(r["result"]["stdout"], "once\n", "{r}\n{logs}");
+            r["result"]["execution_id"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(
+        ids.len(),
+        1,
+        "one execution for six calls: {answers:?}\n{logs}"
+    );
+    assert_eq!(h.runs(), 1, "ran once on the host\n{logs}");
+    let j = h.journal();
+    assert_eq!(
+        j.list().unwrap().len(),
+        1,
+        "one execution in the shared journal"
+    );
+    let id = cairn::ExecutionId::parse(ids.iter().next().unwrap()).unwrap();
+    let events = j.events(&id).unwrap();
+    let count = |kind: &str| events.iter().filter(|e| e.kind == kind).count();
+    assert_eq!(
+        count("intent-matched"),
+        5,
+        "five calls attached: {events:#?}"
+    );
+    assert_eq!(count("dispatched"), 1, "dispatched once");
+    // Both replicas took part: each answered its three calls, and their sessions are recorded.
+    let sessions = j.sessions().unwrap();
+    assert_eq!(
+        sessions
+            .iter()
+            .filter(|s| s.record.kind == "mcp-http")
+            .count(),
+        2,
+        "{sessions:?}"
+    );
+    let matched_by: std::collections::BTreeSet<String> = events
+        .iter()
+        .filter(|e| e.kind == "intent-matched")
+        .map(|e| e.evidence["by"].as_str().unwrap_or_default().to_owned())
+        .chain(std::iter::once(events[0].client.clone()))
+        .collect();
+    assert_eq!(
+        matched_by.len(),
+        2,
+        "both replicas' processes: {matched_by:?}"
+    );
+
+    // After delivery a new identical call is a new run (a delivered execution is never
+    // attached to), whichever replica gets it, as on one machine.
+    h.wait_delivered(id.as_str());
+    let again = execute(b.port, &auth, 7, &cmd);
+    assert_ne!(again["result"]["execution_id"], id.as_str(), "{again}");
+    assert_eq!(h.runs(), 2);
+}
+
+#[test]
+fn a_replica_without_the_shared_intent_key_refuses_to_run_and_says_why() {
+    let Some((h, _key)) = replicated_host("replica_without_key") else {
+        return;
+    };
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let s = Server::start(&h, 0, &[]);
+    let r = execute(s.port, &auth, 1, &format!("{}echo never", h.count()));
+    let text = r.to_string();
+    assert!(text.contains("--intent-key"), "{text}");
+    assert_eq!(h.runs(), 0, "nothing ran");
+}
