@@ -426,8 +426,21 @@ if [ "$MODE" = supervise ]; then
 		exit 0
 	fi
 	if ! m=$(mv "$STAGE" "$F" 2>&1); then
-		# nothing ran: give the guard back rather than leave a start we cannot honour
-		rm -f "$F.start"
+		# nothing ran: give the guard back rather than leave a start we cannot honour (a
+		# home made read-only for a moment gets up to 20 tries, a second apart)
+		i=0
+		until rm -f "$F.start" 2>/dev/null && [ ! -e "$F.start" ]; do
+			i=$((i + 1))
+			[ "$i" -ge 20 ] && break
+			sleep 1
+		done
+		if [ -e "$F.start" ]; then
+			# the guard stays and no supervisor will honour it: say so without a verdict (the
+			# dispatcher reports it started; the probe finds the supervisor gone, so the
+			# client records interrupted, never a "never started" the host's records deny)
+			printf 'the start guard was crossed, then the stage could not be moved into place (%s) and the guard could not be given back: the command did not start\n' "$m"
+			exit 1
+		fi
 		fsync "$X"
 		die "$m"
 	fi
@@ -474,12 +487,24 @@ if [ "$MODE" = supervise ]; then
 	fi
 	now
 	# written in place into the space reserved before the start
-	# (its own newline, so that a reader stops there and not at the end of the padding)
-	printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
-		"$ID" "$c" "$NOW" "$o" "$SIZE" "$t" "$k" 1<>"$F/done.tmp"
+	# (its own newline, so that a reader stops there and not at the end of the padding);
+	# a home that refuses the write (made read-only) is tried again each second for an hour,
+	# while the client sees a live supervisor and waits; after that the supervisor gives up
+	# and the execution reads as interrupted, never as a result the host does not hold
+	i=0
+	until printf 'v=1 id=%s status=%s finished_at=%s out=%s err=%s timed_out=%s cancelled=%s\n' \
+		"$ID" "$c" "$NOW" "$o" "$SIZE" "$t" "$k" 2>/dev/null 1<>"$F/done.tmp"; do
+		i=$((i + 1))
+		[ "$i" -ge 3600 ] && exit 1
+		sleep 1
+	done
 	# the outputs with the record: no record on disk states bytes the disk does not hold
 	fsync "$F/out" "$F/err" "$F/done.tmp"
-	mv "$F/done.tmp" "$F.done"
+	until mv "$F/done.tmp" "$F.done" 2>/dev/null; do
+		i=$((i + 1))
+		[ "$i" -ge 3600 ] && exit 1
+		sleep 1
+	done
 	fsync "$X"
 	if [ -n "$FS" ] && pst "$FP" && [ "$STIME" = "$FS" ]; then
 		kill_pids TERM "$FP"
@@ -987,7 +1012,7 @@ session)
 		# one wc of the outputs that are not empty (a silent command costs none); V_ holds
 		# ID:STATUS:WHICH (o: out counted, e: err counted)
 		set --
-		V_=''
+		V_='' L_='' R_=''
 		for r in $W; do
 			F=$X/${r%%:*}
 			e_=-
@@ -1032,24 +1057,37 @@ session)
 			[ -e "$F/timedout" ] && t=1
 			[ -e "$F.cancel" ] && k=1
 			drec "$ID" "$c" "$o" "$z" "$t" "$k"
-			printf '%s\n' "$DR" 1<>"$F/$ID.done"
-			# kept for the reports below: "ID OUT ERR STATUS NOW TIMED_OUT CANCELLED", one line
-			# each (x: a size unknown); this shell rebuilds the record from them
-			D_="$D_$ID ${o:-x} ${z:-x} $c $NOW $t $k$NL"
-			set -- "$@" "$F/$ID.done"
+			# a record the home refuses (made read-only) is not reported: the session gives
+			# it to the next finish helper, which writes it again (see "z")
+			if printf '%s\n' "$DR" 2>/dev/null 1<>"$F/$ID.done"; then
+				# kept for the reports below: "ID OUT ERR STATUS NOW TIMED_OUT CANCELLED", one
+				# line each (x: a size unknown); this shell rebuilds the record from them
+				D_="$D_$ID ${o:-x} ${z:-x} $c $NOW $t $k$NL"
+				L_="$L_ $ID"
+				set -- "$@" "$F/$ID.done"
+			else
+				R_=1
+			fi
 		done
 		fsync "$@"
 		set --
-		for r in $V_; do
-			ID=${r%%:*}
+		for ID in $L_; do
 			set -- "$@" "$X/$ID/$ID.done"
 		done
-		ln "$@" "$X/" 2>/dev/null
+		[ $# -gt 0 ] && ln "$@" "$X/" 2>/dev/null
 		fsync "$X"
 		while [ -n "$D_" ]; do
-			echo "o ${D_%%"$NL"*}" >&4
+			l=${D_%%"$NL"*}
 			D_=${D_#*"$NL"}
+			# only a record whose name is in place is reported
+			if [ -e "$X/${l%% *}.done" ]; then
+				echo "o $l" >&4
+			else
+				R_=1
+			fi
 		done
+		# what was refused is tried again by the next finish helper, a second from now
+		[ -n "$R_" ] && sleep 1
 	}
 	# answer ID (OUT ERR "STATUS NOW TIMED_OUT CANCELLED": from the finish helper): wake the
 	# watchers, output, record
@@ -1256,7 +1294,8 @@ session)
 			;;
 		z)
 			reap "f$a"
-			FH='' FL=''
+			# (what it did not report, a record the home refused, goes to the next one)
+			FH='' W="$W$FL" FL=''
 			;;
 		x)
 			# a helper ended without its last report: settle what it left (a finish group

@@ -579,6 +579,114 @@ fn host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted(fl: Flav
     assert_eq!(h.count("h1", &long), 2, "never run again");
 }
 
+/// The marker home turns read-only (`chattr +i` on it and everything in it) after the command
+/// printed its output and before it ends, then writable again 4 s after it ended. The finish
+/// record cannot be written meanwhile: cairn must not report a result the host does not hold.
+/// It waits, and once the home is writable the record is written and the one result returned,
+/// the same exit status as the host's durable record. Directly and through a host session.
+fn readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded(fl: Flavour) {
+    use std::io::{BufRead, BufReader, Write};
+    let Some(t) = Case::start("readonly_markers_finish", fl, 1) else {
+        return;
+    };
+    let (h, c) = (&t.hosts, t.client());
+    let cmd = |counter: &str| {
+        format!("echo ran >> {counter}; echo out-1; echo err-1 >&2; sleep 3; exit 7")
+    };
+
+    // 1. cairn run: the supervisor writes the record.
+    let id = unique_id("ro");
+    let counter = format!("/root/count-{id}");
+    let child = spawn(c.run(&["--json", "--id", &id], "h1", &cmd(&counter)));
+    h.wait_file("h1", &counter, Duration::from_secs(30));
+    sleep(Duration::from_millis(800));
+    h.fault(&["readonly-markers", "h1"]);
+    sleep(Duration::from_secs(6));
+    let recorded_early = h.exists("h1", &marker(&id, ".done"));
+    let answered_early = c.state(&id).is_some_and(|s| s.is_settled());
+    h.fault(&["writable-markers", "h1"]);
+    let out = finish(child, Duration::from_secs(120));
+    let v = json(&out);
+    assert!(
+        !recorded_early,
+        "no finish record while the home was read-only"
+    );
+    assert!(
+        !answered_early,
+        "no result before the host recorded it: {v}"
+    );
+    assert_eq!(v["state"], "completed", "{v}");
+    assert_eq!(v["exit_code"], 7, "{v}");
+    assert_eq!(s(&v["stdout"]), "out-1\n", "{v}");
+    assert_eq!(s(&v["stderr"]), "err-1\n", "{v}");
+    let rec = String::from_utf8(h.read("h1", &marker(&id, ".done")).unwrap_or_default()).unwrap();
+    assert_eq!(
+        field(&rec, "status"),
+        Some("7"),
+        "the host's durable record: {rec:?}"
+    );
+    assert_eq!(h.count("h1", &counter), 1);
+    assert_eq!(c.state(&id), Some(State::Delivered));
+
+    // 2. The same through a host session: its finish helper writes the record.
+    let mut serve = c.cmd("serve");
+    serve
+        .args(["--stdio", "--host-session"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = serve.spawn().expect("spawn cairn serve");
+    let mut stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
+                break;
+            };
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    let id = unique_id("ros");
+    let counter = format!("/root/count-{id}");
+    let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "execute",
+        "params": {"destination": "h1", "command": cmd(&counter), "execution_id": id}});
+    writeln!(stdin, "{req}").unwrap();
+    h.wait_file("h1", &counter, Duration::from_secs(30));
+    sleep(Duration::from_millis(800));
+    h.fault(&["readonly-markers", "h1"]);
+    sleep(Duration::from_secs(6));
+    let recorded_early = h.exists("h1", &marker(&id, ".done"));
+    let answered_early = rx.try_recv().ok();
+    h.fault(&["writable-markers", "h1"]);
+    let v = match answered_early {
+        Some(v) => v,
+        None => rx
+            .recv_timeout(Duration::from_secs(120))
+            .expect("a response"),
+    };
+    drop(stdin);
+    let _ = wait_within(child, Duration::from_secs(30));
+    let r = &v["result"];
+    assert!(
+        !recorded_early,
+        "no finish record while the home was read-only"
+    );
+    assert_eq!(r["state"], "completed", "{v}");
+    assert_eq!(r["exit_code"], 7, "{v}");
+    assert_eq!(s(&r["stdout"]), "out-1\n", "{v}");
+    let rec = String::from_utf8(h.read("h1", &marker(&id, ".done")).unwrap_or_default()).unwrap();
+    assert_eq!(
+        field(&rec, "status"),
+        Some("7"),
+        "the host's durable record: {rec:?}"
+    );
+    assert_eq!(h.count("h1", &counter), 1);
+}
+
 macro_rules! on_both_flavours {
     ($($name:ident),* $(,)?) => {
         mod ash {
@@ -599,6 +707,7 @@ on_both_flavours!(
     disk_full_before_the_start_is_failed_with_the_hosts_error,
     disk_full_during_the_run_reports_only_what_was_seen,
     host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted,
+    readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded,
 );
 
 // ------------------------------------------------------------------------------ the campaign

@@ -213,21 +213,6 @@ impl Plan {
     }
 }
 
-/// `CAMPAIGN_KNOWN_BUGS=1` also runs what still finds known bugs, left out of the default run
-/// (which CI runs) until they are fixed: read-only markers (`chattr +i` on the marker home)
-/// mid-run:
-/// - dispatch: the start guard crossed (x/ID.start linked) and then the supervisor could not go
-///   on; its roll-back `rm` fails too, and the client is told `failed` ("the host refused the
-///   dispatch") while the started record stays on the host (seen: seed 5, trial 30);
-/// - under a host session: the session's finish helper writes the finish
-///   record in place and does not check that the write worked; under `chattr +i` it fails,
-///   the reserved (blank) record is linked into place once the home is writable again, and the
-///   client is told `completed` with the exit status the helper held in memory while the
-///   host's durable record is blank (seen: seed 3, trial 14).
-fn with_known_bugs() -> bool {
-    std::env::var("CAMPAIGN_KNOWN_BUGS").as_deref() == Ok("1")
-}
-
 /// Faults dealt in shuffled rounds of every kind: each kind gets its share of the trials.
 fn stratified_fault(seed: u64, trial: usize) -> Fault {
     let kinds = fault_kinds();
@@ -240,14 +225,9 @@ fn stratified_fault(seed: u64, trial: usize) -> Fault {
     kinds[order[trial % n]]
 }
 
-/// The fault kinds of this run: all of them with `CAMPAIGN_KNOWN_BUGS=1`, else all but those
-/// that still find a known bug (see [`with_known_bugs`]).
+/// The fault kinds of this run: every one.
 fn fault_kinds() -> Vec<Fault> {
-    FAULTS
-        .iter()
-        .copied()
-        .filter(|f| with_known_bugs() || *f != Fault::ReadonlyMarkers)
-        .collect()
+    FAULTS.to_vec()
 }
 
 /// The counter a trial's command appends to: outside the marker home, so a full, read-only
