@@ -122,6 +122,38 @@ fn field<'a>(record: &'a str, key: &str) -> Option<&'a str> {
 
 // ------------------------------------------------------------------------------ the tests
 
+/// `cairn serve --stdio --host-session` for `c`: the child, its stdin, and its JSON-RPC
+/// responses as they arrive.
+fn serve_host_session(
+    c: &Client,
+) -> (
+    Child,
+    std::process::ChildStdin,
+    std::sync::mpsc::Receiver<serde_json::Value>,
+) {
+    use std::io::{BufRead, BufReader};
+    let mut serve = c.cmd("serve");
+    serve
+        .args(["--stdio", "--host-session"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null());
+    let mut child = serve.spawn().expect("spawn cairn serve");
+    let stdin = child.stdin.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON-RPC line");
+            if tx.send(v).is_err() {
+                break;
+            }
+        }
+    });
+    (child, stdin, rx)
+}
+
 /// The link goes down for 10 s while the command runs; cairn notices, keeps trying, reattaches
 /// after the repair while the command still runs, and returns every byte once.
 fn link_cut_for_10s_mid_run_reattaches_ran_once_full_output(fl: Flavour) {
@@ -497,30 +529,12 @@ fn disk_full_during_the_run_reports_only_what_was_seen(fl: Flavour) {
 /// session shell each run once with their own bytes and status; the host then reboots under
 /// two that are still running: both `interrupted`, neither run again.
 fn host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted(fl: Flavour) {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let Some(t) = Case::start("host_session", fl, 1) else {
         return;
     };
     let (h, c) = (&t.hosts, t.client());
-    let mut serve = c.cmd("serve");
-    serve
-        .args(["--stdio", "--host-session"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = serve.spawn().expect("spawn cairn serve");
-    let mut stdin = child.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let v: serde_json::Value = serde_json::from_str(&line).expect("JSON-RPC line");
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
+    let (child, mut stdin, rx) = serve_host_session(&c);
     let tag = unique_id("hs");
     let quick = format!("/root/count-{tag}");
     let long = format!("/root/long-{tag}");
@@ -585,13 +599,27 @@ fn host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted(fl: Flav
 /// It waits, and once the home is writable the record is written and the one result returned,
 /// the same exit status as the host's durable record. Directly and through a host session.
 fn readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded(fl: Flavour) {
-    use std::io::{BufRead, BufReader, Write};
+    use std::io::Write;
     let Some(t) = Case::start("readonly_markers_finish", fl, 1) else {
         return;
     };
     let (h, c) = (&t.hosts, t.client());
     let cmd = |counter: &str| {
         format!("echo ran >> {counter}; echo out-1; echo err-1 >&2; sleep 3; exit 7")
+    };
+    // the one result, as the host's durable finish record has it
+    let recorded_once = |v: &serde_json::Value, id: &str, counter: &str| {
+        assert_eq!(v["state"], "completed", "{v}");
+        assert_eq!(v["exit_code"], 7, "{v}");
+        assert_eq!(s(&v["stdout"]), "out-1\n", "{v}");
+        let rec = h.read("h1", &marker(id, ".done")).unwrap_or_default();
+        let rec = String::from_utf8_lossy(&rec);
+        assert_eq!(
+            field(&rec, "status"),
+            Some("7"),
+            "the host's record: {rec:?}"
+        );
+        assert_eq!(h.count("h1", counter), 1);
     };
 
     // 1. cairn run: the supervisor writes the record.
@@ -615,41 +643,12 @@ fn readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded(fl: Flavo
         !answered_early,
         "no result before the host recorded it: {v}"
     );
-    assert_eq!(v["state"], "completed", "{v}");
-    assert_eq!(v["exit_code"], 7, "{v}");
-    assert_eq!(s(&v["stdout"]), "out-1\n", "{v}");
-    assert_eq!(s(&v["stderr"]), "err-1\n", "{v}");
-    let rec = String::from_utf8(h.read("h1", &marker(&id, ".done")).unwrap_or_default()).unwrap();
-    assert_eq!(
-        field(&rec, "status"),
-        Some("7"),
-        "the host's durable record: {rec:?}"
-    );
-    assert_eq!(h.count("h1", &counter), 1);
+    recorded_once(&v, &id, &counter);
+    assert_eq!(v["stderr"], "err-1\n", "{v}");
     assert_eq!(c.state(&id), Some(State::Delivered));
 
     // 2. The same through a host session: its finish helper writes the record.
-    let mut serve = c.cmd("serve");
-    serve
-        .args(["--stdio", "--host-session"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null());
-    let mut child = serve.spawn().expect("spawn cairn serve");
-    let mut stdin = child.stdin.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stdout).lines() {
-            let Ok(line) = line else { break };
-            let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else {
-                break;
-            };
-            if tx.send(v).is_err() {
-                break;
-            }
-        }
-    });
+    let (child, mut stdin, rx) = serve_host_session(&c);
     let id = unique_id("ros");
     let counter = format!("/root/count-{id}");
     let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "execute",
@@ -670,21 +669,11 @@ fn readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded(fl: Flavo
     };
     drop(stdin);
     let _ = wait_within(child, Duration::from_secs(30));
-    let r = &v["result"];
     assert!(
         !recorded_early,
         "no finish record while the home was read-only"
     );
-    assert_eq!(r["state"], "completed", "{v}");
-    assert_eq!(r["exit_code"], 7, "{v}");
-    assert_eq!(s(&r["stdout"]), "out-1\n", "{v}");
-    let rec = String::from_utf8(h.read("h1", &marker(&id, ".done")).unwrap_or_default()).unwrap();
-    assert_eq!(
-        field(&rec, "status"),
-        Some("7"),
-        "the host's durable record: {rec:?}"
-    );
-    assert_eq!(h.count("h1", &counter), 1);
+    recorded_once(&v["result"], &id, &counter);
 }
 
 macro_rules! on_both_flavours {

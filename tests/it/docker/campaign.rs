@@ -362,6 +362,8 @@ struct Slot<'a> {
 struct TrialResult {
     execs: Vec<Exec>,
     anomalies: Vec<String>,
+    /// the recovery killed part-way before the last one ran ("attach" or "recover"), if any
+    killed_recovery: Option<&'static str>,
 }
 
 /// One execution, judged.
@@ -720,7 +722,7 @@ fn recover(
     killed: bool,
     dir: &Path,
     anomalies: &mut Vec<String>,
-) {
+) -> Option<&'static str> {
     // (no -F, -i, --known-hosts, no agent, an empty HOME)
     let cmd = |sub: &str| {
         if plan.bare_recover {
@@ -736,22 +738,24 @@ fn recover(
         .filter(|id| c.state(id).is_none_or(|s| !s.is_settled()))
         .collect();
     if open.is_empty() && !killed {
-        return;
+        return None;
     }
+    let mut killed_recovery = None;
     if let Some(after) = plan.kill_recovery {
-        let x = if plan.via == Via::Run && after.as_millis() % 2 == 0 {
+        let (what, x) = if plan.via == Via::Run && after.as_millis() % 2 == 0 {
             let mut x = cmd("attach");
             x.arg(&ids[0]);
-            x
+            ("attach", x)
         } else {
             let mut x = cmd("recover");
             x.args(["--wait", "--json"]);
-            x
+            ("recover", x)
         };
         let mut ch = spawn(x);
         sleep(after);
         if matches!(ch.try_wait(), Ok(None)) {
             let _ = ch.kill();
+            killed_recovery = Some(what);
         }
         let _ = wait_within(ch, CLIENT_LIMIT);
     }
@@ -775,6 +779,7 @@ fn recover(
             }
         }
     }
+    killed_recovery
 }
 
 /// One trial: dispatch, fault, clients, recovery, judgement.
@@ -821,7 +826,7 @@ fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialR
     }
     let answers = collect(&plan, &mut clients, &ids, &mut res.anomalies);
     let killed = clients.killed.iter().any(|k| *k);
-    recover(&plan, &c, &ids, killed, dir, &mut res.anomalies);
+    res.killed_recovery = recover(&plan, &c, &ids, killed, dir, &mut res.anomalies);
     for id in &ids {
         let (e, mut a) = judge(&plan, slot, &c, id, &answers, &clients, &began);
         res.execs.push(e);
@@ -1309,6 +1314,13 @@ fn report(
             .join(" ")
     ));
     let count = |p: &dyn Fn(&Exec) -> bool| execs.iter().filter(|e| p(e)).count();
+    // (a recovery killed part-way, then the final `recover --wait`: how often each ran)
+    let killed_recoveries = |what: &str| {
+        results
+            .iter()
+            .filter(|(_, r)| r.killed_recovery == Some(what))
+            .count()
+    };
     // Every fault kind (but none) must have landed mid-run often enough to mean something.
     let kinds = fault_kinds();
     let min_mid = (trials / (kinds.len() * 5)).max(1);
@@ -1320,11 +1332,24 @@ fn report(
             ));
         }
     }
+    // A recovery killed part-way must really happen, of both kinds, in a run of the default
+    // size or larger (about one trial in thirty kills an attach).
+    if results.len() >= 200 {
+        for what in ["recover", "attach"] {
+            if killed_recoveries(what) == 0 {
+                anomalies.push(format!(
+                    "no {what} was killed part-way in {} trials",
+                    results.len()
+                ));
+            }
+        }
+    }
     let of_kind = |p: &str| anomalies.iter().filter(|a| a.contains(p)).count();
     let line = format!(
         "campaign: trials={} executions={} through_host_sessions={} twins={} double_faults={} \
          ran_twice={} lost_results={} wrong_state={} anomalies={} unknown={} \
-         unknown_without_evidence={} answered_unknown={} interrupted={}",
+         unknown_without_evidence={} answered_unknown={} interrupted={} \
+         killed_recovers={} killed_attaches={}",
         results.len(),
         execs.len(),
         count(&|e| e.via == Via::Session),
@@ -1338,6 +1363,8 @@ fn report(
         count(&|e| e.final_state == "unknown-without-evidence"),
         count(&|e| e.answer == "unknown"),
         count(&|e| e.final_state == "interrupted"),
+        killed_recoveries("recover"),
+        killed_recoveries("attach"),
     );
     say(&line);
     assert_eq!(results.len(), trials, "every trial ran");
