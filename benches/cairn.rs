@@ -1363,6 +1363,34 @@ fn journal(t: &mut Table, work: &Path) {
             yes(rate >= 5000.0),
         );
     }
+    // The same work on a PostgreSQL journal (a private server from the test harness, fsync and
+    // synchronous_commit on), in the same run: each thread its own handle, as replicas' executions
+    // are; no group commit of cairn's own (the server's WAL flushes are shared by concurrent
+    // commits), one round trip per append (`cairn_append`).
+    match support::postgres::server("bench section 5") {
+        Some(server) => {
+            for (threads, per_thread) in [(8usize, 40usize), (32, 12)] {
+                let url = PathBuf::from(server.database(&format!("bench_{threads}")));
+                drop(Journal::open(&url).expect("open the PostgreSQL journal"));
+                let wall = journal_threads(&url, threads, per_thread);
+                let rate = (threads * per_thread * 6) as f64 / wall.as_secs_f64();
+                t.row(
+                    &format!(
+                        "5 journal on PostgreSQL, {threads} thread(s) with own handles, \
+                         one transaction per event"
+                    ),
+                    format!("{rate:.0} transitions/s"),
+                    "—".into(),
+                    "—".into(),
+                    "≥ 5,000/s at 32",
+                    yes(rate >= 5000.0),
+                );
+            }
+        }
+        None => {
+            t.note("5 PostgreSQL rows not measured: no PostgreSQL server could be started".into())
+        }
+    }
     for batch in [1usize, 6, 64] {
         let path = work.join(format!("group-{batch}.db"));
         let rate = group_commit_events_per_sec(&path, batch, (batch * 40).clamp(240, 5000));

@@ -68,6 +68,10 @@ impl Server {
         self.log.lock().unwrap().join("\n")
     }
 
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     pub(crate) fn kill9(&mut self) {
         assert!(sigkill(self.child.id() as i32, false));
         let _ = self.child.wait();

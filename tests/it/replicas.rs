@@ -133,3 +133,125 @@ fn a_replica_without_the_shared_intent_key_refuses_to_run_and_says_why() {
     assert!(text.contains("--intent-key"), "{text}");
     assert_eq!(h.runs(), 0, "nothing ran");
 }
+
+/// `execute` over `/rpc` that may meet a dying server: the parsed answer, or `None` when the
+/// connection ended without one.
+fn execute_maybe(port: u16, auth: &str, id: u64, command: &str) -> Option<Value> {
+    use std::io::{Read, Write};
+    let body = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+                      "params": {"destination": "127.0.0.1", "command": command}})
+    .to_string();
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
+        .ok()?;
+    let req = format!(
+        "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
+         Authorization: {auth}\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).ok()?;
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let text = String::from_utf8_lossy(&out);
+    let (_, body) = text.split_once("\r\n\r\n")?;
+    serde_json::from_str(body).ok()
+}
+
+/// Replica A is killed (`kill -9`) while its command runs; the client's retry goes to B, which
+/// recognises the same intent in the shared journal, attaches to A's execution on the host and
+/// returns its result. The command ran once, and the journal shows B finishing it.
+#[test]
+fn a_replica_killed_mid_run_leaves_its_execution_to_the_other_which_attaches_and_it_runs_once() {
+    let Some((h, key)) = replicated_host("replica_killed_mid_run") else {
+        return;
+    };
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let (mut a, b) = (replica(&h, &key), replica(&h, &key));
+    let cmd = format!("{}sleep 3; echo finished", h.count());
+    let (port_a, auth2, cmd2) = (a.port, auth.clone(), cmd.clone());
+    let first = std::thread::spawn(move || execute_maybe(port_a, &auth2, 1, &cmd2));
+    let started = h.wait_started();
+    a.kill9();
+    let lost = first.join().unwrap();
+    assert!(
+        lost.as_ref().is_none_or(|v| v.get("result").is_none()),
+        "A answered before it died: {lost:?}"
+    );
+    let retry = execute(b.port, &auth, 2, &cmd);
+    let logs = b.log();
+    assert_eq!(retry["result"]["state"], "completed", "{retry}\n{logs}");
+    assert_eq!(retry["result"]["stdout"], "finished\n", "{retry}");
+    assert_eq!(retry["result"]["execution_id"], started.as_str(), "{retry}");
+    assert_eq!(h.runs(), 1, "ran once");
+    let events = h.kinds(&started);
+    assert_eq!(
+        events.iter().filter(|k| *k == "dispatched").count(),
+        1,
+        "{events:?}"
+    );
+    let j = h.journal();
+    let id = cairn::ExecutionId::parse(&started).unwrap();
+    let by_b = format!("{}@", b.pid());
+    let evs = j.events(&id).unwrap();
+    let matched = evs
+        .iter()
+        .find(|e| e.kind == "intent-matched")
+        .expect("B matched");
+    assert!(matched.client.starts_with(&by_b), "{matched:?}");
+    let done = evs
+        .iter()
+        .find(|e| e.kind == "completed")
+        .expect("completed");
+    assert!(
+        done.client.starts_with(&by_b),
+        "B recorded the outcome: {done:?}"
+    );
+    assert_eq!(j.list().unwrap().len(), 1);
+}
+
+/// PostgreSQL crashes and comes back (immediate shutdown, then start) while a command runs:
+/// the replica reconnects, the call completes (or, had a write met the outage, a retry
+/// attaches), nothing recorded is lost, and the command ran once.
+#[test]
+fn postgres_restarted_mid_run_loses_nothing_and_the_command_runs_once() {
+    // A server of its own: the crash must not reach the other tests' journals.
+    let Some(server) = postgres::own_server("postgres_restarted_mid_run") else {
+        return;
+    };
+    let mut h = Host::new();
+    h.journal = PathBuf::from(server.database("restarted"));
+    let key = h.sshd.dir().join("intent.key");
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let a = replica(&h, &key);
+    let cmd = format!("{}sleep 3; echo survived", h.count());
+    let (port, auth2, cmd2) = (a.port, auth.clone(), cmd.clone());
+    let call = std::thread::spawn(move || execute_maybe(port, &auth2, 1, &cmd2));
+    let started = h.wait_started();
+    let before = h.kinds(&started);
+    server.restart();
+    let answer = call.join().unwrap();
+    let result = match answer {
+        Some(v) if v["result"]["state"] == "completed" => v,
+        // a write met the outage and the call failed: the retry attaches
+        other => {
+            eprintln!("first call after the restart: {other:?}");
+            execute(a.port, &auth, 2, &cmd)
+        }
+    };
+    assert_eq!(
+        result["result"]["stdout"],
+        "survived\n",
+        "{result}\n{}",
+        a.log()
+    );
+    assert_eq!(result["result"]["execution_id"], started.as_str());
+    assert_eq!(h.runs(), 1, "ran once");
+    let after = h.kinds(&started);
+    assert_eq!(
+        &after[..before.len()],
+        &before[..],
+        "nothing recorded before the crash was lost"
+    );
+    assert!(after.iter().any(|k| k == "completed"), "{after:?}");
+    assert_eq!(after.iter().filter(|k| *k == "dispatched").count(), 1);
+}

@@ -36,15 +36,33 @@ enum Control {
     /// Stop with `-m immediate` semantics (SIGQUIT: no checkpoint, as after a crash) and
     /// start again on the same port and data.
     Restart,
+    /// Stop for good (the server is dropped).
+    Stop,
 }
 
 static NEXT_DB: AtomicU32 = AtomicU32::new(0);
 
-/// The server, started on first use; `None` (after a loud line) when PostgreSQL is not
-/// installed and `CI` is unset. `test` names the caller in that line.
+/// The server shared by this test binary, started on first use; `None` (after a loud line)
+/// when PostgreSQL is not installed and `CI` is unset. `test` names the caller in that line.
 pub fn server(test: &str) -> Option<&'static PgServer> {
     static SERVER: OnceLock<Result<PgServer, String>> = OnceLock::new();
-    match SERVER.get_or_init(start) {
+    missing(test, SERVER.get_or_init(start).as_ref())
+}
+
+/// A server of the caller's own, stopped when dropped: for a test that crashes and restarts
+/// it, so that the tests sharing [`server`] are not disturbed.
+pub fn own_server(test: &str) -> Option<PgServer> {
+    match start() {
+        Ok(s) => Some(s),
+        Err(e) => {
+            missing(test, Err(&e));
+            None
+        }
+    }
+}
+
+fn missing<'a>(test: &str, r: Result<&'a PgServer, &String>) -> Option<&'a PgServer> {
+    match r {
         Ok(s) => Some(s),
         Err(e) => {
             let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "false");
@@ -58,6 +76,18 @@ pub fn server(test: &str) -> Option<&'static PgServer> {
             );
             None
         }
+    }
+}
+
+impl Drop for PgServer {
+    fn drop(&mut self) {
+        let (tx, rx) = mpsc::channel();
+        if let Ok(c) = self.control.lock() {
+            if c.send((Control::Stop, tx)).is_ok() {
+                let _ = rx.recv_timeout(Duration::from_secs(30));
+            }
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -199,7 +229,7 @@ fn remove_stale(base: &Path) {
         let Some(pid) = name
             .to_str()
             .and_then(|n| n.strip_prefix("cairn-pg-"))
-            .and_then(|p| p.parse::<i32>().ok())
+            .and_then(|p| p.split('-').next()?.parse::<i32>().ok())
         else {
             continue;
         };
@@ -221,7 +251,10 @@ fn start() -> Result<PgServer, String> {
     let who = account()?;
     let base = std::env::temp_dir();
     remove_stale(&base);
-    let dir = base.join(format!("cairn-pg-{}", std::process::id()));
+    // (one directory per server: a test may start one of its own beside the shared one)
+    static SERVERS: AtomicU32 = AtomicU32::new(0);
+    let n = SERVERS.fetch_add(1, Ordering::Relaxed);
+    let dir = base.join(format!("cairn-pg-{}-{n}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     chown(&dir, who);
@@ -273,6 +306,12 @@ fn start() -> Result<PgServer, String> {
                             wait_ready(&b2, port)
                         });
                         let _ = reply.send(r);
+                    }
+                    Control::Stop => {
+                        unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
+                        let _ = child.wait();
+                        let _ = reply.send(Ok(()));
+                        return;
                     }
                 }
             }
