@@ -275,6 +275,7 @@ async fn session_rate(conn: &Connection, dir: &str, n: usize, total: usize) -> f
     let sess = HostSession::start(
         conn.clone(),
         dir.to_owned(),
+        false,
         &tokio::runtime::Handle::current(),
     );
     let one = |sess: Arc<HostSession>| async move {

@@ -348,19 +348,20 @@ esac
 	exit 2
 }
 case $MODE in
-hello) [ $# -eq 3 ] ;;
+hello) [ $# -eq 3 ] || { [ $# -eq 4 ] && hex "$4" 64; } ;;
 dispatch) { [ $# -eq 8 ] || { [ $# -eq 9 ] && num "$9"; }; } && num "$5" && hex "$6" 64 && num "$7" && bit "$8" ;;
 supervise) { [ $# -eq 8 ] || { [ $# -eq 9 ] && num "$9"; }; } && num "$5" && hex "$6" 64 && num "$7" && num "$8" ;;
 watch) [ $# -eq 7 ] && num "$5" && num "$6" && bit "$7" ;;
 cancel) [ $# -eq 5 ] && num "$5" ;;
-gc) [ $# -eq 5 ] && num "$4" && num "$5" ;;
+gc) { [ $# -eq 5 ] || { [ $# -eq 6 ] && hex "$6" 64; }; } && num "$4" && num "$5" ;;
+install) [ $# -eq 5 ] && hex "$4" 64 && num "$5" ;;
 session) [ $# -eq 3 ] ;;
 *) false ;;
 esac || die "bad arguments for mode '$MODE'"
 ID=$4
 NONCE=$3
 case $MODE in
-hello | gc | session) ID= ;;
+hello | gc | session | install) ID= ;;
 *)
 	case $ID in '' | *[!A-Za-z0-9_-]*) die "bad execution ID" ;; esac
 	[ ${#ID} -le 128 ] || die "bad execution ID"
@@ -390,6 +391,7 @@ done
 IFS=$o
 [ -L "$X" ] && q=$X
 [ -L "$T" ] && q=$T
+[ -L "$MARKER_DIR/bin" ] && q=$MARKER_DIR/bin
 [ -z "$q" ] || die "the marker path $MARKER_DIR has a symbolic link at $q; refusing it (give --remote-dir the real path)"
 
 # --- supervisor: started by dispatch, detached, never writes to the channel ---
@@ -542,9 +544,34 @@ if [ "$MODE" = hello ]; then
 	*) die "the marker directory $MARKER_DIR is accessible by other users; fix it with: chmod 700 $MARKER_DIR" ;;
 	esac
 fi
+# hstate FILE SHA: sets HS, the state of the native helper FILE (HOST-HELPER.md): absent,
+# mismatch (not the file with that SHA-256), unrunnable (it does not run here: a home mounted
+# noexec, another architecture), ok
+hstate() {
+	HS=absent
+	[ -e "$1" ] || return 0
+	HS=mismatch
+	if command -v sha256sum >/dev/null 2>&1; then
+		h_=$(sha256sum "$1" 2>/dev/null) || return 0
+		[ "${h_%% *}" = "$2" ] || return 0
+	fi
+	h_=$("$1" "$2" selftest 2>/dev/null)
+	case $?:$h_ in
+	"0:cairn-host ok v=1") HS=ok ;;
+	125:*) HS=mismatch ;;
+	*) HS=unrunnable ;;
+	esac
+}
+# (hello with a helper's SHA-256: the host's architecture and that helper's state, once per
+# connection)
+HX=
+if [ "$MODE" = hello ] && [ $# -eq 4 ]; then
+	hstate "$MARKER_DIR/bin/cairn-host-$4" "$4"
+	HX=" arch=$(uname -m 2>/dev/null || echo unknown) helper=$HS"
+fi
 boot || die "cannot read the boot identity"
 now
-say hello "v=1 epoch=$E boot=$BOOT now=$NOW"
+say hello "v=1 epoch=$E boot=$BOOT now=$NOW$HX"
 
 case $MODE in
 dispatch)
@@ -718,7 +745,45 @@ gc)
 	# stages of dispatches that died before their verdict, a day old
 	find "$T" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null
 	fsync "$X"
-	say gc "removed_output=$no removed_tombstones=$nt unfinished=$nk"
+	# native helpers of other versions (the client names the one it uses)
+	HX=
+	if [ $# -eq 6 ]; then
+		nh=0
+		set +f
+		for f in "$MARKER_DIR"/bin/cairn-host-*; do
+			[ -e "$f" ] && [ "$f" != "$MARKER_DIR/bin/cairn-host-$6" ] && rm -f "$f" && nh=$((nh + 1))
+		done
+		set -f
+		HX=" removed_helpers=$nh"
+	fi
+	say gc "removed_output=$no removed_tombstones=$nt unfinished=$nk$HX"
+	;;
+install)
+	# the native helper, LEN bytes on stdin: written beside the others, checked (its SHA-256,
+	# and that it runs here), then renamed into place, so that its name never holds anything
+	# else (HOST-HELPER.md)
+	H=$MARKER_DIR/bin
+	run mkdir -p -m 700 "$H"
+	f=$T/h.$$
+	m=$(head -c "$5" 2>&1 >"$f") || {
+		rm -f "$f"
+		die "$m"
+	}
+	size "$f"
+	[ "$SIZE" = "$5" ] || {
+		rm -f "$f"
+		die "stdin ended after $SIZE of $5 bytes"
+	}
+	run chmod 700 "$f"
+	hstate "$f" "$4"
+	if [ "$HS" = ok ]; then
+		fsync "$f"
+		run mv -f "$f" "$H/cairn-host-$4"
+		fsync "$H"
+	else
+		rm -f "$f"
+	fi
+	say helper "$HS"
 	;;
 # SESSION ARM BEGINS: sent only with the session mode (the client leaves it out of every
 # other exec, which keeps them small)

@@ -13,6 +13,7 @@ use sha2::{Digest, Sha256};
 
 use crate::approve::{Allow, ApprovalRequest, Approver};
 use crate::epoch::{self, HostPlace};
+use crate::host_helper::{self, HostHelper, Side};
 use crate::id::ExecutionId;
 use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
 use crate::journal::{
@@ -198,6 +199,8 @@ struct Run {
     last_cursor_save: Instant,
     /// Tell the user what the next probe finds (set after a lost connection).
     announce: bool,
+    /// Which host implementation ran the last operation (recorded with `running`).
+    host_side: Option<Side>,
     /// Events recorded but not yet committed: they go into the journal in the same transaction
     /// as this run's next event (see [`Executor::record`]), so they cost no fsync of their own.
     /// Only events nothing is acted on before that: `authorized` (committed with `dispatched`,
@@ -227,6 +230,8 @@ pub struct Executor {
     /// Dispatch through the pooled connection's host session (`--host-session`; see
     /// [`crate::session`]) when the dispatch allows it. Needs `pool`.
     pub(crate) host_session: bool,
+    /// Which host implementation runs the marker protocol (`--host-helper`).
+    pub(crate) host_helper: HostHelper,
     /// The intent fingerprint key file (default: `intent.key` next to the journal).
     pub(crate) intent_key_path: Option<std::path::PathBuf>,
     intent_key: Option<IntentKey>,
@@ -312,6 +317,32 @@ fn with_evidence(reason: &str, run: &Run, reply: &Reply, probe: &Probe) -> Strin
     format!("{reason} (evidence: {detail})")
 }
 
+/// Which side runs the marker protocol, by connection and marker home, for every executor of
+/// this process (a gateway makes one per request): `Err` (the script, and why) is asked again
+/// after [`SCRIPT_DECISION_FOR`].
+type SideCache = std::collections::HashMap<String, (Instant, Result<(), String>)>;
+fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
+    static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
+    C.get_or_init(Default::default)
+}
+const SCRIPT_DECISION_FOR: Duration = Duration::from_secs(600);
+fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
+    let c = host_helper_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    match c.get(key) {
+        Some((at, Err(_))) if at.elapsed() > SCRIPT_DECISION_FOR => None,
+        Some((_, d)) => Some(d.clone()),
+        None => None,
+    }
+}
+fn host_helper_cache_put(key: &str, d: Result<(), String>) {
+    let mut c = host_helper_cache()
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    c.insert(key.to_owned(), (Instant::now(), d));
+}
+
 fn digest(cmd: &[u8]) -> String {
     hex::encode(Sha256::digest(cmd))
 }
@@ -333,6 +364,7 @@ impl Run {
             done: None,
             last_cursor_save: Instant::now(),
             announce: false,
+            host_side: None,
             held: Vec::new(),
             held_since: None,
         }
@@ -431,6 +463,7 @@ impl Executor {
             conns: Vec::new(),
             pool: None,
             host_session: false,
+            host_helper: HostHelper::Auto,
             intent_key_path: None,
             intent_key: None,
             approver: Box::new(Allow {
@@ -1341,6 +1374,7 @@ impl Executor {
         let op = Op::Gc {
             output_age_secs: output_age.as_secs(),
             tombstone_age_secs: tombstone_age.as_secs(),
+            keep_helper: host_helper::available().then_some(host_helper::SHA256),
         };
         let reply = self
             .exec_op(ci, &op, &nonce, None, &mut run, &mut Discard)
@@ -1604,7 +1638,9 @@ impl Executor {
     }
 
     /// Run one protocol exec and consume its reply, streaming command output to `sink` and
-    /// recording `running` the moment the started record is seen.
+    /// recording `running` the moment the started record is seen. With the native helper
+    /// where it runs (`--host-helper`), else the sh script; a helper that did not run at all
+    /// (nothing happened on the host) gives way to the script for this and later operations.
     async fn exec_op(
         &mut self,
         ci: usize,
@@ -1614,7 +1650,180 @@ impl Executor {
         run: &mut Run,
         sink: &mut dyn OutputSink,
     ) -> Result<Reply, ExecError> {
-        let cmd = marker::invocation(op, &run.rec.remote_dir, nonce);
+        let dir = run.rec.remote_dir.clone();
+        if self.side_for(ci, &dir).await? == Side::Helper {
+            let cmd = host_helper::invocation(op, &dir, nonce);
+            run.host_side = Some(Side::Helper);
+            match self
+                .exec_cmd(ci, cmd, nonce, stdin, run, sink, true)
+                .await?
+            {
+                Ok(reply) => return Ok(reply),
+                Err(why) => {
+                    let why = format!("the host helper did not run ({why})");
+                    tracing::info!("cairn: {why}; using the sh script");
+                    self.decide_side(ci, &dir, Err(why.clone()));
+                    if self.host_helper == HostHelper::Always {
+                        return Err(ExecError::Input(format!("--host-helper always: {why}")));
+                    }
+                }
+            }
+        }
+        let cmd = marker::invocation(op, &dir, nonce);
+        run.host_side = Some(Side::Script);
+        match self
+            .exec_cmd(ci, cmd, nonce, stdin, run, sink, false)
+            .await?
+        {
+            Ok(reply) => Ok(reply),
+            Err(why) => Err(ExecError::Input(why)),
+        }
+    }
+
+    /// Which side runs the marker protocol on this connection and marker home: decided once
+    /// (a probe, and an upload when the helper is missing), then remembered.
+    async fn side_for(&mut self, ci: usize, dir: &str) -> Result<Side, ExecError> {
+        if self.host_helper == HostHelper::Never {
+            return Ok(Side::Script);
+        }
+        let key = format!("{}\n{dir}", self.conns[ci].0);
+        let decided = match host_helper_cache_get(&key) {
+            Some(d) => d,
+            None => {
+                let d = self.probe_helper(ci, dir).await;
+                if let Err(why) = &d {
+                    tracing::info!("cairn: {why}; using the sh script");
+                }
+                host_helper_cache_put(&key, d.clone());
+                d
+            }
+        };
+        match decided {
+            Ok(()) => Ok(Side::Helper),
+            Err(why) if self.host_helper == HostHelper::Always => {
+                Err(ExecError::Input(format!("--host-helper always: {why}")))
+            }
+            Err(_) => Ok(Side::Script),
+        }
+    }
+
+    fn decide_side(&mut self, ci: usize, dir: &str, d: Result<(), String>) {
+        if let Some((k, _, _)) = self.conns.get(ci) {
+            host_helper_cache_put(&format!("{k}\n{dir}"), d);
+        }
+    }
+
+    /// Ask the host (with the script) for its architecture and the helper's state; upload the
+    /// helper when it is missing or not the expected file. `Ok`: the helper runs there.
+    async fn probe_helper(&mut self, ci: usize, dir: &str) -> Result<(), String> {
+        if !host_helper::available() {
+            return Err("this cairn was built without the host helper".into());
+        }
+        let sha = host_helper::SHA256;
+        let (lines, _) = self
+            .small_exec(ci, &Op::Probe { helper_sha256: sha }, dir, None)
+            .await?;
+        let hello = lines
+            .iter()
+            .find_map(|l| match l {
+                Line::Hello(h) => Some(h.clone()),
+                _ => None,
+            })
+            .ok_or("the host did not answer the helper probe")?;
+        let arch = hello.arch.unwrap_or_default();
+        if arch != host_helper::arch() {
+            return Err(format!(
+                "the host's architecture is {arch:?}; the helper is built for {}",
+                host_helper::arch()
+            ));
+        }
+        match hello.helper.as_deref() {
+            Some("ok") => return Ok(()),
+            Some("absent" | "mismatch") => {}
+            Some(other) => return Err(format!("the helper on the host is {other}")),
+            None => return Err("the host's script does not report the helper".into()),
+        }
+        let op = Op::Install {
+            helper_sha256: sha,
+            len: host_helper::BINARY.len(),
+        };
+        let (lines, errors) = self
+            .small_exec(ci, &op, dir, Some(host_helper::BINARY))
+            .await?;
+        match lines.iter().find_map(|l| match l {
+            Line::Helper(s) => Some(s.as_str()),
+            _ => None,
+        }) {
+            Some("ok") => {
+                tracing::info!(
+                    "cairn: uploaded the host helper ({} bytes)",
+                    host_helper::BINARY.len()
+                );
+                Ok(())
+            }
+            Some(state) => Err(format!("the uploaded helper is {state} on the host")),
+            None => Err(format!(
+                "uploading the helper failed: {}",
+                errors.join("; ")
+            )),
+        }
+    }
+
+    /// One exec of the script whose reply is a few protocol lines: those, and the errors.
+    async fn small_exec(
+        &mut self,
+        ci: usize,
+        op: &Op<'_>,
+        dir: &str,
+        stdin: Option<&[u8]>,
+    ) -> Result<(Vec<Line>, Vec<String>), String> {
+        let nonce = marker::new_nonce();
+        let cmd = marker::invocation(op, dir, &nonce);
+        let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
+        drop(cmd);
+        let mut exec = exec.map_err(|e| e.to_string())?;
+        if let Some(data) = stdin {
+            exec.write_stdin(data).await.map_err(|e| e.to_string())?;
+        }
+        let _ = exec.close_stdin().await;
+        let mut demux = StderrDemux::new(&nonce);
+        let (mut lines, mut errors) = (Vec::new(), Vec::new());
+        loop {
+            match exec.next().await {
+                Ok(Some(ExecEvent::Stderr(d))) => {
+                    let mut pieces = Vec::new();
+                    demux.feed(&d, &mut pieces);
+                    for p in pieces {
+                        match p {
+                            Piece::Line(Ok(Line::Error(e))) => errors.push(e),
+                            Piece::Line(Ok(l)) => lines.push(l),
+                            Piece::Line(Err(e)) => errors.push(e),
+                            Piece::Stderr(_) => {}
+                        }
+                    }
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(e) => return Err(e.to_string()),
+            }
+        }
+        Ok((lines, errors))
+    }
+
+    /// One exec of `cmd`. `Err(why)`: a helper (`helper`) that did not run: no protocol line,
+    /// an exit status saying it was not executed or refused itself; what it wrote is held
+    /// back, not taken as the command's output.
+    #[allow(clippy::too_many_arguments)]
+    async fn exec_cmd(
+        &mut self,
+        ci: usize,
+        cmd: String,
+        nonce: &str,
+        stdin: Option<&[u8]>,
+        run: &mut Run,
+        sink: &mut dyn OutputSink,
+        helper: bool,
+    ) -> Result<Result<Reply, String>, ExecError> {
         let mut reply = Reply::default();
         let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
         // The invocation carries the whole host script (about 23 KiB): not kept while the
@@ -1624,7 +1833,7 @@ impl Executor {
             Ok(e) => e,
             Err(e) => {
                 reply.broken = Some(e.to_string());
-                return Ok(reply);
+                return Ok(Ok(reply));
             }
         };
         let sent = match stdin {
@@ -1633,10 +1842,13 @@ impl Executor {
         };
         if let Err(e) = sent {
             reply.broken = Some(e.to_string());
-            return Ok(reply);
+            return Ok(Ok(reply));
         }
         let mut demux = StderrDemux::new(nonce);
         let mut pieces = Vec::new();
+        // (a helper's bytes before its first protocol line: held until that line comes)
+        let mut held: Option<Vec<(bool, Vec<u8>)>> = helper.then(Vec::new);
+        let mut exit = None;
         loop {
             let next = match hold_left(run) {
                 None => exec.next().await,
@@ -1657,21 +1869,47 @@ impl Executor {
                 }
             };
             match ev {
-                ExecEvent::Stdout(d) => self.take_output(run, sink, &d, false)?,
+                ExecEvent::Stdout(d) => match &mut held {
+                    Some(h) => h.push((false, d)),
+                    None => self.take_output(run, sink, &d, false)?,
+                },
                 ExecEvent::Stderr(d) => {
                     demux.feed(&d, &mut pieces);
                     for p in pieces.drain(..) {
                         match p {
-                            Piece::Stderr(s) => self.take_output(run, sink, &s, true)?,
-                            Piece::Line(Ok(line)) => self.on_line(line, run, &mut reply)?,
-                            Piece::Line(Err(e)) => reply.bad.push(e),
+                            Piece::Stderr(s) => match &mut held {
+                                Some(h) => h.push((true, s)),
+                                None => self.take_output(run, sink, &s, true)?,
+                            },
+                            Piece::Line(l) => {
+                                if let Some(h) = held.take() {
+                                    for (err, b) in h {
+                                        self.take_output(run, sink, &b, err)?;
+                                    }
+                                }
+                                match l {
+                                    Ok(line) => self.on_line(line, run, &mut reply)?,
+                                    Err(e) => reply.bad.push(e),
+                                }
+                            }
                         }
                     }
                 }
-                ExecEvent::ExitStatus(_) | ExecEvent::ExitSignal(_) => {}
+                ExecEvent::ExitStatus(c) => exit = Some(c),
+                ExecEvent::ExitSignal(_) => {}
             }
         }
-        self.reply_over(run, reply)
+        if let Some(h) = held {
+            if reply.broken.is_none() && host_helper::did_not_run(exit) {
+                let text: Vec<u8> = h.into_iter().flat_map(|(_, b)| b).collect();
+                let text = String::from_utf8_lossy(&text).trim().replace('\n', " ");
+                return Ok(Err(format!("exit status {}: {text}", exit.unwrap_or(0))));
+            }
+            for (err, b) in h {
+                self.take_output(run, sink, &b, err)?;
+            }
+        }
+        self.reply_over(run, reply).map(Ok)
     }
 
     /// A dispatch through the connection's host session; the same reply as [`Self::exec_op`]
@@ -1694,6 +1932,7 @@ impl Executor {
         if sess.dispatch(req).is_err() {
             return Ok(None);
         }
+        run.host_side = Some(sess.side());
         let mut reply = Reply::default();
         loop {
             let next = match hold_left(run) {
@@ -1788,7 +2027,10 @@ impl Executor {
                     run.held.push((
                         "running".into(),
                         Some(State::Running),
-                        json!({"start_record": start_text(&s), "host_key": run.host_key}),
+                        json!({"start_record": start_text(&s), "host_key": run.host_key,
+                               "host_side": run.host_side.map(Side::as_str),
+                               "helper_sha256": (run.host_side == Some(Side::Helper))
+                                   .then_some(host_helper::SHA256)}),
                     ));
                     run.held_since = Some(Instant::now());
                     run.prior = Prior::Started;
@@ -1819,6 +2061,7 @@ impl Executor {
             Line::Cancel(c) => reply.cancel = Some(c),
             Line::OutputGone => reply.output_gone = true,
             Line::Gc(g) => reply.gc = Some(g),
+            Line::Helper(_) => {}
             Line::End => reply.ended = true,
         }
         Ok(())
@@ -2089,6 +2332,11 @@ impl Executor {
                     }
                 };
                 // Through the connection's host session when it can carry this dispatch.
+                let side = if self.host_session {
+                    self.side_for(ci, &run.rec.remote_dir).await?
+                } else {
+                    Side::Script
+                };
                 let session = match &self.conns[ci].2 {
                     Some(lease)
                         if self.host_session
@@ -2097,7 +2345,11 @@ impl Executor {
                             && run.rec.command.len() <= crate::session::MAX_COMMAND
                             && marker::session_can_carry(&run.rec.command) =>
                     {
-                        Some(lease.session(&self.conns[ci].1, &run.rec.remote_dir))
+                        Some(lease.session(
+                            &self.conns[ci].1,
+                            &run.rec.remote_dir,
+                            side == Side::Helper,
+                        ))
                     }
                     _ => None,
                 };

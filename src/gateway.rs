@@ -48,6 +48,8 @@ pub struct GatewayConfig {
     pub pool: Option<std::sync::Arc<crate::pool::Pool>>,
     /// Dispatch through host sessions (`--host-session`; needs `pool`).
     pub host_session: bool,
+    /// Which host implementation runs the marker protocol (`--host-helper`).
+    pub host_helper: crate::host_helper::HostHelper,
     /// Named operations exposed as `call` / MCP tools (`--operations FILE`).
     pub operations: Option<std::sync::Arc<crate::operations::OperationsFile>>,
     /// Expose the named operations alone: no `execute`, no `run_command`.
@@ -105,6 +107,7 @@ impl GatewayConfig {
             .session(self.session_id.clone())
             .pool(self.pool.clone())
             .host_session(self.host_session)
+            .host_helper(self.host_helper)
             .approve(&approve, &self.actor)
             .build()?)
     }

@@ -65,6 +65,7 @@ pub mod error;
 pub mod executor;
 pub mod fleet;
 pub mod gateway;
+pub mod host_helper;
 pub mod http;
 pub mod id;
 pub mod intent;

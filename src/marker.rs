@@ -124,17 +124,35 @@ pub enum Op<'a> {
     Gc {
         output_age_secs: u64,
         tombstone_age_secs: u64,
+        /// The SHA-256 of the native helper this client uses: helpers of other versions in
+        /// the marker home are removed too.
+        keep_helper: Option<&'a str>,
+    },
+    /// `hello` that also reports the host's architecture and the state of the native helper
+    /// with this SHA-256 ([`Hello::arch`], [`Hello::helper`]).
+    Probe {
+        helper_sha256: &'a str,
+    },
+    /// Store the native helper (its bytes on stdin) under the marker home, checked; answered
+    /// by `helper STATE` ([`Line::Helper`]).
+    Install {
+        helper_sha256: &'a str,
+        len: usize,
     },
     /// A long-lived exec that starts many dispatches, batched (see [`SessionDemux`] and
     /// `remote-scripts/PROTOCOL.md`, Session).
     Session,
 }
 
-/// The exec string for `op` against marker home `dir`, with `nonce`.
-pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
+/// The mode and the arguments after DIR NONCE, the same for both host implementations.
+pub(crate) fn mode_args(op: &Op<'_>) -> (&'static str, Vec<String>) {
     let b = |v: bool| if v { "1" } else { "0" }.to_string();
-    let (mode, args): (&str, Vec<String>) = match op {
+    match op {
         Op::Hello => ("hello", vec![]),
+        Op::Probe { helper_sha256 } => ("hello", vec![helper_sha256.to_string()]),
+        Op::Install { helper_sha256, len } => {
+            ("install", vec![helper_sha256.to_string(), len.to_string()])
+        }
         Op::Session => ("session", vec![]),
         Op::Dispatch {
             id,
@@ -188,11 +206,18 @@ pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
         Op::Gc {
             output_age_secs,
             tombstone_age_secs,
-        } => (
-            "gc",
-            vec![output_age_secs.to_string(), tombstone_age_secs.to_string()],
-        ),
-    };
+            keep_helper,
+        } => {
+            let mut v = vec![output_age_secs.to_string(), tombstone_age_secs.to_string()];
+            v.extend(keep_helper.map(str::to_owned));
+            ("gc", v)
+        }
+    }
+}
+
+/// The exec string for `op` against marker home `dir`, with `nonce`: the sh script.
+pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
+    let (mode, args) = mode_args(op);
     let text = match op {
         Op::Session => session_script(),
         _ => script(),
@@ -252,6 +277,13 @@ pub struct Hello {
     pub epoch: String,
     pub boot: String,
     pub now: u64,
+    /// The host's architecture (`uname -m`), when asked ([`Op::Probe`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub arch: Option<String>,
+    /// The native helper's state there (`ok`, `absent`, `mismatch`, `unrunnable`), when
+    /// asked ([`Op::Probe`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub helper: Option<String>,
 }
 
 /// The started record: written and flushed on the host before the command started.
@@ -365,6 +397,8 @@ pub enum Line {
     OutputGone,
     /// What a gc pass did (`removed_output=N removed_tombstones=M unfinished=K`).
     Gc(String),
+    /// `install`: the native helper's state after storing it (`ok`: in place and runs).
+    Helper(String),
     End,
 }
 
@@ -379,6 +413,8 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
                 epoch: f.get("epoch")?.to_owned(),
                 boot: f.get("boot")?.to_owned(),
                 now: f.num("now")?,
+                arch: f.get("arch").ok().map(str::to_owned),
+                helper: f.get("helper").ok().map(str::to_owned),
             })
         }
         "error" => Line::Error(rest.to_owned()),
@@ -404,6 +440,7 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
         "cancel" => Line::Cancel(rest.trim().to_owned()),
         "gone" => Line::OutputGone,
         "gc" => Line::Gc(rest.trim().to_owned()),
+        "helper" => Line::Helper(rest.trim().to_owned()),
         "end" => Line::End,
         other => return Err(format!("unknown protocol line {other:?}")),
     })

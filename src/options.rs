@@ -50,6 +50,8 @@ pub struct HostOptions {
     pub reconnect_for: Duration,
     /// The intent fingerprint key (`None`: intent.key next to the journal).
     pub intent_key: Option<PathBuf>,
+    /// Which host implementation runs the marker protocol (`--host-helper`).
+    pub host_helper: crate::host_helper::HostHelper,
 }
 
 impl Default for HostOptions {
@@ -59,6 +61,7 @@ impl Default for HostOptions {
             connect: ConnectOptions::default(),
             reconnect_for: Patience::default().reconnect_for,
             intent_key: None,
+            host_helper: crate::host_helper::HostHelper::Auto,
         }
     }
 }

@@ -73,13 +73,21 @@ impl Lease {
 
     /// The host session on this lease's connection `conn` for marker home `dir`, started on
     /// first use (and again if the last one ended). It lives as long as the connection's entry.
-    pub fn session(&self, conn: &Connection, dir: &str) -> Arc<crate::session::HostSession> {
+    /// `helper`: run it with the native host helper (falling back to the script if the helper
+    /// does not run).
+    pub fn session(
+        &self,
+        conn: &Connection,
+        dir: &str,
+        helper: bool,
+    ) -> Arc<crate::session::HostSession> {
         let mut st = self.pool.lock();
         let Some(e) = st.entries.iter_mut().find(|e| e.id == self.id) else {
             // (cannot happen while the lease lives) a session of its own, ended with its holder
             return crate::session::HostSession::start(
                 conn.clone(),
                 dir.to_owned(),
+                helper,
                 runtime().handle(),
             );
         };
@@ -87,8 +95,12 @@ impl Lease {
         if let Some((_, s)) = e.sessions.iter().find(|(d, _)| d == dir) {
             return s.clone();
         }
-        let s =
-            crate::session::HostSession::start(conn.clone(), dir.to_owned(), runtime().handle());
+        let s = crate::session::HostSession::start(
+            conn.clone(),
+            dir.to_owned(),
+            helper,
+            runtime().handle(),
+        );
         e.sessions.push((dir.to_owned(), s.clone()));
         s
     }

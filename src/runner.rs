@@ -45,6 +45,7 @@ pub struct ExecutorBuilder {
     session_id: Option<String>,
     pool: Option<Arc<Pool>>,
     host_session: bool,
+    host_helper: crate::host_helper::HostHelper,
 }
 
 impl ExecutorBuilder {
@@ -63,6 +64,7 @@ impl ExecutorBuilder {
             session_id: None,
             pool: None,
             host_session: false,
+            host_helper: crate::host_helper::HostHelper::Auto,
         }
     }
 
@@ -75,6 +77,15 @@ impl ExecutorBuilder {
                 ..Patience::default()
             })
             .intent_key(h.intent_key.clone())
+            .host_helper(h.host_helper)
+    }
+
+    /// Which host implementation runs the marker protocol: the native helper where it runs
+    /// (`Auto`, the default; uploaded on first contact), the sh script only (`Never`), or the
+    /// helper or an error (`Always`). See `docs/HOST-HELPER.md`.
+    pub fn host_helper(mut self, mode: crate::host_helper::HostHelper) -> Self {
+        self.host_helper = mode;
+        self
     }
 
     pub fn connect(mut self, connect: ConnectOptions) -> Self {
@@ -135,6 +146,7 @@ impl ExecutorBuilder {
         ex.intent_key_path = self.intent_key;
         ex.session_id = self.session_id;
         ex.host_session = self.host_session && self.pool.is_some();
+        ex.host_helper = self.host_helper;
         ex.pool = self.pool;
         ex.approver = match self.approval {
             Approval::Given(a) => a,

@@ -68,6 +68,8 @@ pub struct Request {
 pub struct HostSession {
     tx: mpsc::UnboundedSender<Request>,
     dead: Arc<AtomicBool>,
+    /// The native host helper runs it (else the sh script).
+    helper: Arc<AtomicBool>,
 }
 
 impl std::fmt::Debug for HostSession {
@@ -80,16 +82,34 @@ impl std::fmt::Debug for HostSession {
 
 impl HostSession {
     /// Start a session on `conn` for marker home `dir`; its task runs on `rt`.
-    pub fn start(conn: Connection, dir: String, rt: &tokio::runtime::Handle) -> Arc<HostSession> {
+    /// With `helper`, the native host helper runs it; if the helper does not run (no `hello`
+    /// before its exec ended), the sh script does, before any request was sent.
+    pub fn start(
+        conn: Connection,
+        dir: String,
+        helper: bool,
+        rt: &tokio::runtime::Handle,
+    ) -> Arc<HostSession> {
         let (tx, rx) = mpsc::unbounded_channel();
         let dead = Arc::new(AtomicBool::new(false));
         let d = dead.clone();
+        let helper = Arc::new(AtomicBool::new(helper));
+        let h = helper.clone();
         rt.spawn(async move {
-            let why = run(conn, &dir, rx).await;
+            let why = run(conn, &dir, rx, &h).await;
             d.store(true, Ordering::Relaxed);
             tracing::debug!("host session for {dir} ended: {why}");
         });
-        Arc::new(HostSession { tx, dead })
+        Arc::new(HostSession { tx, dead, helper })
+    }
+
+    /// Which side runs this session.
+    pub fn side(&self) -> crate::host_helper::Side {
+        if self.helper.load(Ordering::Relaxed) {
+            crate::host_helper::Side::Helper
+        } else {
+            crate::host_helper::Side::Script
+        }
     }
 
     /// Whether the session has ended (a new one is needed).
@@ -106,11 +126,23 @@ impl HostSession {
 
 /// The session's task: returns why it ended. Every request it was given hears `Broken` or
 /// `Unavailable` if it had no `end` line.
-async fn run(conn: Connection, dir: &str, mut rx: mpsc::UnboundedReceiver<Request>) -> String {
-    let nonce = marker::new_nonce();
-    let inv = marker::invocation(&Op::Session, dir, &nonce);
-    let exec = conn.exec(inv.as_bytes()).await;
-    drop(inv);
+async fn run(
+    conn: Connection,
+    dir: &str,
+    mut rx: mpsc::UnboundedReceiver<Request>,
+    helper: &AtomicBool,
+) -> String {
+    let start = |helper: bool| {
+        let nonce = marker::new_nonce();
+        let inv = if helper {
+            crate::host_helper::invocation(&Op::Session, dir, &nonce)
+        } else {
+            marker::invocation(&Op::Session, dir, &nonce)
+        };
+        let conn = conn.clone();
+        async move { (conn.exec(inv.as_bytes()).await, nonce) }
+    };
+    let (exec, nonce) = start(helper.load(Ordering::Relaxed)).await;
     let mut ex = match exec {
         Ok(e) => e,
         Err(e) => {
@@ -203,6 +235,20 @@ async fn run(conn: Connection, dir: &str, mut rx: mpsc::UnboundedReceiver<Reques
                     );
                 }
                 Ok(Some(_)) => {}
+                // a helper that did not run (nothing was sent before its hello): the script
+                Ok(None) if hello.is_none() && helper.load(Ordering::Relaxed) => {
+                    helper.store(false, Ordering::Relaxed);
+                    tracing::info!("cairn: the host helper did not start a session on {dir}; using the sh script");
+                    let (exec, nonce) = start(false).await;
+                    match exec {
+                        Ok(e) => {
+                            ex = e;
+                            demux = SessionDemux::new(&nonce);
+                            stdin_closed = false;
+                        }
+                        Err(e) => break 'session format!("cannot start a host session: {e}"),
+                    }
+                }
                 Ok(None) => break 'session "the host session ended".to_owned(),
                 Err(e) => break 'session format!("the host session's channel broke: {e}"),
             },

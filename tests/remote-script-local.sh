@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # shellcheck disable=SC2016,SC2030,SC2031 # checks are eval'd strings (single quotes on purpose); W is rebound per subshell on purpose
-# remote-script-local.sh: exercise remote-scripts/cairn.sh locally (no SSH) under bash, dash and busybox ash.
+# remote-script-local.sh: exercise the host side locally (no SSH): remote-scripts/cairn.sh under
+# bash, dash and busybox ash, and the native helper (remote-scripts/cairn-host.rs) with the same
+# cases, where they are not about the script's own processes.
 # Each exec gets stdin from a file and its stdout/stderr captured, exactly as over SSH.
-# Usage: tests/remote-script-local.sh [bash|dash|busybox ...]    (default: all three)
+# Usage: tests/remote-script-local.sh [bash|dash|busybox|helper ...]    (default: all; helper
+# needs CAIRN_HOST_HELPER_BIN, the built helper, and CAIRN_HOST_HELPER_SHA256, its hash)
 set -u
 # Run in a private PID namespace when we can: whatever the script under test
 # signals, it cannot reach a process outside this test run.
@@ -18,6 +21,21 @@ PASS=0
 FAIL=0
 ROOT=$(mktemp -d /tmp/cairn-test.XXXXXX)
 mkdir -p "$ROOT/bb" && ln -s "$(command -v busybox)" "$ROOT/bb/sh"
+HELPER='' HSHA=${CAIRN_HOST_HELPER_SHA256:-}
+if [ -n "${CAIRN_HOST_HELPER_BIN:-}" ]; then
+	mkdir -p "$ROOT/hbin" && cp "$CAIRN_HOST_HELPER_BIN" "$ROOT/hbin/cairn-host" && chmod 755 "$ROOT/hbin" "$ROOT/hbin/cairn-host"
+	HELPER=$ROOT/hbin/cairn-host
+fi
+# hc: HC, the words that start the host side under test (the script under $SH, with SRCPRE
+# before it; or the helper with its hash)
+hc() {
+	if [ "$SHN" = helper ]; then
+		HC=("$HELPER" "$HSHA")
+	else
+		# shellcheck disable=SC2206 # $SH is two words for busybox
+		HC=($SH -c 'eval "$1"' cairn "${SRCPRE:-}$SRC")
+	fi
+}
 
 ok() { PASS=$((PASS + 1)); echo "  ok   $SHN: $1"; }
 bad() {
@@ -38,15 +56,16 @@ ms() { echo $(($(date +%s%N) / 1000000)); }
 cx() {
 	local in=$1
 	shift
+	hc
 	# shellcheck disable=SC2086,SC2016
 	if [ -n "${PIPE:-}" ]; then
 		# stdin a pipe, as over SSH (a file would let a tool seek back what it read ahead)
 		# shellcheck disable=SC2086,SC2016
 		# shellcheck disable=SC2002 # the pipe is the point
-		cat "$in" | timeout 30 ${AS:-} env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "${SRCPRE:-}$SRC" "$@" >"$W/o" 2>"$W/e"
+		cat "$in" | timeout 30 ${AS:-} env PATH="${CXPATH:-$PATH}" "${HC[@]}" "$@" >"$W/o" 2>"$W/e"
 	else
 		# shellcheck disable=SC2086,SC2016
-		timeout 30 ${AS:-} env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "${SRCPRE:-}$SRC" "$@" <"$in" >"$W/o" 2>"$W/e"
+		timeout 30 ${AS:-} env PATH="${CXPATH:-$PATH}" "${HC[@]}" "$@" <"$in" >"$W/o" 2>"$W/e"
 	fi
 	RC=$?
 	perl -0777 -e '$b = shift; $_ = <STDIN>; open P, ">", shift; open R, ">", shift;
@@ -154,6 +173,7 @@ run_shell() {
 	bash) SH=$(command -v bash); export SHELL=$SH ;;
 	dash) SH=$(command -v dash); export SHELL=$SH ;;
 	busybox) SH="$(command -v busybox) sh"; export SHELL=$ROOT/bb/sh ;;
+	helper) SH=''; export SHELL; SHELL=$(command -v dash) ;;
 	esac
 	export HOME=$ROOT/$SHN/home
 	W=$ROOT/$SHN/w
@@ -223,7 +243,7 @@ run_shell() {
 	(W=$W/bg && mkdir -p "$W" && cx /dev/null watch .cairn "$NONCE" k1 0 0 1 && echo "$RC" >"$W/rc") &
 	r=$!
 	# (the watcher is under way once its heartbeat naps)
-	poll 250 napping_under "$r"
+	if [ "$SHN" = helper ]; then sleep 0.5; else poll 250 napping_under "$r"; fi
 	[[ $sup =~ ^[0-9]+$ ]] && [ "$sup" -gt 1 ] && kill -9 "$sup"
 	wait $r
 	cp "$W/bg/p" "$W/p"
@@ -235,6 +255,9 @@ run_shell() {
 	# a watcher killed while it streams: its heartbeat ends the helpers it started (tails, tees,
 	# wcs), and neither the watcher's PID nor an ended helper's, both reused here by decoys,
 	# keeps it going or gets a signal (the heartbeat is stopped while the PIDs are reused)
+	if [ "$SHN" = helper ]; then
+		echo "  n/a  $SHN: the watcher's tails and heartbeat (the helper's watcher is one process)"
+	else
 	c=$(mkcmd 'sleep 30' hw)
 	disp hw1 "$c" 0 0
 	# (the shell's "Killed" notice for the watcher is not this test's business)
@@ -266,6 +289,7 @@ run_shell() {
 	unpid "$d1" "$d2"
 	wait $r
 	read -r pg _ <"$X/hw1/pgid" && [[ $pg =~ ^[0-9]+$ ]] && [ "$pg" -gt 1 ] && kill -9 -- "-$pg"
+	fi
 
 	echo boot-A >"$W/boot"
 	c=$(mkcmd 'true' r)
@@ -314,15 +338,16 @@ run_shell() {
 	check "... then dispatch: started, not run, cancelled=1 status=130" eval 'has "verdict started" && hasre "^done .* status=130 .* cancelled=1" && [ ! -e "$HOME/counter2" ]'
 
 	c=$(mkcmd 'sleep 1; echo survived' p)
-	# shellcheck disable=SC2086,SC2016
-	timeout 10 $SH -c 'eval "$1"' cairn "$SRC" dispatch .cairn "$NONCE" p1 "$(wc -c <"$c")" "$DG" 0 1 <"$c" 2>&1 | head -c 10 >/dev/null
+	hc
+	timeout 10 "${HC[@]}" dispatch .cairn "$NONCE" p1 "$(wc -c <"$c")" "$DG" 0 1 <"$c" 2>&1 | head -c 10 >/dev/null
 	cx /dev/null watch .cairn "$NONCE" p1 0 0 1
 	check "dispatcher killed by SIGPIPE: supervisor carries on" eval 'same "$W/o" "survived\n" && [ "$(field done status)" = 0 ]'
-	# shellcheck disable=SC2086,SC2016
-	timeout -s HUP 0.5 $SH -c 'eval "$1"' cairn "$SRC" dispatch .cairn "$NONCE" p2 "$(wc -c <"$c")" "$DG" 0 1 <"$c" >/dev/null 2>&1
+	timeout -s HUP 0.5 "${HC[@]}" dispatch .cairn "$NONCE" p2 "$(wc -c <"$c")" "$DG" 0 1 <"$c" >/dev/null 2>&1
 	cx /dev/null watch .cairn "$NONCE" p2 0 0 1
 	check "dispatcher killed by SIGHUP: supervisor carries on" eval 'same "$W/o" "survived\n" && [ "$(field done status)" = 0 ]'
-	if [ "$SHN" != busybox ]; then
+	if [ "$SHN" = helper ]; then
+		echo "  n/a  $SHN: setsid missing (the helper calls setsid(2) itself)"
+	elif [ "$SHN" != busybox ]; then
 		mkdir -p "$ROOT/nosetsid"
 		for t in mkdir ln mv cat wc tail head sync mkfifo date sleep rm tee readlink touch; do
 			ln -sf "$(command -v $t)" "$ROOT/nosetsid/$t"
@@ -444,8 +469,9 @@ run_shell() {
 	# long here by a stand-in: past the watcher's bound, so a missed wake fails the check)
 	sreq s6 'while [ ! -e "$HOME/go-s6" ]; do sleep 0.05; done' >"$W/sin6"
 	echo g >>"$W/sin6"
-	# shellcheck disable=SC2086,SC2016,SC2002
-	(cat "$W/sin6" | timeout 30 env PATH="${CXPATH:-$PATH}" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/so6" 2>&1) &
+	hc
+	# shellcheck disable=SC2002
+	(cat "$W/sin6" | timeout 30 env PATH="${CXPATH:-$PATH}" "${HC[@]}" session .cairn "$NONCE" >"$W/so6" 2>&1) &
 	r=$!
 	poll 200 test -d "$X/s6"
 	# shellcheck disable=SC2016 # expanded by the script's shell
@@ -474,7 +500,7 @@ run_shell() {
 	mkdir -p "$ROOT/slowsync"
 	printf '#!/bin/sh\nsleep 0.4\nexec %s "$@"\n' "$(command -v sync)" >"$ROOT/slowsync/sync"
 	chmod +x "$ROOT/slowsync/sync"
-	# shellcheck disable=SC2086 # $SH is two words for busybox
+	hc
 	{
 		sreq jb1 'echo jb1'
 		echo g
@@ -483,12 +509,15 @@ run_shell() {
 		sreq jb3 'echo jb3'
 		sleep 1.5
 		echo g
-	} | timeout 30 env PATH="$ROOT/slowsync:$PATH" $SH -c 'eval "$1"' cairn "$SRC" session .cairn "$NONCE" >"$W/o" 2>"$W/e"
+	} | timeout 30 env PATH="$ROOT/slowsync:$PATH" "${HC[@]}" session .cairn "$NONCE" >"$W/o" 2>"$W/e"
 	check "session: requests that arrive while a batch is being started are started after it, each once" eval 'grep -aq "$B =jb1 done v=1 id=jb1 status=0 " "$W/o" && grep -aq "$B =jb2 done v=1 id=jb2 status=0 " "$W/o" && grep -aq "$B =jb3 done v=1 id=jb3 status=0 " "$W/o" && [ "$(frame jb3 out)" = jb3 ] && [ "$(tail -n 1 "$W/o")" = "$B end" ]'
 	# a waiter killed before it could report: within a tick or two the session says "live dead"
 	# and no finish record for it, finishes its other execution as usual and ends; a watch then
 	# says "dead" too (the command itself is left running, as after any supervisor's death:
 	# killed here)
+	if [ "$SHN" = helper ]; then
+		echo "  n/a  $SHN: killed waiters, ticker, reader and batch or finish helpers (the helper's are threads of the session process)"
+	else
 	rm -f "$HOME/lwcount"
 	# shellcheck disable=SC2086 # $SH is two words for busybox
 	{
@@ -609,10 +638,14 @@ run_shell() {
 		disp hkb "$c" 0 1
 		check "... and the refused ID is free: a new dispatch of it runs once" eval 'has "verdict started" && [ "$(field done status)" = 0 ] && [ "$(grep -c hkb "$HOME/hkcount")" = 1 ]'
 	}
+	fi
 
 	# a session's flushes name their files, never the whole file system: syncfs would wait for
 	# every other writer's dirty data (a logging sync through PATH; for busybox, which runs its
 	# own, through a function put before the script)
+	if [ "$SHN" = helper ]; then
+		echo "  n/a  $SHN: the flushes through sync(1) (the helper calls fdatasync(2) on the same files)"
+	else
 	LSPRE=''
 	[ "$SHN" = busybox ] && LSPRE="sync() { '$ROOT/logsync/sync' \"\$@\"; }
 "
@@ -637,6 +670,7 @@ run_shell() {
 		SRCPRE=$LSPRE CXPATH=$ROOT/logsync:$PATH disp fl3 "$c" 0 1
 		check "dispatch: the outputs are flushed with the finish record" eval 'hasre "^done v=1 id=fl3 status=0 .*out=4 err=3" && grep -qx "$X/fl3/out $X/fl3/err $X/fl3/done.tmp" "$L"'
 	}
+	fi
 
 	sleep 2.5
 	r=$(pgrep -af "$ROOT/$SHN" | grep -v pgrep)
@@ -644,13 +678,15 @@ run_shell() {
 	[ -n "$r" ] && echo "$r" | cut -c1-150
 }
 
-SHELLS=${*:-bash dash busybox}
+SHELLS=${*:-bash dash busybox${HELPER:+ helper}}
 for SHN in $SHELLS; do
 	echo "== $SHN"
 	run_shell
 done
 
 # rough cost of a dispatch ATTACH=1 of `true` under dash
+case " $SHELLS " in
+*" dash "*)
 SHN=dash SH=dash W=$ROOT/dash/w HOME=$ROOT/dash/home SHELL=$(command -v dash)
 c=$(mkcmd true perf)
 p0=$(cat /proc/sys/kernel/ns_last_pid)
@@ -659,6 +695,19 @@ for i in $(seq 1 20); do disp "perf$i" "$c" 0 1; done
 t1=$(ms)
 p1=$(cat /proc/sys/kernel/ns_last_pid)
 echo "dash: dispatch ATTACH=1 of true: $(((t1 - t0) / 20)) ms each, ~$(((p1 - p0) / 20)) PIDs each (incl. timeout + perl of this driver)"
+;;
+esac
+if [ -n "$HELPER" ]; then
+	SHN=helper W=$ROOT/helper/w HOME=$ROOT/helper/home
+	mkdir -p "$W" "$HOME"
+	c=$(mkcmd true perf)
+	p0=$(cat /proc/sys/kernel/ns_last_pid)
+	t0=$(ms)
+	for i in $(seq 1 20); do disp "perf$i" "$c" 0 1; done
+	t1=$(ms)
+	p1=$(cat /proc/sys/kernel/ns_last_pid)
+	echo "helper: dispatch ATTACH=1 of true: $(((t1 - t0) / 20)) ms each, ~$(((p1 - p0) / 20)) PIDs each (incl. timeout + perl of this driver)"
+fi
 
 echo "$PASS passed, $FAIL failed"
 rm -rf "$ROOT"

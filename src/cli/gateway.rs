@@ -314,6 +314,7 @@ impl ServerArgs {
                 self.channels_per_connection as usize,
             )),
             host_session: self.host_session,
+            host_helper: self.common.host_helper,
             operations: None,
             operations_only: self.operations_only,
         }

@@ -215,6 +215,11 @@ pub struct Common {
     /// the journal).
     #[arg(long, env = "CAIRN_INTENT_KEY")]
     pub intent_key: Option<PathBuf>,
+    /// Which host implementation runs the marker protocol: auto (the native helper, uploaded
+    /// into the marker home on first contact, where it runs; the sh script elsewhere), never
+    /// (the sh script only), always (the helper, or fail).
+    #[arg(long, value_enum, env = "CAIRN_HOST_HELPER", default_value = "auto")]
+    pub host_helper: crate::host_helper::HostHelper,
 }
 
 #[derive(Args, Debug)]
@@ -274,6 +279,7 @@ impl Common {
             connect: self.connect_options(),
             reconnect_for: self.reconnect_for,
             intent_key: self.intent_key.clone(),
+            host_helper: self.host_helper,
         }
     }
 

@@ -6,6 +6,7 @@ mod epochs;
 mod fleet;
 mod fuzz;
 mod gateway;
+mod host_helper;
 mod http;
 mod known_hosts_diff;
 mod operations;
