@@ -342,13 +342,18 @@ async fn marked_op(
         assert!(inv.contains(a), "patch target not in script: {a}");
         inv = inv.replace(a, b);
     }
+    run_marked(conn, &inv, &nonce, stdin).await
+}
+
+/// One exec of the invocation `inv` (made with `nonce`), to its `B end`.
+async fn run_marked(conn: &Connection, inv: &str, nonce: &str, stdin: Option<&[u8]>) -> Marked {
     let t = Instant::now();
     let mut ex = conn.exec(inv.as_bytes()).await.expect("exec");
     if let Some(d) = stdin {
         ex.write_stdin(d).await.expect("stdin");
     }
     ex.close_stdin().await.expect("eof");
-    let mut demux = StderrDemux::new(&nonce);
+    let mut demux = StderrDemux::new(nonce);
     let mut pieces = Vec::new();
     let mut m = Marked {
         to_end: Duration::ZERO,
@@ -663,6 +668,11 @@ fn main() {
     if on("6") {
         memory(&mut t, &bin, &sshd, work.path());
         timed_section("section 6", t0);
+    }
+    let t0 = Instant::now();
+    if on("7") {
+        host_sides(&mut t, &rt, &conn, &dir);
+        timed_section("section 7", t0);
     }
     rt.block_on(async {
         if let Ok(c) = Arc::try_unwrap(conn) {
@@ -1727,4 +1737,274 @@ fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map(|s| !s.contains(") Z "))
         .unwrap_or(false)
+}
+
+// ---------------------------------------------------------------- 7. helper vs script
+
+/// A marked dispatch of `true` run by the native helper (`docs/HOST-HELPER.md`).
+async fn helper_dispatch_true(conn: &Connection, dir: &str) -> Duration {
+    let id = ExecutionId::generate();
+    let cmd = b"true";
+    let digest = sha_hex(cmd);
+    let op = Op::Dispatch {
+        id: &id,
+        len: cmd.len(),
+        digest: &digest,
+        timeout_secs: 0,
+        attach: true,
+    };
+    let nonce = marker::new_nonce();
+    let inv = cairn::host_helper::invocation(&op, dir, &nonce);
+    let m = run_marked(conn, &inv, &nonce, Some(cmd)).await;
+    assert_eq!(m.verdict.as_deref(), Some("started"), "helper dispatch");
+    assert!(
+        m.done,
+        "helper dispatch of true ended without its finish record"
+    );
+    m.to_end
+}
+
+/// Dispatches (or plain execs) of `true` per second, `n` in flight on `conn`, `total` in all.
+async fn rate_of(conn: &Arc<Connection>, dir: &str, n: usize, total: usize, what: u8) -> f64 {
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let c = conn.clone();
+        let d = dir.to_owned();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..total / n {
+                match what {
+                    0 => {
+                        plain(&c, "true").await;
+                    }
+                    1 => {
+                        helper_dispatch_true(&c, &d).await;
+                    }
+                    _ => {
+                        dispatch_true(&c, &d, true, None).await;
+                    }
+                }
+            }
+        }));
+    }
+    for h in tasks {
+        h.await.expect("task");
+    }
+    (total / n * n) as f64 / t0.elapsed().as_secs_f64()
+}
+
+/// Marked dispatches of `true` per second through one host session run by the helper.
+async fn helper_session_rate(conn: &Connection, dir: &str, n: usize, total: usize) -> f64 {
+    use cairn::session::{Event, HostSession, Request};
+    let sess = HostSession::start(
+        conn.clone(),
+        dir.to_owned(),
+        true,
+        &tokio::runtime::Handle::current(),
+    );
+    let one = |sess: Arc<HostSession>| async move {
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let req = Request {
+            id: ExecutionId::generate(),
+            digest: sha_hex(b"true"),
+            timeout_secs: 0,
+            command: b"true".to_vec(),
+            events: tx,
+        };
+        assert!(sess.dispatch(req).is_ok(), "session ended");
+        let mut done = false;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                Event::Line(Ok(Line::Done(f))) => done = f.status == 0,
+                Event::Line(Ok(Line::End)) => break,
+                Event::Line(Ok(_)) | Event::Stdout(_) | Event::Stderr(_) => {}
+                other => panic!("host session: {other:?}"),
+            }
+        }
+        assert!(done, "a session dispatch ended without its finish record");
+    };
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..n {
+        let s = sess.clone();
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..total / n {
+                one(s.clone()).await;
+            }
+        }));
+    }
+    for h in tasks {
+        h.await.expect("task");
+    }
+    let rate = (total / n * n) as f64 / t0.elapsed().as_secs_f64();
+    assert_eq!(
+        sess.side(),
+        cairn::host_helper::Side::Helper,
+        "the helper ran the session"
+    );
+    rate
+}
+
+/// CPU seconds the whole machine spent, minus this process's own (the client): what the host
+/// side (sshd and everything under it) spent while `f` ran, on this loopback machine.
+fn host_cpu<F: FnOnce()>(f: F) -> f64 {
+    fn machine() -> f64 {
+        let s = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let l = s.lines().next().unwrap_or_default();
+        // user nice system (idle iowait excluded) irq softirq steal
+        let v: Vec<f64> = l
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        let busy = v.first().unwrap_or(&0.0)
+            + v.get(1).unwrap_or(&0.0)
+            + v.get(2).unwrap_or(&0.0)
+            + v.get(5).unwrap_or(&0.0)
+            + v.get(6).unwrap_or(&0.0);
+        busy / 100.0
+    }
+    fn me() -> f64 {
+        let s = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let rest = s.rsplit_once(") ").map(|x| x.1).unwrap_or_default();
+        let f: Vec<f64> = rest
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+    }
+    let (m0, s0) = (machine(), me());
+    f();
+    (machine() - m0) - (me() - s0)
+}
+
+fn host_sides(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection>, dir: &str) {
+    section("7. host side: the native helper vs the sh script, same warm connection");
+    if !cairn::host_helper::available() {
+        t.note("7 not measured: this build carries no host helper".into());
+        return;
+    }
+    let sha = cairn::host_helper::SHA256;
+    rt.block_on(async {
+        let op = Op::Install {
+            helper_sha256: sha,
+            len: cairn::host_helper::BINARY.len(),
+        };
+        let m = marked_op(conn, &op, dir, Some(cairn::host_helper::BINARY), None).await;
+        assert!(m.to_end > Duration::ZERO);
+    });
+    assert!(
+        Path::new(dir)
+            .join(format!("bin/cairn-host-{sha}"))
+            .exists(),
+        "the helper was not installed"
+    );
+    const N: usize = 15;
+    let (mut p, mut h, mut sc) = (Vec::new(), Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..3 {
+            helper_dispatch_true(conn, dir).await;
+        }
+        for _ in 0..N {
+            let t0 = Instant::now();
+            plain(conn, "true").await;
+            p.push(t0.elapsed());
+            h.push(helper_dispatch_true(conn, dir).await);
+            sc.push(dispatch_true(conn, dir, true, None).await);
+        }
+    });
+    let (pm, hm, sm) = (median(&p), median(&h), median(&sc));
+    let r = ratio(hm.as_secs_f64(), pm.as_secs_f64());
+    t.row(
+        "7 marked dispatch of `true` by the native helper vs plain exec, same warm connection (15 each, interleaved, median)",
+        ms(hm),
+        format!("{} (plain exec)", ms(pm)),
+        format!("{r:.1}×"),
+        "≤ 1.5×",
+        yes(r <= 1.5),
+    );
+    let rs = ratio(sm.as_secs_f64(), pm.as_secs_f64());
+    t.row(
+        "7 the same dispatch by the sh script, interleaved with the above",
+        ms(sm),
+        format!("{} (plain exec)", ms(pm)),
+        format!("{rs:.1}×"),
+        "≤ 1.5×",
+        yes(rs <= 1.5),
+    );
+    for n in [8usize, 32] {
+        let (mut base, mut per, mut hs, mut ss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..ROUNDS {
+            base.push(rt.block_on(rate_of(conn, dir, n, 20 * n, 0)));
+            per.push(rt.block_on(rate_of(conn, dir, n, 6 * n, 1)));
+            hs.push(rt.block_on(helper_session_rate(conn, dir, n, 30 * n)));
+            ss.push(rt.block_on(session_rate(conn, dir, n, 30 * n)));
+        }
+        let med = |v: &[f64]| -> f64 {
+            let mut v = v.to_vec();
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        let b = med(&base);
+        for (what, v) in [
+            ("through the host session run by the helper", &hs),
+            ("through the host session run by the sh script", &ss),
+            ("each on its own exec, run by the helper", &per),
+        ] {
+            let m = med(v);
+            t.row(
+                &format!(
+                    "7 throughput, {n} in flight on one connection, {what} (median of {ROUNDS} interleaved rounds)"
+                ),
+                format!("{m:.0} marked dispatches/s"),
+                format!("{b:.0} plain execs/s"),
+                format!("{:.0}%", ratio(m, b) * 100.0),
+                "≥ 70%",
+                yes(ratio(m, b) >= 0.7),
+            );
+        }
+    }
+    // host CPU per dispatch, one at a time (the machine's CPU minus this client's)
+    const C: usize = 40;
+    let mut cpu = [Vec::new(), Vec::new(), Vec::new()];
+    for _ in 0..ROUNDS {
+        for (k, v) in cpu.iter_mut().enumerate() {
+            let s = host_cpu(|| {
+                rt.block_on(async {
+                    for _ in 0..C {
+                        match k {
+                            0 => {
+                                plain(conn, "true").await;
+                            }
+                            1 => {
+                                helper_dispatch_true(conn, dir).await;
+                            }
+                            _ => {
+                                dispatch_true(conn, dir, true, None).await;
+                            }
+                        }
+                    }
+                })
+            });
+            v.push(s / C as f64);
+        }
+    }
+    let med = |v: &[f64]| -> f64 {
+        let mut v = v.to_vec();
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (cp, ch, cs) = (med(&cpu[0]), med(&cpu[1]), med(&cpu[2]));
+    t.row(
+        "7 host CPU per marked dispatch of `true`, helper vs sh script (machine CPU minus the client's, one at a time, median of 3 rounds of 40)",
+        format!("{:.2} ms (helper)", ch * 1e3),
+        format!("{:.2} ms (sh script); plain exec {:.2} ms", cs * 1e3, cp * 1e3),
+        format!("{:.2}", ratio(ch, cs)),
+        "—",
+        "—",
+    );
+    t.note(format!(
+        "7 host helper: {} bytes, static, SHA-256 {sha}; installed in the bench's marker home by the script's `install` mode",
+        cairn::host_helper::BINARY.len()
+    ));
 }

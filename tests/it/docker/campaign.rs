@@ -9,7 +9,9 @@
 //! produce where it landed ([`allowed`]), an overrun, a final state the host contradicts or
 //! `unknown` after the final recovery. After all trials the hosts are recounted (ground truth).
 //!
-//! Knobs: `CAMPAIGN_TRIALS` (default 200), `CAMPAIGN_SEED` (default: from the clock, printed).
+//! Knobs: `CAMPAIGN_TRIALS` (default 200), `CAMPAIGN_SEED` (default: from the clock, printed),
+//! `CAMPAIGN_HOST_HELPER` (`mixed`, the default: trials dispatch with the native host helper or
+//! the sh script and recover with either, in turn; `never`: the script only; `auto`: the helper).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -795,6 +797,11 @@ fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialR
     };
     let mut c = h.client(BIN.as_ref(), journal.to_owned());
     c.reconnect_for = format!("{}s", RECONNECT_FOR.as_secs());
+    // which host implementation dispatches, and which recovers and is asked for the truth
+    let (first_side, then_side) = host_sides(seed, i);
+    let mut c_dispatch = c.clone();
+    c_dispatch.host_helper = Some(first_side.to_owned());
+    c.host_helper = Some(then_side.to_owned());
     let mut res = TrialResult::default();
     let home = h.home(host);
 
@@ -804,7 +811,7 @@ fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialR
                 .push(format!("injection: wipe-markers failed: {e}"));
         }
     }
-    let mut clients = Clients::spawn(&plan, &c, host, &ids, dir);
+    let mut clients = Clients::spawn(&plan, &c_dispatch, host, &ids, dir);
     aim(&plan, &mut clients, &home, &ids);
     let mut began = vec![];
     for (k, shot) in std::iter::once(plan.first)
@@ -832,7 +839,29 @@ fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialR
         res.execs.push(e);
         res.anomalies.append(&mut a);
     }
+    for a in res.anomalies.iter_mut() {
+        a.push_str(&format!(
+            " [--host-helper: {first_side} dispatched, {then_side} recovered]"
+        ));
+    }
     res
+}
+
+/// The `--host-helper` of the dispatching client and of the recovering one in trial `i`:
+/// `CAMPAIGN_HOST_HELPER=never` (the sh script throughout), `auto` (the native helper
+/// throughout, where it runs), or `mixed` (the default: each of the four pairs in turn, so that
+/// every fault also meets an execution dispatched by one implementation and recovered by the
+/// other).
+fn host_sides(seed: u64, i: usize) -> (&'static str, &'static str) {
+    match std::env::var("CAMPAIGN_HOST_HELPER").as_deref() {
+        Ok("never") => ("never", "never"),
+        Ok("auto") => ("auto", "auto"),
+        _ => {
+            let k = (seed as usize).wrapping_add(i) % 4;
+            let side = |b: bool| if b { "auto" } else { "never" };
+            (side(k & 1 == 1), side(k & 2 == 2))
+        }
+    }
 }
 
 // ------------------------------------------------------------------------------ judgement

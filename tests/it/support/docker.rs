@@ -404,6 +404,7 @@ impl Hosts {
             keepalive: "1s".into(),
             connect_timeout: "3s".into(),
             reconnect_for: "60s".into(),
+            host_helper: None,
         }
     }
 }
@@ -429,6 +430,8 @@ pub struct Client {
     pub keepalive: String,
     pub connect_timeout: String,
     pub reconnect_for: String,
+    /// `--host-helper` for every command (`None`: cairn's default).
+    pub host_helper: Option<String>,
 }
 
 impl Client {
@@ -449,6 +452,9 @@ impl Client {
             .args(["--keepalive", &self.keepalive])
             .args(["--connect-timeout", &self.connect_timeout])
             .args(["--reconnect-for", &self.reconnect_for]);
+        if let Some(h) = &self.host_helper {
+            c.args(["--host-helper", h]);
+        }
         c
     }
 
@@ -468,6 +474,9 @@ impl Client {
             .args(["--keepalive", &self.keepalive])
             .args(["--connect-timeout", &self.connect_timeout])
             .args(["--reconnect-for", &self.reconnect_for]);
+        if let Some(h) = &self.host_helper {
+            c.args(["--host-helper", h]);
+        }
         c
     }
 
