@@ -30,4 +30,27 @@ pub enum ExecError {
     },
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
+    /// The operation failed after the execution crossed the dispatch boundary (its
+    /// `dispatched` event is durable): the command may be running or done on the host, so this
+    /// is never "nothing was dispatched". The CLI exits 254; `cairn recover` or
+    /// `cairn status ID` finds the truth.
+    #[error(
+        "{source}; execution {id} was dispatched, and its outcome is not known here: \
+         `cairn status {id}` or `cairn recover` finds it (do not send it again)"
+    )]
+    Unsettled {
+        id: String,
+        #[source]
+        source: Box<ExecError>,
+    },
+}
+
+impl ExecError {
+    /// The execution this error leaves unsettled past its dispatch, if any.
+    pub fn unsettled_id(&self) -> Option<&str> {
+        match self {
+            ExecError::Unsettled { id, .. } => Some(id),
+            _ => None,
+        }
+    }
 }

@@ -2136,8 +2136,17 @@ impl Executor {
             .await;
         // Nothing a run holds may be left behind, whichever way it ended.
         let flushed = self.flush_held(run);
-        let o = r?;
-        flushed?;
+        let past_dispatch = matches!(run.prior, Prior::Dispatched | Prior::Started);
+        let unsettled = |e: ExecError| match e {
+            e @ ExecError::Unsettled { .. } => e,
+            e if past_dispatch => ExecError::Unsettled {
+                id: run.rec.id.to_string(),
+                source: Box::new(e),
+            },
+            e => e,
+        };
+        let o = r.map_err(unsettled)?;
+        flushed.map_err(unsettled)?;
         Ok(o)
     }
 

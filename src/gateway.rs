@@ -78,10 +78,15 @@ impl GatewayError {
             ExecError::NoSuchExecution(..) => -32004,
             _ => -32000,
         };
+        // Past the dispatch boundary the caller must learn which execution to ask about,
+        // and that it was sent: never a reason to send it again.
+        let data = e.unsettled_id().map(
+            |id| serde_json::json!({"execution_id": id, "dispatched": true, "state": "unknown"}),
+        );
         GatewayError {
             code,
             message: e.to_string(),
-            data: None,
+            data,
         }
     }
 }

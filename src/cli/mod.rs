@@ -369,7 +369,12 @@ pub async fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("cairn: {e}");
-            EXIT_NOT_DISPATCHED
+            // Past the dispatch boundary an error is never "nothing was dispatched".
+            if e.unsettled_id().is_some() {
+                EXIT_UNKNOWN
+            } else {
+                EXIT_NOT_DISPATCHED
+            }
         }
     }
 }
@@ -685,12 +690,15 @@ fn finish(ex: &mut Executor, o: &Outcome, json: Option<&Terminal>) -> Result<i32
     }
     let _ = std::io::stdout().flush();
     if o.state.has_result() {
-        ex.mark_delivered(
-            &o.execution_id
-                .parse()
-                .map_err(|e: crate::id::IdError| ExecError::Input(e.to_string()))?,
-            "cli",
-        )?;
+        // The outcome is printed: failing to record its delivery only means a later replay may
+        // deliver it again, never that the command's status is not the exit code.
+        let id = o
+            .execution_id
+            .parse()
+            .map_err(|e: crate::id::IdError| ExecError::Input(e.to_string()))?;
+        if let Err(e) = ex.mark_delivered(&id, "cli") {
+            tracing::warn!("cairn: recording the delivery of {id}: {e}");
+        }
     }
     Ok(o.exit_code_for_cli())
 }

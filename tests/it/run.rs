@@ -1056,3 +1056,38 @@ fn cancel_before_dispatch_stops_a_live_owner_from_sending_it() {
     // (the owner delivered the cancelled outcome to its caller)
     assert_eq!(h.state(id), State::Delivered, "{kinds:?}");
 }
+
+/// The reader of cairn's output goes away mid-run (a closed pipe): the run ends with an error
+/// after the dispatch boundary. That is never "nothing was dispatched" (255): cairn exits 254,
+/// names the execution, and `recover --wait` finds the one run's result.
+#[test]
+fn an_error_after_the_dispatch_exits_254_and_names_the_execution() {
+    use std::io::BufRead;
+    let h = Host::new();
+    let id = "closed-reader";
+    let cmd = format!(
+        "{}i=0; while [ $i -lt 40 ]; do echo line $i; i=$((i+1)); sleep 0.05; done; exit 3",
+        h.count()
+    );
+    let mut c = h.run_cmd(&["--id", id], &cmd);
+    c.stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    assert_eq!(first, "line 0\n");
+    drop(out);
+    let done = wait_child(child, LIMIT);
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(254), "{err}");
+    assert!(
+        err.contains(&format!("execution {id} was dispatched")),
+        "{err}"
+    );
+    let mut r = h.cairn("recover");
+    r.args(["--wait", "--json"]);
+    let rec = output(r, LIMIT);
+    assert!(rec.status.success(), "{rec:?}");
+    assert_eq!(h.state(id), State::Completed, "{:?}", h.kinds(id));
+    assert_eq!(h.runs(), 1, "ran once");
+}
