@@ -1076,14 +1076,37 @@ fn supervise(
         unsafe { c::_exit(0) }
     }
     if let Err(e) = fs::rename(stage, &cx.f) {
-        // nothing ran: give the guard back
-        let _ = fs::remove_file(&guard);
-        let _ = flush(&cx.x);
-        refuse(&format!(
+        let m = format!(
             "mv: cannot move '{}' to '{}': {e}",
             stage.display(),
             cx.f.display()
-        ));
+        );
+        // nothing ran: give the guard back rather than leave a start we cannot honour (a
+        // home made read-only for a moment gets up to 20 tries, a second apart)
+        for i in 0..20 {
+            let _ = fs::remove_file(&guard);
+            if !exists(&guard) {
+                break;
+            }
+            if i < 19 {
+                std::thread::sleep(Duration::from_secs(1));
+            }
+        }
+        if exists(&guard) {
+            // the guard stays and no supervisor will honour it: say so without a verdict (the
+            // dispatcher reports it started; the probe finds the supervisor gone, so the
+            // client records interrupted, never a "never started" the host's records deny)
+            put_fd(
+                vfd,
+                format!(
+                    "the start guard was crossed, then the stage could not be moved into place ({m}) and the guard could not be given back: the command did not start\n"
+                )
+                .as_bytes(),
+            );
+            unsafe { c::_exit(1) }
+        }
+        let _ = flush(&cx.x);
+        refuse(&m);
     }
     // one flush for the record and both names before anything runs
     let _ = flush(&cx.f.join("start"));
@@ -1111,12 +1134,27 @@ fn finish_one(cx: &mut Ctx, status: i32) {
     let e = size(&f.join("err")).unwrap_or(0);
     let rec = finish_text(&cx.id, status, o, e, t, k);
     let tmp = f.join("done.tmp");
-    write_in_place(&tmp, &rec);
+    // a home that refuses the write (made read-only) is tried again each second for an hour,
+    // while the client sees a live supervisor and waits; after that the supervisor gives up and
+    // the execution reads as interrupted, never as a result the host does not hold
+    let mut i = 0;
+    let mut again = || {
+        i += 1;
+        if i >= 3600 {
+            unsafe { c::_exit(1) }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    while !write_in_place(&tmp, &rec) {
+        again();
+    }
     // the outputs with the record: no record on disk states bytes the disk does not hold
     let _ = flush(&f.join("out"));
     let _ = flush(&f.join("err"));
     let _ = flush(&tmp);
-    let _ = fs::rename(&tmp, cx.done_path());
+    while fs::rename(&tmp, cx.done_path()).is_err() {
+        again();
+    }
     let _ = flush(&cx.x);
     wake(&f);
 }
@@ -1581,12 +1619,28 @@ fn session(cx: &mut Ctx, epoch: &str) {
     let mut reader_gone = false;
     let mut nb = 0u64;
     let mut fin: Vec<(String, i32)> = Vec::new();
+    // finishes whose record the home refused: written again a second later
+    let mut retry: Vec<(String, i32)> = Vec::new();
     loop {
         if reader_gone && running == 0 {
             break;
         }
-        let Ok(first) = rx.recv() else { break };
-        let mut evs = vec![first];
+        let first = if retry.is_empty() {
+            match rx.recv() {
+                Ok(ev) => Some(ev),
+                Err(_) => break,
+            }
+        } else {
+            match rx.recv_timeout(Duration::from_secs(1)) {
+                Ok(ev) => Some(ev),
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    fin.append(&mut retry);
+                    None
+                }
+                Err(_) => break,
+            }
+        };
+        let mut evs: Vec<Ev> = first.into_iter().collect();
         while let Ok(ev) = rx.try_recv() {
             evs.push(ev);
         }
@@ -1620,8 +1674,10 @@ fn session(cx: &mut Ctx, epoch: &str) {
         }
         if !fin.is_empty() {
             let group = std::mem::take(&mut fin);
-            running -= group.len();
-            finish_group(cx, &group);
+            let n = group.len();
+            let mut refused = finish_group(cx, &group);
+            running -= n - refused.len();
+            retry.append(&mut refused);
         }
         if !rc.is_empty() {
             nb += 1;
@@ -1783,9 +1839,11 @@ fn run_batch(
 /// the commands that ended together: their records in place, one flush, one link each into
 /// place, one flush of the names; then each one's output (up to 1 MiB a stream), sizes,
 /// record, end
-fn finish_group(cx: &mut Ctx, group: &[(String, i32)]) {
+/// ones whose record the home refused (made read-only): not reported, for the next round
+fn finish_group(cx: &mut Ctx, group: &[(String, i32)]) -> Vec<(String, i32)> {
     let x = cx.x.clone();
     let mut recs = Vec::new();
+    let mut refused = Vec::new();
     for (id, st) in group {
         let f = x.join(id);
         let o = size(&f.join("out")).unwrap_or(0);
@@ -1793,7 +1851,10 @@ fn finish_group(cx: &mut Ctx, group: &[(String, i32)]) {
         let t = exists(&f.join("timedout"));
         let k = exists(&x.join(format!("{id}.cancel")));
         let rec = finish_text(id, *st, o, e, t, k);
-        write_in_place(&f.join(format!("{id}.done")), &rec);
+        if !write_in_place(&f.join(format!("{id}.done")), &rec) {
+            refused.push((id.clone(), *st));
+            continue;
+        }
         if o > 0 {
             let _ = flush(&f.join("out"));
         }
@@ -1801,7 +1862,7 @@ fn finish_group(cx: &mut Ctx, group: &[(String, i32)]) {
             let _ = flush(&f.join("err"));
         }
         let _ = flush(&f.join(format!("{id}.done")));
-        recs.push((id.clone(), o, e, rec));
+        recs.push((id.clone(), *st, o, e, rec));
     }
     for (id, ..) in &recs {
         let _ = fs::hard_link(
@@ -1810,10 +1871,14 @@ fn finish_group(cx: &mut Ctx, group: &[(String, i32)]) {
         );
     }
     let _ = flush(&x);
-    for (id, o, e, rec) in recs {
+    for (id, st, o, e, rec) in recs {
+        // only a record whose name is in place is reported
+        if !exists(&x.join(format!("{id}.done"))) {
+            refused.push((id, st));
+            continue;
+        }
         let f = x.join(&id);
         wake(&f);
-        let placed = exists(&x.join(format!("{id}.done")));
         let mut so = 0;
         let mut se = 0;
         for (name, n, s) in [("out", o, &mut so), ("err", e, &mut se)] {
@@ -1832,9 +1897,8 @@ fn finish_group(cx: &mut Ctx, group: &[(String, i32)]) {
             }
         }
         cx.say(&format!("={id} sizes out={so} err={se}"));
-        if placed {
-            cx.say(&format!("={id} done {rec}"));
-        }
+        cx.say(&format!("={id} done {rec}"));
         cx.say(&format!("={id} end"));
     }
+    refused
 }
