@@ -2423,6 +2423,44 @@ mod tests {
                 "{sql}: {e}"
             );
         }
+        // A database left at version 1 is brought to the current version on first use, and
+        // what it held is still read and chained on.
+        let old_url = server.database("schema_v1");
+        let old_db = old_url.rsplit('/').next().unwrap().to_owned();
+        let (_, v1) = postgres::MIGRATIONS[0];
+        server
+            .psql(
+                &old_db,
+                &format!(
+                    "BEGIN; CREATE TABLE cairn_schema (version INTEGER PRIMARY KEY,
+                        applied_at TIMESTAMPTZ NOT NULL DEFAULT now(), by_client TEXT NOT NULL);
+                     {v1}
+                     INSERT INTO cairn_schema (version, by_client) VALUES (1, 'earlier');
+                     INSERT INTO executions (id, created_at, destination, host, port, \"user\",
+                        command, command_digest, remote_dir, timeout_secs, client)
+                        VALUES ('v1x', 'then', 'db-1', '127.0.0.1', 22, 'ops', '\\x00', 'd',
+                                '.cairn', 0, '1@then');
+                     INSERT INTO chain_heads VALUES ('v1x', 0, '');
+                     COMMIT;"
+                ),
+            )
+            .unwrap();
+        let mut old = Journal::open(Path::new(&old_url)).unwrap();
+        let id = ExecutionId::parse("v1x").unwrap();
+        let e = old
+            .append(&id, "note", None, serde_json::json!({}))
+            .unwrap();
+        assert_eq!(old.events(&id).unwrap()[0].hash, e.hash);
+        assert_eq!(
+            server
+                .psql(
+                    &old_db,
+                    "SELECT string_agg(version::text, ',' ORDER BY version) FROM cairn_schema"
+                )
+                .unwrap()
+                .trim(),
+            "1,2"
+        );
         // A bad URL is a clear error that does not repeat the password.
         let e = Journal::open(Path::new("postgres://ops:s3cret@127.0.0.1:1/x"))
             .err()

@@ -52,7 +52,7 @@ use crate::state::State;
 pub const PG_SCHEMA_VERSION: i32 = 2;
 
 /// Each version's DDL, applied in order in one transaction each.
-const MIGRATIONS: &[(i32, &str)] = &[(1, MIGRATION_1), (2, MIGRATION_2)];
+pub(super) const MIGRATIONS: &[(i32, &str)] = &[(1, MIGRATION_1), (2, MIGRATION_2)];
 
 const MIGRATION_1: &str = "
 CREATE FUNCTION cairn_refuse() RETURNS trigger LANGUAGE plpgsql AS $$

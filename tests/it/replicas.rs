@@ -113,6 +113,14 @@ fn six_identical_calls_over_two_replicas_at_once_make_one_execution_that_runs_on
         "both replicas' processes: {matched_by:?}"
     );
 
+    // The CLI reads the shared journal as it reads a file.
+    let ls = output(h.local("ls"), std::time::Duration::from_secs(30));
+    let listed = String::from_utf8_lossy(&ls.stdout);
+    assert!(
+        ls.status.success() && listed.contains(id.as_str()),
+        "{ls:?}"
+    );
+
     // After delivery a new identical call is a new run (a delivered execution is never
     // attached to), whichever replica gets it, as on one machine.
     h.wait_delivered(id.as_str());
