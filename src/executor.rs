@@ -494,6 +494,7 @@ impl Executor {
     /// is still in its retention window and not yet delivered attaches to that execution
     /// (live output, the stored result, or its review record) instead of starting another;
     /// see [`crate::intent`] and docs/DESIGN.md, intent matching.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = tracing::field::Empty))]
     pub async fn execute(
         &mut self,
         req: RunRequest,
@@ -533,6 +534,7 @@ impl Executor {
                     });
                 }
                 // The same operation again: never a second run. Replay from the start.
+                tracing::Span::current().record("execution_id", tracing::field::display(id));
                 self.journal.append(
                     id,
                     "request-reused",
@@ -578,6 +580,7 @@ impl Executor {
         let conn_idx = match self.connection(&target).await {
             Ok(i) => i,
             Err(e) => {
+                tracing::Span::current().record("execution_id", tracing::field::display(&id));
                 let mut evidence = crate::journal::accepted_evidence(&rec);
                 evidence["connection"] = json!(reach);
                 self.journal
@@ -646,10 +649,12 @@ impl Executor {
                 .map_err(|e| lost_id_race(e, &id))?
             {
                 AcceptOrMatch::Accepted(_) => {
+                    tracing::Span::current().record("execution_id", tracing::field::display(&id));
                     accepted = true;
                     break;
                 }
                 AcceptOrMatch::Matched(c) => {
+                    tracing::Span::current().record("execution_id", tracing::field::display(&c.id));
                     tracing::info!(
                         "cairn: same intent as {} ({}): attaching to it instead of running again",
                         c.id,
@@ -692,6 +697,7 @@ impl Executor {
     /// `command` is the command as requested (before `cwd`/`env` were wrapped around it) and
     /// `intent` the request's. Anything past `accepted`, or still owned by a live client, is
     /// attached to instead.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn authorize_accepted(
         &mut self,
         id: &ExecutionId,
@@ -962,6 +968,7 @@ impl Executor {
     }
 
     /// Dispatch an execution again under its own ID (the start guard decides on the host).
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn redispatch(
         &mut self,
         id: &ExecutionId,
@@ -989,6 +996,7 @@ impl Executor {
     /// contact, or its client stopped first) is put to the approver now, with `command` (as
     /// requested, before `cwd`/`env` were wrapped around it) and `intent`: a retry never runs
     /// on a decision nobody made.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn retry_never_started(
         &mut self,
         id: &ExecutionId,
@@ -1033,6 +1041,7 @@ impl Executor {
     /// `completed`/`failed` settle it; `retry` dispatches again under the same ID only if a
     /// fresh probe proves it never started (no started record, same host epoch, and the
     /// journal never saw one), and refuses otherwise.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn resolve(
         &mut self,
         id: &ExecutionId,
@@ -1150,6 +1159,7 @@ impl Executor {
     }
 
     /// Attach from byte 0 of both streams (a gateway's caller holds no offsets), wait.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn attach_replay(
         &mut self,
         id: &ExecutionId,
@@ -1159,6 +1169,7 @@ impl Executor {
     }
 
     /// `cairn attach`: stream from the stored offsets, wait, and conclude.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn attach(
         &mut self,
         id: &ExecutionId,
@@ -1185,6 +1196,7 @@ impl Executor {
 
     /// `cairn recover`: apply the recovery table to one execution that is not settled.
     /// Re-dispatches (detached) what provably never started; never streams output.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn recover_one(
         &mut self,
         id: &ExecutionId,
@@ -1199,6 +1211,7 @@ impl Executor {
     }
 
     /// `cairn status`: the journal's view plus one fresh probe, without changing anything.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn probe(
         &mut self,
         id: &ExecutionId,
@@ -1246,6 +1259,7 @@ impl Executor {
 
     /// One stream of an execution's output from byte `offset` to what the host holds now
     /// (the finish record, when it has finished, says the total).
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn output_from(
         &mut self,
         id: &ExecutionId,
@@ -1295,6 +1309,7 @@ impl Executor {
     }
 
     /// `cairn cancel`: stop the remote process group and record `cancelled`.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn cancel(
         &mut self,
         id: &ExecutionId,
@@ -2308,6 +2323,15 @@ impl Executor {
                         return self.outcome_from_journal(run);
                     }
                 }
+                // A new execution whose request's caller is gone sends nothing (src/gate.rs).
+                let gate = (run.prior == Prior::NotDispatched)
+                    .then(crate::gate::current)
+                    .flatten();
+                let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
+                    Some(Err(why)) => return self.conclude(run, State::Failed, &why),
+                    Some(Ok(c)) => Some(c),
+                    None => None,
+                };
                 let secrets = self.secrets_for(&run.rec.id)?;
                 let epoch = run.dispatch_epoch.clone();
                 self.record(
@@ -2317,6 +2341,7 @@ impl Executor {
                     json!({"epoch": epoch, "host_key": run.host_key, "attempt": run.reconnects,
                            "detach": detach, "timeout_secs": run.rec.timeout_secs}),
                 )?;
+                drop(crossing);
                 if run.prior == Prior::NotDispatched {
                     run.prior = Prior::Dispatched;
                 }

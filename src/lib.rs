@@ -29,6 +29,7 @@
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
+//! - [`gate`]: one request's dispatch boundary: a caller gone before it means nothing is sent.
 //! - [`owner`]: who may still dispatch an accepted execution (this process's claims, a live
 //!   PID), so that no other process concludes "never dispatched" while its owner sends it.
 //!
@@ -64,6 +65,7 @@ pub mod epoch;
 pub mod error;
 pub mod executor;
 pub mod fleet;
+pub mod gate;
 pub mod gateway;
 pub mod host_helper;
 pub mod http;

@@ -49,6 +49,15 @@ impl Results {
             .insert(id.to_owned());
     }
 
+    /// Watch `id` unless its job already put its result (a job that ended before the handler
+    /// got here would otherwise leave it watched for good).
+    pub fn watch_unless_done(&self, id: &str) {
+        self.watch(id);
+        if self.get(id).is_some() {
+            self.unwatch(id);
+        }
+    }
+
     pub fn unwatch(&self, id: &str) {
         self.watched
             .lock()
@@ -300,11 +309,16 @@ pub fn last_seq(cfg: &GatewayConfig) -> i64 {
         .unwrap_or(0)
 }
 
-/// What a closed response stream (or `notifications/cancelled`) does to the execution of a
-/// call that was not made a task: the *request* is cancelled, as the protocol says; the
-/// execution is recorded `delivery-abandoned` and, by default, keeps running to its recorded
-/// outcome (a re-sent call with the same intent attaches to it). For the operation classes
-/// listed here it is cancelled instead, as `cairn cancel` would.
+/// What a closed response stream (or `notifications/cancelled`) does to the executions of a
+/// call that was not made a task. The *request* is cancelled, as the protocol says; for its
+/// executions the dispatch boundary decides (src/gate.rs):
+/// - not yet dispatched: nothing is sent; the executor concludes it `failed` ("nothing was
+///   sent") when it reaches the boundary, and a re-sent call with the same intent is a new
+///   execution;
+/// - dispatched (or attached to by intent): recorded `delivery-abandoned`, and by default it
+///   keeps running to its recorded outcome (a re-sent call with the same intent attaches to
+///   it). For the operation classes listed here it is cancelled instead, as `cairn cancel`
+///   would.
 #[derive(Clone, Debug, Default)]
 pub struct ClosedStream {
     pub cancel_classes: Vec<crate::intent::OpClass>,
@@ -317,35 +331,70 @@ pub struct TaskState {
     pub closed_stream: ClosedStream,
 }
 
-/// A call's response stream closed before its result (see [`ClosedStream`]): record it on
-/// the execution the call made, and cancel that execution if its class says so.
+/// A call's response stream closed before its result (see [`ClosedStream`]): close its
+/// dispatch boundary, record the closing on the executions past it, and cancel those whose
+/// class says so.
 pub async fn stream_closed(
     cfg: GatewayConfig,
     workers: &Workers,
     policy: &ClosedStream,
+    gate: &Arc<crate::gate::Gate>,
     corr: &str,
     after_seq: i64,
 ) {
-    let (c2, corr2) = (cfg.clone(), corr.to_owned());
+    let (c2, corr2, gate) = (cfg.clone(), corr.to_owned(), gate.clone());
     let cancel_classes = policy.cancel_classes.clone();
-    let found = tokio::task::spawn_blocking(move || -> Option<(ExecutionId, bool)> {
-        let mut j = Journal::open(&c2.journal).ok()?;
-        let id = j.execution_by_correlation_after(&corr2, after_seq).ok()??;
-        let id = ExecutionId::parse(&id).ok()?;
-        let class = j.intent_of(&id).ok()??.class;
-        let cancel = cancel_classes.iter().any(|c| c.as_str() == class);
-        let _ = j.append(
-            &id,
-            "delivery-abandoned",
-            None,
-            json!({"correlation_id": corr2, "session_id": c2.session_id,
-                   "reason": "the caller's response stream closed before the result",
-                   "decision": if cancel { "cancel the execution (its class's setting)" }
-                               else { "keep running: a transport event never kills a dispatched command" }}),
-        );
-        Some((id, cancel))
+    let found = tokio::task::spawn_blocking(move || -> Vec<(ExecutionId, bool)> {
+        let crossed = gate.close("the caller's response stream closed");
+        let Ok(mut j) = Journal::open(&c2.journal) else {
+            return Vec::new();
+        };
+        let mut past = crossed;
+        // An execution the call attached to (by intent or ID) is past the boundary if it was
+        // dispatched; one of its own that did not cross is concluded by its executor.
+        if let Some(id) = j
+            .execution_by_correlation_after(&corr2, after_seq)
+            .ok()
+            .flatten()
+            .and_then(|s| ExecutionId::parse(&s).ok())
+        {
+            let dispatched = j.status(&id).ok().flatten().is_some_and(|s| {
+                !matches!(
+                    s.state,
+                    State::Accepted | State::Authorized | State::Failed | State::Rejected
+                )
+            });
+            if dispatched && !past.contains(&id) {
+                past.push(id);
+            }
+        }
+        if past.is_empty() {
+            tracing::info!(
+                "cairn: the response stream of {corr2} closed before any dispatch: nothing is \
+                 sent for it"
+            );
+        }
+        let mut out = Vec::new();
+        for id in past {
+            let class = j.intent_of(&id).ok().flatten().map(|c| c.class);
+            let cancel =
+                class.is_some_and(|class| cancel_classes.iter().any(|c| c.as_str() == class));
+            let _ = j.append(
+                &id,
+                "delivery-abandoned",
+                None,
+                json!({"correlation_id": corr2, "session_id": c2.session_id,
+                       "reason": "the caller's response stream closed before the result",
+                       "decision": if cancel { "cancel the execution (its class's setting)" }
+                                   else { "keep running: a transport event never kills a dispatched command" }}),
+            );
+            out.push((id, cancel));
+        }
+        out
     });
-    if let Ok(Some((id, true))) = found.await {
-        let _ = cancel(cfg, workers, id.as_str()).await;
+    for (id, by_class) in found.await.unwrap_or_default() {
+        if by_class {
+            let _ = cancel(cfg.clone(), workers, id.as_str()).await;
+        }
     }
 }

@@ -33,6 +33,7 @@ use serde_json::{json, Value};
 
 use crate::executor::ExecError;
 use crate::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
+use crate::id::ExecutionId;
 pub(crate) use crate::tool_result::{result, tool_error};
 
 /// `execution_status` input.
@@ -159,84 +160,11 @@ impl CairnMcp {
             Ok(x) => x,
             Err(e) => return Ok(tool_error(e).into()),
         };
-        let delivered_cfg = cfg.clone();
-        // A client that declared the tasks extension gets a task once the execution is
-        // accepted (src/tasks.rs); its correlation comes after the journal's current end.
-        let as_task = ctx
-            .client_capabilities()
-            .is_some_and(|c| c.supports_tasks());
-        // One indexed read of the journal's last seq, done here: on the blocking pool, every
-        // call in flight held a thread of its own (52 threads for 40 calls).
-        let after = crate::tasks::last_seq(&cfg);
-        let (job_cfg, job_corr) = (cfg.clone(), corr.clone());
-        let results = self.tasks.results.clone();
-        // A job on a worker thread: if the client cancels the call, the execution still runs
-        // to its recorded outcome; only the answer (and so `delivered`) is dropped.
-        let (tx, mut rx) = tokio::sync::oneshot::channel();
-        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
-        // Every log line of the call names who asked and which request it was.
-        let span = tracing::info_span!("call", actor = %job_cfg.actor, correlation = %job_corr);
-        self.workers.submit(Box::new(move || {
-            Box::pin(tracing::Instrument::instrument(
-                async move {
-                    let r = gateway::execute(&job_cfg, p, Some(job_corr)).await;
-                    if let Ok((v, _)) = &r {
-                        if let Some(id) = v["execution_id"].as_str() {
-                            results.put(id, v.clone());
-                            results.unwatch(id);
-                        }
-                    }
-                    drop(slot);
-                    let _ = tx.send(r);
-                    let _ = done_tx.send(());
-                },
-                span,
-            ))
-        }));
-        if as_task {
-            if let Some(id) = crate::tasks::wait_accepted(&cfg, &corr, after, &mut done_rx).await {
-                self.tasks.results.watch(id.as_str());
-                let t =
-                    crate::tasks::get(cfg.clone(), &self.workers, &self.tasks.results, id.as_str())
-                        .await?;
-                let mut task = t.task;
-                task.status = rmcp::model::TaskStatus::Working;
-                return Ok(rmcp::model::CreateTaskResult::new(task).into());
-            }
-        }
-        let r = tokio::select! {
-            r = &mut rx => r,
-            _ = ctx.ct.cancelled() => {
-                // The request is cancelled (closed stream, notifications/cancelled); the
-                // execution follows its class's setting.
-                crate::tasks::stream_closed(cfg, &self.workers, &self.tasks.closed_stream,
-                                            &corr, after).await;
-                return Err(ErrorData::internal_error("the request was cancelled", None));
-            }
-        };
-        let r = r.unwrap_or_else(|_| {
-            Err(GatewayError {
-                code: -32603,
-                message: "internal error: the execution's task ended without an answer; its \
-                          journal record says what happened"
-                    .into(),
-                data: None,
-            })
-        });
-        Ok(match r {
-            Ok((v, deliver)) => {
-                if let Some(id) = deliver {
-                    let cfg = delivered_cfg;
-                    let _ = blocking(move || {
-                        gateway::delivered(&cfg, &id);
-                        Ok(())
-                    })
-                    .await;
-                }
-                result(v).into()
-            }
-            Err(e) => tool_error(e).into(),
+        self.serve_call(&ctx, cfg, corr, slot, true, move |cfg, corr| async move {
+            let (v, deliver) = gateway::execute(&cfg, p, Some(corr)).await?;
+            Ok((v, deliver.into_iter().collect()))
         })
+        .await
     }
 
     /// The journal's record of an execution.
@@ -320,15 +248,16 @@ impl CairnMcp {
 }
 
 impl CairnMcp {
-    /// A named operation's tool (`src/mcp/operations.rs`): as `run_command`, a task on a worker
-    /// thread that runs to its recorded outcome even if the client cancels the call; over HTTP
-    /// as the token's actor, in its scope, within its cap on calls in flight.
+    /// A named operation's tool (`src/mcp/operations.rs`): as `run_command` (a job that runs to
+    /// its recorded outcome whatever the client does, a task when the client declares the
+    /// extension and the call has one destination, a closed stream as `run_command`'s); over
+    /// HTTP as the token's actor, in its scope, within its cap on calls in flight.
     pub(crate) async fn call_operation(
         &self,
         ctx: RequestContext<RoleServer>,
         name: String,
         args: serde_json::Map<String, Value>,
-    ) -> CallToolResult {
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData> {
         let mut cfg = self.cfg.clone();
         let mut corr = correlation(&ctx.id);
         let (mut scope, mut slot) = (None, None);
@@ -336,31 +265,114 @@ impl CairnMcp {
             cfg = caller.config(&self.cfg);
             corr = caller.correlation(&corr);
             if let Err(e) = crate::caller::admit_scope(&caller, &mut scope) {
-                return tool_error(e);
+                return Ok(tool_error(e).into());
             }
             match caller.slot() {
                 Ok(s) => slot = Some(s),
-                Err(e) => return tool_error(e),
+                Err(e) => return Ok(tool_error(e).into()),
             }
         }
-        let delivered_cfg = cfg.clone();
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        // A task names one execution: a call on several destinations is answered inline.
+        let one_destination = cfg.operations.as_deref().is_some_and(|file| {
+            let opts = crate::operations::call::CallOptions {
+                actor: cfg.actor.clone(),
+                scope: scope.clone(),
+                hosts: None,
+                detach: false,
+                remote_dir: cfg.remote_dir.clone(),
+                correlation_id: None,
+                session_id: None,
+            };
+            crate::operations::call::prepare(file, &name, &args, &opts)
+                .is_ok_and(|p| p.runs.len() == 1)
+        });
+        self.serve_call(
+            &ctx,
+            cfg,
+            corr,
+            slot,
+            one_destination,
+            move |cfg, corr| async move {
+                crate::operations::call::gateway_call(&cfg, &name, &args, scope, false, Some(corr))
+                    .await
+            },
+        )
+        .await
+    }
+
+    /// Serve one call whose `job` starts or attaches to executions (`run_command`, a named
+    /// operation): the job runs on a worker thread inside the call's dispatch boundary
+    /// (src/gate.rs) and its log span, and runs to its recorded outcome whatever the client
+    /// does. A client that declared the tasks extension gets a task once the execution is
+    /// accepted (`may_task`: the call has one execution). Otherwise the answer waits for the
+    /// job, unless the request is cancelled first (its stream closed, `notifications/cancelled`):
+    /// then nothing is answered, and the executions follow [`crate::tasks::stream_closed`].
+    async fn serve_call<F, Fut>(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        cfg: GatewayConfig,
+        corr: String,
+        slot: Option<crate::caller::Slot>,
+        may_task: bool,
+        job: F,
+    ) -> Result<rmcp::model::CallToolResponse, ErrorData>
+    where
+        F: FnOnce(GatewayConfig, String) -> Fut + Send + 'static,
+        Fut:
+            std::future::Future<Output = Result<(Value, Vec<ExecutionId>), GatewayError>> + 'static,
+    {
+        let as_task = may_task
+            && ctx
+                .client_capabilities()
+                .is_some_and(|c| c.supports_tasks());
+        // One indexed read of the journal's last seq, done here: on the blocking pool, every
+        // call in flight held a thread of its own (52 threads for 40 calls). The call's
+        // correlation comes after it.
+        let after = crate::tasks::last_seq(&cfg);
+        let gate = crate::gate::Gate::new();
+        let (job_cfg, job_corr, job_gate) = (cfg.clone(), corr.clone(), gate.clone());
+        let results = self.tasks.results.clone();
+        let (tx, mut rx) = tokio::sync::oneshot::channel();
+        let (done_tx, mut done_rx) = tokio::sync::oneshot::channel();
+        // Every log line of the call names who asked and which request it was.
+        let span = tracing::info_span!("call", actor = %cfg.actor, correlation = %corr);
         self.workers.submit(Box::new(move || {
-            Box::pin(async move {
-                let r = crate::operations::call::gateway_call(
-                    &cfg,
-                    &name,
-                    &args,
-                    scope,
-                    false,
-                    Some(corr),
-                )
-                .await;
-                drop(slot);
-                let _ = tx.send(r);
-            })
+            Box::pin(tracing::Instrument::instrument(
+                crate::gate::scope(job_gate, async move {
+                    let r = job(job_cfg, job_corr).await;
+                    if let Ok((v, _)) = &r {
+                        if let Some(id) = v["execution_id"].as_str() {
+                            results.put(id, v.clone());
+                            results.unwatch(id);
+                        }
+                    }
+                    drop(slot);
+                    let _ = tx.send(r);
+                    let _ = done_tx.send(());
+                }),
+                span,
+            ))
         }));
-        let r = rx.await.unwrap_or_else(|_| {
+        if as_task {
+            if let Some(id) = crate::tasks::wait_accepted(&cfg, &corr, after, &mut done_rx).await {
+                self.tasks.results.watch_unless_done(id.as_str());
+                let t =
+                    crate::tasks::get(cfg.clone(), &self.workers, &self.tasks.results, id.as_str())
+                        .await?;
+                let mut task = t.task;
+                task.status = rmcp::model::TaskStatus::Working;
+                return Ok(rmcp::model::CreateTaskResult::new(task).into());
+            }
+        }
+        let r = tokio::select! {
+            r = &mut rx => r,
+            _ = ctx.ct.cancelled() => {
+                crate::tasks::stream_closed(cfg, &self.workers, &self.tasks.closed_stream,
+                                            &gate, &corr, after).await;
+                return Err(ErrorData::internal_error("the request was cancelled", None));
+            }
+        };
+        let r = r.unwrap_or_else(|_| {
             Err(GatewayError {
                 code: -32603,
                 message: "internal error: the execution's task ended without an answer; its \
@@ -369,22 +381,21 @@ impl CairnMcp {
                 data: None,
             })
         });
-        match r {
+        Ok(match r {
             Ok((v, deliver)) => {
-                // Not delivered if the client cancelled the call (or is gone).
-                if !deliver.is_empty() && !ctx.ct.is_cancelled() {
+                if !deliver.is_empty() {
                     let _ = blocking(move || {
                         for id in &deliver {
-                            gateway::delivered(&delivered_cfg, id);
+                            gateway::delivered(&cfg, id);
                         }
                         Ok(())
                     })
                     .await;
                 }
-                result(v)
+                result(v).into()
             }
-            Err(e) => tool_error(e),
-        }
+            Err(e) => tool_error(e).into(),
+        })
     }
 }
 

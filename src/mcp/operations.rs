@@ -51,10 +51,8 @@ fn call(ctx: ToolCallContext<'_, CairnMcp>) -> BoxFuture<'_, Result<CallToolResp
     Box::pin(async move {
         let name = ctx.name.to_string();
         let args = ctx.arguments.unwrap_or_default();
-        let r = ctx
-            .service
+        ctx.service
             .call_operation(ctx.request_context, name, args)
-            .await;
-        Ok(r.into())
+            .await
     })
 }

@@ -852,13 +852,13 @@ fn tasks_are_executions_durable_across_kill_and_restart_and_cancelled_as_cairn_c
     assert_eq!(h.executions(), 2);
 }
 
-/// A 2026-07-28 call without the tasks extension whose stream is closed once the command has
-/// started; its execution ID, once `delivery-abandoned` is recorded.
-fn close_mid_call(h: &Host, s: &Server, tok: &str, call: &Value) -> String {
-    let (headers, body) = request_2026(tok, 1, "tools/call", call.clone(), false);
+/// Send a 2026-07-28 `tools/call` without the tasks extension; the connection its response
+/// comes on.
+fn send_2026(s: &Server, tok: &str, id: u64, call: &Value) -> TcpStream {
+    let (headers, body) = request_2026(tok, id, "tools/call", call.clone(), false);
     let mut st = TcpStream::connect(("127.0.0.1", s.port)).unwrap();
     let mut req = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nContent-Length: {}\r\n",
+        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{}\r\nConnection: close\r\nContent-Length: {}\r\n",
         s.port,
         body.len()
     );
@@ -868,6 +868,207 @@ fn close_mid_call(h: &Host, s: &Server, tok: &str, call: &Value) -> String {
     req += "\r\n";
     req += &body;
     st.write_all(req.as_bytes()).unwrap();
+    st.set_read_timeout(Some(T)).unwrap();
+    st
+}
+
+/// The response to a 2026-07-28 request sent with `send_2026` (`id`): JSON or SSE.
+fn response_2026(mut st: TcpStream, id: u64) -> Value {
+    let mut text = String::new();
+    let _ = st.read_to_string(&mut text);
+    let (_, body) = text.split_once("\r\n\r\n").unwrap_or(("", &text));
+    let body = if text
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_owned()
+    };
+    body.lines()
+        .filter_map(|l| l.strip_prefix("data:"))
+        .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+        .find(|m| m["id"] == id)
+        .or_else(|| serde_json::from_str(&body).ok())
+        .unwrap_or_else(|| panic!("no response: {text}"))
+}
+
+#[test]
+fn a_stream_closed_before_the_dispatch_sends_nothing_and_the_same_call_again_runs_once() {
+    let h = Host::new();
+    let tok = token(&h, "agent:early", &[]);
+    let s = Server::start(&h, 0, &[]);
+    // A first call leaves the server a pooled connection to the host.
+    let warm = json!({"name": "run_command",
+                      "arguments": {"destination": "127.0.0.1", "command": "echo warm"}});
+    let r = response_2026(send_2026(&s, &tok, 1, &warm), 1);
+    assert_eq!(r["result"]["structuredContent"]["stdout"], "warm\n", "{r}");
+    // A call to a marker home this server has not seen yet: before its dispatch, its first
+    // contact with that home (the host's epoch there) is slow, as the host holds its bytes.
+    let home = format!("{}-other", h.remote_dir.display());
+    let cmd = format!("{}echo late", h.count());
+    let call = json!({"name": "run_command",
+                      "arguments": {"destination": "127.0.0.1", "command": cmd, "remote_dir": home}});
+    h.proxy.pause_downstream(true);
+    let st = send_2026(&s, &tok, 2, &call);
+    wait_for("the call accepted", T, || {
+        (h.executions() == 2).then_some(())
+    });
+    // The client gives up before anything was dispatched: its stream closes.
+    drop(st);
+    wait_for("the server seeing the stream closed", T, || {
+        s.log().contains("closed before any dispatch").then_some(())
+    });
+    h.proxy.pause_downstream(false);
+    // The execution reaches its dispatch boundary, finds its caller gone, and sends nothing.
+    let (id, state) = wait_for("the execution concluded", T, || {
+        let l = h.journal().list().unwrap();
+        l.into_iter()
+            .find(|(r, st)| st.state.is_settled() && r.remote_dir == home)
+            .map(|(r, st)| (r.id.to_string(), st.state))
+    });
+    assert_eq!(state, cairn::State::Failed, "{}", s.log());
+    let events = h
+        .journal()
+        .events(&cairn::ExecutionId::parse(&id).unwrap())
+        .unwrap();
+    let kinds: Vec<&str> = events.iter().map(|e| e.kind.as_str()).collect();
+    assert!(!kinds.contains(&"dispatched"), "{kinds:?}");
+    let reason = events.last().unwrap().evidence["reason"].to_string();
+    assert!(
+        reason.contains("response stream closed before the dispatch; nothing was sent"),
+        "{reason}"
+    );
+    assert_eq!(h.runs(), 0, "nothing ran");
+    // Proven never started: the same call sent again is a new execution, and runs once.
+    let r = response_2026(send_2026(&s, &tok, 3, &call), 3);
+    let v = &r["result"]["structuredContent"];
+    assert_eq!(v["state"], "completed", "{r}");
+    assert_eq!(v["stdout"], "late\n", "{r}");
+    assert_ne!(v["execution_id"], id.as_str(), "{r}");
+    assert_eq!(h.runs(), 1, "ran once");
+    assert_eq!(h.executions(), 3);
+}
+
+#[test]
+fn a_served_call_s_log_lines_carry_its_execution_id_and_never_a_token() {
+    let h = Host::new();
+    let tok = token(&h, "agent:logs", &[]);
+    let s = Server::start(&h, 0, &[]);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo logged",
+        h.count(),
+        go.display()
+    );
+    let call = json!({"name": "run_command",
+                      "arguments": {"destination": "127.0.0.1", "command": cmd}});
+    let st = send_2026(&s, &tok, 1, &call);
+    let id = h.wait_started();
+    // The connection to the host is lost mid-run: the executor reconnects, and says so.
+    h.proxy.cut();
+    wait_for("the reconnect in the log", T, || {
+        s.log().contains("reconnected to").then_some(())
+    });
+    std::fs::write(&go, "").unwrap();
+    let r = response_2026(st, 1);
+    assert_eq!(
+        r["result"]["structuredContent"]["stdout"], "logged\n",
+        "{r}"
+    );
+    assert_eq!(h.runs(), 1);
+    let log = s.log();
+    let about: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("reconnect") || l.contains("unreachable"))
+        .collect();
+    assert!(!about.is_empty(), "{log}");
+    for l in about {
+        assert!(
+            l.contains(&format!("execution_id={id}")) && l.contains("call{actor=agent:logs"),
+            "a line about the execution without its ID or caller: {l}"
+        );
+    }
+    assert!(!log.contains(&tok[6..]), "a token in the log: {log}");
+}
+
+// Create, poll to completed; create, cancel: a named operation's call is a task too.
+#[test]
+fn a_named_operation_called_as_a_task_is_its_execution_polled_and_cancelled_by_hand() {
+    let h = Host::new();
+    let tok = token(&h, "agent:ops", &[]);
+    let go = h.sshd.dir().join("go");
+    let ops = h.sshd.dir().join("operations.toml");
+    std::fs::write(
+        &ops,
+        format!(
+            r#"
+[operations.wait_note]
+description = "Wait for the go file, then print a note"
+class = "read-only"
+hosts = ["127.0.0.1"]
+argv = ["sh", "-c", "echo ran >> '{counter}'; while [ ! -e \"$2\" ]; do sleep 0.1; done; printf '%s' \"$1\"", "wait_note", "{{note}}", "{{gate}}"]
+
+[operations.wait_note.args]
+note = {{ type = "string", pattern = "^[a-z-]+$" }}
+gate = {{ type = "string", pattern = "^/[a-zA-Z0-9/._-]+$" }}
+"#,
+            counter = h.counter.display()
+        ),
+    )
+    .unwrap();
+    let s = Server::start(&h, 0, &["--operations", ops.to_str().unwrap()]);
+    let call = |id: u64, note: &str, gate: &str| {
+        mcp_2026(
+            s.port,
+            &tok,
+            id,
+            "tools/call",
+            json!({"name": "wait_note", "arguments": {"note": note, "gate": gate}}),
+        )
+    };
+    let r = call(1, "op-task-done", go.to_str().unwrap());
+    let created = &r["result"];
+    assert_eq!(created["resultType"], "task", "{r}");
+    assert_eq!(created["status"], "working", "{r}");
+    let task = created["taskId"].as_str().unwrap().to_owned();
+    assert!(
+        task.starts_with("ex_"),
+        "the task ID is the execution ID: {task}"
+    );
+    let id = h.wait_started();
+    assert_eq!(id, task);
+    assert_eq!(task_of(s.port, &tok, &task)["status"], "working");
+    std::fs::write(&go, "").unwrap();
+    let t = wait_for("the task completed", T, || {
+        let t = task_of(s.port, &tok, &task);
+        (t["status"] != "working").then_some(t)
+    });
+    assert_eq!(t["status"], "completed", "{t}");
+    let v = &t["result"]["structuredContent"];
+    assert_eq!(v["execution_id"], task.as_str(), "{t}");
+    assert_eq!(v["stdout"], "op-task-done", "{t}");
+    assert_eq!(h.runs(), 1);
+
+    let never = h.sshd.dir().join("never");
+    let r = call(2, "cancelled", never.to_str().unwrap());
+    let task2 = r["result"]["taskId"].as_str().unwrap().to_owned();
+    wait_for("the second started", T, || (h.runs() == 2).then_some(()));
+    let ack = mcp_2026(s.port, &tok, 3, "tasks/cancel", json!({"taskId": task2}));
+    assert!(ack.get("result").is_some(), "{ack}");
+    let t = wait_for("the task cancelled", T, || {
+        let t = task_of(s.port, &tok, &task2);
+        (t["status"] != "working").then_some(t)
+    });
+    assert_eq!(t["status"], "cancelled", "{t}");
+    assert_eq!(h.state(&task2), cairn::State::Cancelled);
+    assert_eq!((h.runs(), h.executions()), (2, 2));
+}
+
+/// A 2026-07-28 call without the tasks extension whose stream is closed once the command has
+/// started; its execution ID, once `delivery-abandoned` is recorded.
+fn close_mid_call(h: &Host, s: &Server, tok: &str, call: &Value) -> String {
+    let st = send_2026(s, tok, 1, call);
     let id = h.wait_started();
     drop(st);
     wait_for("delivery-abandoned", T, || {

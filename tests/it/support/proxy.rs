@@ -248,8 +248,17 @@ fn pump_down(inner: Arc<Inner>, conn: Arc<Conn>) {
         };
         if inner.pause_down.load(Ordering::SeqCst) {
             held.extend_from_slice(&buf[..n]);
-        } else if dst.write_all(&buf[..n]).is_err() {
-            break;
+        } else {
+            // Resumed while this read waited: what was held goes first, in order.
+            if !held.is_empty() {
+                if dst.write_all(&held).is_err() {
+                    break;
+                }
+                held.clear();
+            }
+            if dst.write_all(&buf[..n]).is_err() {
+                break;
+            }
         }
     }
     remove(&inner, &conn);
