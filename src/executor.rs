@@ -1562,7 +1562,7 @@ impl Executor {
             Some(r) => {
                 let mut t =
                     crate::ssh::resolve(&rec.destination, &r.resolve_options(&self.connect))?;
-                r.apply(&mut t, &self.connect);
+                r.apply(&mut t, &self.connect)?;
                 t
             }
             None => crate::ssh::resolve(&rec.destination, &self.connect)?,
@@ -1600,7 +1600,7 @@ impl Executor {
                 let (c, lease) = pool.get(target, &self.connect).await?;
                 (c, Some(lease))
             }
-            None => (Connection::connect(target, &self.connect).await?, None),
+            None => (crate::pool::connect(target, &self.connect).await?, None),
         };
         self.conns.push((key, c, lease));
         Ok(self.conns.len() - 1)

@@ -564,6 +564,7 @@ fn connect_flags(c: &ConnectOptions) -> serde_json::Value {
         "identity": c.identity.iter().map(abs).collect::<Vec<_>>(),
         "known_hosts": c.known_hosts.as_ref().map(abs),
         "port": c.port,
+        "jump": c.jump,
     })
 }
 
@@ -584,6 +585,9 @@ fn apply_connect_flags(rec: &serde_json::Value, c: &mut ConnectOptions) {
     }
     if c.port.is_none() {
         c.port = rec["port"].as_u64().and_then(|p| u16::try_from(p).ok());
+    }
+    if c.jump.is_none() {
+        c.jump = rec["jump"].as_str().map(str::to_owned);
     }
 }
 

@@ -11,6 +11,14 @@
 //! (and the thread and runtime) that first asked for it. A connection an execution saw fail is
 //! retired: nobody new is given it, and it closes when its last user lets go. An idle connection
 //! is kept for the next execution to the same host for [`IDLE_FOR`], then closed.
+//!
+//! Jump hosts (ProxyJump) are shared by every target behind them in this process, pooled or
+//! not: [`connect`] reaches a target through one connection per hop, whatever the number of
+//! targets behind it (each target is one `direct-tcpip` channel of the hop before it; sshd's
+//! `MaxSessions` does not count those). `cairn run --hosts` behind one bastion therefore makes
+//! one connection to the bastion, where `ssh -J` makes one per target. A hop connection that
+//! closed is replaced on the next connect; one nobody runs through is closed after
+//! [`IDLE_FOR`].
 
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -201,10 +209,7 @@ impl Pool {
             let made = conn
                 .get_or_init(|| async {
                     let (t, o) = (target.clone(), opts.clone());
-                    match runtime()
-                        .spawn(async move { Connection::connect(&t, &o).await })
-                        .await
-                    {
+                    match runtime().spawn(async move { connect(&t, &o).await }).await {
                         Ok(r) => r.map_err(Arc::new),
                         Err(e) => Err(Arc::new(SshError::Disconnected(format!(
                             "the connecting task ended: {e}"
@@ -269,4 +274,130 @@ impl Pool {
         };
         (conn, lease)
     }
+}
+
+/// Connect to `target` (TCP, its ProxyCommand, or through its jump hosts), sharing the
+/// connections to the jump hosts with every other target of this process behind them; see the
+/// module documentation.
+pub async fn connect(target: &Target, opts: &ConnectOptions) -> Result<Connection, SshError> {
+    if target.jump.is_empty() {
+        return Connection::connect(target, opts).await;
+    }
+    let hop = hop_connection(target, target.jump.len()).await?;
+    Connection::connect_via(target, crate::ssh::Via::Jump(&hop)).await
+}
+
+type HopCell = Arc<tokio::sync::OnceCell<Result<Connection, Arc<SshError>>>>;
+
+struct Hop {
+    /// The hops up to and including this one and how the first is reached.
+    key: String,
+    conn: HopCell,
+    /// Since when only the registry holds the connection.
+    idle_since: Option<Instant>,
+}
+
+/// Connections to jump hosts, shared by the whole process.
+static HOPS: Mutex<Vec<Hop>> = Mutex::new(Vec::new());
+
+fn hops() -> std::sync::MutexGuard<'static, Vec<Hop>> {
+    HOPS.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn hop_closed(cell: &HopCell) -> bool {
+    match cell.get() {
+        Some(Ok(c)) => c.is_closed(),
+        Some(Err(_)) => true,
+        None => false,
+    }
+}
+
+/// Drop the hop connections that closed or that nobody ran through for [`IDLE_FOR`]; returned
+/// to be dropped outside the lock.
+fn sweep_hops(list: &mut Vec<Hop>, now: Instant) -> Vec<Hop> {
+    for h in list.iter_mut() {
+        // Only the registry's own handle left: idle.
+        let idle = matches!(h.conn.get(), Some(Ok(c)) if c.users() <= 1);
+        match (idle, h.idle_since) {
+            (true, None) => h.idle_since = Some(now),
+            (false, _) => h.idle_since = None,
+            _ => {}
+        }
+    }
+    let (gone, keep): (Vec<Hop>, Vec<Hop>) = std::mem::take(list).into_iter().partition(|h| {
+        hop_closed(&h.conn)
+            || h.idle_since
+                .is_some_and(|t| now.duration_since(t) >= IDLE_FOR)
+    });
+    *list = keep;
+    gone
+}
+
+/// The shared connection to `target.jump[n - 1]`, reached through the hops before it.
+async fn hop_connection(target: &Target, n: usize) -> Result<Connection, SshError> {
+    static SWEEPER: OnceLock<()> = OnceLock::new();
+    SWEEPER.get_or_init(|| {
+        runtime().spawn(async {
+            loop {
+                tokio::time::sleep(IDLE_FOR / 4).await;
+                let gone = sweep_hops(&mut hops(), Instant::now());
+                drop(gone);
+            }
+        });
+    });
+    let mut prev: Option<Connection> = None;
+    for i in 0..n {
+        let key = format!("{:?} {:?}", target.proxy_command, &target.jump[..=i]);
+        let cell = {
+            let mut list = hops();
+            let gone = sweep_hops(&mut list, Instant::now());
+            let cell = match list
+                .iter_mut()
+                .find(|h| h.key == key && !hop_closed(&h.conn))
+            {
+                Some(h) => h.conn.clone(),
+                None => {
+                    let cell = HopCell::default();
+                    list.push(Hop {
+                        key,
+                        conn: cell.clone(),
+                        idle_since: None,
+                    });
+                    cell
+                }
+            };
+            drop(list);
+            drop(gone);
+            cell
+        };
+        let (hop, before) = (target.jump[i].clone(), prev.clone());
+        let first = target.proxy_command.clone();
+        let made = cell
+            .get_or_init(|| async move {
+                // On the pool's runtime: the hop outlives the execution (and the runtime) that
+                // first needed it.
+                match runtime()
+                    .spawn(async move {
+                        let via = match (&before, &first) {
+                            (Some(c), _) => crate::ssh::Via::Jump(c),
+                            (None, Some(cmd)) => crate::ssh::Via::Command(cmd),
+                            (None, None) => crate::ssh::Via::Tcp,
+                        };
+                        Connection::connect_via(&hop, via).await
+                    })
+                    .await
+                {
+                    Ok(r) => r.map_err(Arc::new),
+                    Err(e) => Err(Arc::new(SshError::Disconnected(format!(
+                        "the connecting task ended: {e}"
+                    )))),
+                }
+            })
+            .await;
+        match made {
+            Ok(c) => prev = Some(c.clone()),
+            Err(e) => return Err(e.duplicate()),
+        }
+    }
+    prev.ok_or_else(|| SshError::Protocol("no jump host to connect through".into()))
 }

@@ -194,9 +194,14 @@ pub struct Common {
     /// ssh_config file (default ~/.ssh/config).
     #[arg(short = 'F', long = "ssh-config")]
     pub ssh_config: Option<PathBuf>,
-    /// known_hosts file (default ~/.ssh/known_hosts).
+    /// known_hosts file (default ~/.ssh/known_hosts); with jump hosts, the only file consulted
+    /// for every hop too.
     #[arg(long)]
     pub known_hosts: Option<PathBuf>,
+    /// Jump hosts, reached in order: [user@]host[:port][,...], or `none` (wins over
+    /// ssh_config's ProxyJump, as with ssh -J).
+    #[arg(short = 'J', long = "jump", value_name = "HOPS")]
+    pub jump: Option<String>,
     /// Record the host key of a host not yet in known_hosts (never a changed one).
     #[arg(long)]
     pub accept_new: bool,
@@ -268,6 +273,7 @@ impl Common {
             connect_timeout_explicit: self.connect_timeout.is_some(),
             keepalive_interval: self.keepalive.unwrap_or(d.keepalive_interval),
             keepalive_explicit: self.keepalive.is_some(),
+            jump: self.jump.clone(),
             ..d
         }
     }
@@ -380,6 +386,8 @@ pub async fn main(cli: Cli) -> i32 {
 }
 
 async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
+    // A key's passphrase may be asked on the terminal, as ssh asks it; never by the servers.
+    crate::ssh::allow_prompts(!matches!(cli.command, Command::Serve(_) | Command::Mcp(_)));
     match cli.command {
         Command::Run(args) => run(args).await,
         Command::Status { id, common, json } => status(&parse_id(&id)?, &common, json).await,

@@ -390,6 +390,36 @@ async fn try_key_files(
     Ok(false)
 }
 
+/// An encrypted key no agent holds: ask its passphrase on the terminal (three tries, as ssh),
+/// where prompts are allowed and there is one; else note it for the error.
+fn unlock(
+    a: &mut Attempts<'_>,
+    path: &std::path::Path,
+    decrypt: impl Fn(&str) -> Option<PrivateKey>,
+) -> Option<PrivateKey> {
+    for attempt in 0..3 {
+        let Some(pass) = super::prompt::passphrase(path, attempt > 0) else {
+            break;
+        };
+        if let Some(k) = decrypt(&pass) {
+            return Some(k);
+        }
+        if attempt == 2 {
+            a.tried.push(format!(
+                "{} (wrong passphrase, three times)",
+                path.display()
+            ));
+            return None;
+        }
+    }
+    a.tried.push(format!(
+        "{} (encrypted, no agent holds it: skipped)",
+        path.display()
+    ));
+    a.encrypted.get_or_insert_with(|| path.to_path_buf());
+    None
+}
+
 /// Read and decode one key file; `None` (with the reason in `tried`) when it cannot be offered:
 /// missing, unreadable, encrypted with no agent holding it, or already offered by the agent.
 fn load_key_file(a: &mut Attempts<'_>, path: &std::path::Path) -> Option<PrivateKey> {
@@ -421,23 +451,16 @@ fn load_key_file(a: &mut Attempts<'_>, path: &std::path::Path) -> Option<Private
                 // Already offered through the agent.
                 return None;
             }
-            a.tried.push(format!(
-                "{} (encrypted, no agent holds it: skipped)",
-                path.display()
-            ));
-            a.encrypted.get_or_insert_with(|| path.to_path_buf());
-            return None;
+            return unlock(a, path, |pass| pk.decrypt(pass).ok());
         }
     }
     let key = match russh::keys::decode_secret_key(&String::from_utf8_lossy(&text), None) {
         Ok(k) => k,
         Err(russh::keys::Error::KeyIsEncrypted) => {
-            a.tried.push(format!(
-                "{} (encrypted, no agent holds it: skipped)",
-                path.display()
-            ));
-            a.encrypted.get_or_insert_with(|| path.to_path_buf());
-            return None;
+            let pem = String::from_utf8_lossy(&text).into_owned();
+            return unlock(a, path, |pass| {
+                russh::keys::decode_secret_key(&pem, Some(pass)).ok()
+            });
         }
         Err(e) => {
             a.tried.push(format!(

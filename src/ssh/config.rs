@@ -37,7 +37,9 @@ struct Collected {
     host_key_alias: Option<Val>,
     identities_only: Option<Val>,
     certificate_files: Vec<Val>,
+    /// ProxyJump as given (`none` or a list of hops); `-J` presets it.
     proxy_jump: Option<Val>,
+    /// ProxyCommand as given (`none` or a command).
     proxy_command: Option<Val>,
 }
 
@@ -254,10 +256,27 @@ impl Parser<'_> {
                     value: args[0].clone(),
                     loc: loc.clone(),
                 }),
-                "proxyjump" => first(&mut o.proxy_jump),
-                "proxycommand" if o.proxy_command.is_none() => {
+                // As OpenSSH 9 reads them: the first ProxyJump wins unless a ProxyCommand
+                // (even `none`) came first; a ProxyCommand is ignored once a ProxyJump other
+                // than `none` is set. `-J` counts as a ProxyJump read before the files.
+                "proxyjump" if o.proxy_jump.is_none() && o.proxy_command.is_none() => {
+                    let value = args.join(" ");
+                    if !value.eq_ignore_ascii_case("none") {
+                        parse_jump_list(&value).map_err(|m| {
+                            cfg_err(&loc, format!("Invalid ProxyJump \"{value}\": {m}"))
+                        })?;
+                    }
+                    o.proxy_jump = Some(Val {
+                        value,
+                        loc: loc.clone(),
+                    });
+                }
+                "proxycommand"
+                    if o.proxy_command.is_none()
+                        && o.proxy_jump.as_ref().is_none_or(|v| is_none(&v.value)) =>
+                {
                     o.proxy_command = Some(Val {
-                        value: args.join(" "),
+                        value: raw_rest(trimmed),
                         loc: loc.clone(),
                     });
                 }
@@ -455,28 +474,158 @@ impl Parser<'_> {
     }
 }
 
-/// A ProxyJump or ProxyCommand other than `none` means OpenSSH reaches this host another way;
-/// connecting straight to it could reach another machine or none. Say so instead.
-fn refuse_proxies(c: &Collected) -> Result<(), SshError> {
-    for (keyword, val) in [
-        ("ProxyJump", &c.proxy_jump),
-        ("ProxyCommand", &c.proxy_command),
-    ] {
-        if let Some(v) = val
-            .as_ref()
-            .filter(|v| !v.value.eq_ignore_ascii_case("none"))
-        {
-            return Err(cfg_err(
-                &v.loc,
-                format!(
-                    "{keyword} \"{}\" is set for this host, and this cairn cannot connect through \
-                     a jump host or a proxy command yet; it will not connect directly instead",
-                    v.value
-                ),
-            ));
+fn is_none(v: &str) -> bool {
+    v.eq_ignore_ascii_case("none")
+}
+
+/// The rest of a config line after its keyword, as OpenSSH keeps it for ProxyCommand (quotes
+/// and spacing are the shell's business).
+fn raw_rest(line: &str) -> String {
+    let kw_end = line
+        .find(|c: char| c.is_whitespace() || c == '=')
+        .unwrap_or(line.len());
+    let rest = line[kw_end..].trim_start();
+    rest.strip_prefix('=').unwrap_or(rest).trim().to_owned()
+}
+
+/// One hop of a ProxyJump list: `[user@]host[:port]` or `ssh://[user@]host[:port]`, with
+/// `[addr]` for IPv6 addresses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct JumpHop {
+    pub user: Option<String>,
+    pub host: String,
+    pub port: Option<u16>,
+}
+
+impl JumpHop {
+    /// `[user@]host`, the destination this hop is resolved as.
+    pub fn destination(&self) -> String {
+        match &self.user {
+            Some(u) => format!("{u}@{}", self.host),
+            None => self.host.clone(),
         }
     }
-    Ok(())
+
+    /// As `ssh -G` prints a hop: numeric hosts in brackets, `:port` when given.
+    fn display(&self) -> String {
+        let numeric =
+            self.host.contains(':') || self.host.chars().all(|c| c.is_ascii_digit() || c == '.');
+        let mut s = String::new();
+        if let Some(u) = &self.user {
+            s.push_str(u);
+            s.push('@');
+        }
+        if numeric {
+            s.push_str(&format!("[{}]", self.host));
+        } else {
+            s.push_str(&self.host);
+        }
+        if let Some(p) = self.port {
+            s.push_str(&format!(":{p}"));
+        }
+        s
+    }
+}
+
+/// Most jump hosts on the way to one destination (a jump host's own ProxyJump included).
+pub(crate) const MAX_HOPS: usize = 16;
+
+/// Parse a ProxyJump list (`a,ops@b:2222,ssh://c`), as OpenSSH's `parse_jump` accepts it.
+pub(crate) fn parse_jump_list(s: &str) -> Result<Vec<JumpHop>, String> {
+    let mut hops = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.is_empty() {
+            return Err("an empty hop".into());
+        }
+        hops.push(parse_hop(part)?);
+    }
+    if hops.len() > MAX_HOPS {
+        return Err(format!("more than {MAX_HOPS} hops"));
+    }
+    Ok(hops)
+}
+
+fn parse_hop(part: &str) -> Result<JumpHop, String> {
+    let body = match part.strip_prefix("ssh://") {
+        Some(rest) => rest.strip_suffix('/').unwrap_or(rest),
+        None => part,
+    };
+    let (user, hostport) = match body.rsplit_once('@') {
+        Some((u, h)) if !u.is_empty() && !u.contains('@') => (Some(u.to_owned()), h),
+        Some(_) => return Err(format!("bad user in \"{part}\"")),
+        None => (None, body),
+    };
+    let (host, port) = if let Some(rest) = hostport.strip_prefix('[') {
+        let (h, after) = rest
+            .split_once(']')
+            .ok_or_else(|| format!("unclosed [ in \"{part}\""))?;
+        match after {
+            "" => (h, None),
+            p => (
+                h,
+                Some(
+                    p.strip_prefix(':')
+                        .ok_or_else(|| format!("bad port in \"{part}\""))?,
+                ),
+            ),
+        }
+    } else {
+        match hostport.split_once(':') {
+            Some((h, p)) => (h, Some(p)),
+            None => (hostport, None),
+        }
+    };
+    if host.is_empty() || host.starts_with('-') || host.contains(['/', ' ', '\t']) {
+        return Err(format!("bad host in \"{part}\""));
+    }
+    let port = match port {
+        None => None,
+        Some(p) => Some(
+            p.parse::<u16>()
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("bad port in \"{part}\""))?,
+        ),
+    };
+    Ok(JumpHop {
+        user,
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// How the configuration says a destination is reached.
+enum Route {
+    Direct,
+    /// ProxyCommand, tokens not yet expanded.
+    Command(Val),
+    Jump(Vec<JumpHop>),
+}
+
+fn route_of(c: &Collected) -> Result<Route, SshError> {
+    if let Some(v) = c.proxy_jump.as_ref().filter(|v| !is_none(&v.value)) {
+        return parse_jump_list(&v.value)
+            .map(Route::Jump)
+            .map_err(|m| cfg_err(&v.loc, format!("Invalid ProxyJump \"{}\": {m}", v.value)));
+    }
+    if let Some(v) = c.proxy_command.as_ref().filter(|v| !is_none(&v.value)) {
+        return Ok(Route::Command(v.clone()));
+    }
+    Ok(Route::Direct)
+}
+
+/// The `ssh -G` line for the route as configured for this destination.
+fn route_g_line(c: &Collected) -> Option<(&'static str, String)> {
+    if let Some(v) = c.proxy_jump.as_ref().filter(|v| !is_none(&v.value)) {
+        let hops = parse_jump_list(&v.value).ok()?;
+        let list: Vec<String> = hops.iter().map(JumpHop::display).collect();
+        return Some(("proxyjump", list.join(",")));
+    }
+    c.proxy_command
+        .as_ref()
+        .filter(|v| !is_none(&v.value))
+        .map(|v| ("proxycommand", v.value.clone()))
 }
 
 /// Include paths: `~` expanded, relative ones are relative to ~/.ssh, `*`/`?` in the last
@@ -616,6 +765,98 @@ fn passwd_entry() -> (Option<String>, Option<PathBuf>) {
 }
 
 pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
+    resolve_depth(destination, opts, 0)
+}
+
+/// One destination through ssh_config, ignoring any ProxyJump or ProxyCommand it has (a hop
+/// whose way there is already known, as recorded with an execution).
+pub(crate) fn resolve_plain(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
+    let o = ConnectOptions {
+        jump: None,
+        ..opts.clone()
+    };
+    Ok(resolve_one(destination, &o)?.0)
+}
+
+/// The options a jump host is resolved with: the same ssh_config, known_hosts and liveness
+/// settings, but not the destination's `-p` and `-i` (OpenSSH passes neither to a jump host).
+fn hop_options(opts: &ConnectOptions, hop: &JumpHop) -> ConnectOptions {
+    ConnectOptions {
+        port: hop.port,
+        identity: Vec::new(),
+        jump: None,
+        ..opts.clone()
+    }
+}
+
+/// Resolve `destination` and the chain of jump hosts before it, flattened: `jump[0]` is
+/// reached first (through `proxy_command` if one is set), each later hop through the one
+/// before it. As `ssh -J a,b` does, the first hop's own ProxyJump or ProxyCommand applies
+/// (it is reached the way `ssh a` reaches it); a later hop's own are ignored.
+fn resolve_depth(
+    destination: &str,
+    opts: &ConnectOptions,
+    depth: usize,
+) -> Result<Target, SshError> {
+    let (mut t, route) = resolve_one(destination, opts)?;
+    match route {
+        ResolvedRoute::Direct => {}
+        ResolvedRoute::Command(cmd) => t.proxy_command = Some(cmd),
+        ResolvedRoute::Jump(hops, origin) => {
+            let too_long = || {
+                let message = format!(
+                    "more than {MAX_HOPS} jump hosts on the way to {destination}: does a jump \
+                     host's own ProxyJump lead back to itself? (give the jump host \
+                     `ProxyJump none`)"
+                );
+                match &origin {
+                    Some(loc) => cfg_err(loc, message),
+                    None => SshError::InvalidJump(message),
+                }
+            };
+            let mut chain: Vec<Target> = Vec::new();
+            let mut proxy = None;
+            for (i, hop) in hops.iter().enumerate() {
+                let mut o = hop_options(opts, hop);
+                let h = if i == 0 {
+                    if depth + 1 >= MAX_HOPS {
+                        return Err(too_long());
+                    }
+                    let mut first = resolve_depth(&hop.destination(), &o, depth + 1)?;
+                    chain = std::mem::take(&mut first.jump);
+                    proxy = first.proxy_command.take();
+                    first
+                } else {
+                    // `ssh -J a b` for hop b: the hops before it win over its own config.
+                    let before: Vec<String> = hops[..i].iter().map(JumpHop::display).collect();
+                    o.jump = Some(before.join(","));
+                    resolve_one(&hop.destination(), &o)?.0
+                };
+                chain.push(h);
+            }
+            if chain.len() > MAX_HOPS {
+                return Err(too_long());
+            }
+            t.jump = chain;
+            t.proxy_command = proxy;
+        }
+    }
+    Ok(t)
+}
+
+/// How a destination is reached, with a ProxyCommand's tokens expanded; for a ProxyJump, where
+/// it was set (`None`: `-J`).
+enum ResolvedRoute {
+    Direct,
+    Command(String),
+    Jump(Vec<JumpHop>, Option<Loc>),
+}
+
+/// One destination through ssh_config, without following its route.
+fn resolve_one(
+    destination: &str,
+    opts: &ConnectOptions,
+) -> Result<(Target, ResolvedRoute), SshError> {
     let (dest_user, host) = match destination.rsplit_once('@') {
         Some((u, h)) => (Some(u.to_string()), h),
         None => (None, destination),
@@ -644,6 +885,23 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         final_pass: false,
         want_final: false,
     };
+    if let Some(j) = &opts.jump {
+        // `-J` is read before the files, as OpenSSH reads its command line first.
+        if !is_none(j) {
+            parse_jump_list(j).map_err(|m| {
+                SshError::InvalidJump(format!(
+                    "invalid -J argument \"{j}\": {m}; expected [user@]host[:port][,...] or none"
+                ))
+            })?;
+        }
+        parser.out.proxy_jump = Some(Val {
+            value: j.clone(),
+            loc: Loc {
+                file: PathBuf::from("-J"),
+                line: 0,
+            },
+        });
+    }
     parser.parse_all(opts.ssh_config.as_deref())?;
     if parser.want_final {
         // As OpenSSH: read the files again with the HostName settled; values already set
@@ -653,7 +911,8 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         parser.parse_all(opts.ssh_config.as_deref())?;
     }
     let c = parser.out;
-    refuse_proxies(&c)?;
+    let route = route_of(&c)?;
+    let route_line = route_g_line(&c);
 
     let hostname = match &c.hostname {
         Some(v) => expand_hostname(v, &lower)?,
@@ -721,8 +980,20 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
     }
     let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
     let identity_agent = identity_agent(&c, &tokens, &home)?;
+    let route = match route {
+        Route::Direct => ResolvedRoute::Direct,
+        Route::Command(v) => ResolvedRoute::Command(expand_tokens(&v.value, &tokens, &v.loc)?),
+        Route::Jump(hops) => {
+            let origin = c
+                .proxy_jump
+                .as_ref()
+                .map(|v| v.loc.clone())
+                .filter(|l| l.line > 0);
+            ResolvedRoute::Jump(hops, origin)
+        }
+    };
 
-    Ok(Target {
+    let target = Target {
         alias,
         hostname,
         port,
@@ -741,7 +1012,11 @@ pub(crate) fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target
         identities_only,
         certificate_files,
         global_known_hosts,
-    })
+        jump: Vec::new(),
+        proxy_command: None,
+        route_line,
+    };
+    Ok((target, route))
 }
 
 /// HostName with `%h` (the lower-cased name given) and `%%`, the only tokens it knows.
@@ -953,6 +1228,9 @@ pub fn ssh_g_lines(t: &Target) -> Vec<(&'static str, String)> {
         out.push(("globalknownhostsfile", join(&t.global_known_hosts)));
     }
     out.push(("userknownhostsfile", join(&user_files)));
+    if let Some((keyword, value)) = &t.route_line {
+        out.push((keyword, value.clone()));
+    }
     if let Some(a) = &t.host_key_alias {
         out.push(("hostkeyalias", a.clone()));
     }
@@ -1151,8 +1429,11 @@ mod tests {
             ("Match tagged x\n", "'tagged' is not supported"),
             ("Host x\n StrictHostKeyChecking no\n", "refuses"),
             ("Host x\n StrictHostKeyChecking maybe\n", "must be yes"),
-            ("Host x\n ProxyJump bastion\n", "cannot connect through"),
-            ("Host x\n ProxyCommand ssh -W %h:%p b\n", "ProxyCommand"),
+            ("Host x\n ProxyJump a,,b\n", "Invalid ProxyJump \"a,,b\""),
+            ("Host x\n ProxyJump u@@b\n", "Invalid ProxyJump"),
+            ("Host x\n ProxyJump b:0\n", "bad port"),
+            ("Host x\n ProxyCommand nc %h %z\n", "unknown token %z"),
+            ("Host *\n ProxyJump x\n", "more than 16 jump hosts"),
         ] {
             let (_d, o) = opts_with(cfg);
             match resolve("x", &o) {
@@ -1165,6 +1446,129 @@ mod tests {
         }
         let (_d, o) = opts_with("Host x\n ProxyJump none\n StrictHostKeyChecking ask\n");
         assert!(!resolve("x", &o).unwrap().accept_new);
+    }
+
+    #[test]
+    fn jump_lists_parse_as_openssh_parses_them() {
+        let h = parse_jump_list("ops@b1:2222,[::1]:23,ssh://u@h:5,b3,10.0.0.1").unwrap();
+        let shown: Vec<String> = h.iter().map(JumpHop::display).collect();
+        assert_eq!(
+            shown,
+            ["ops@b1:2222", "[::1]:23", "u@h:5", "b3", "[10.0.0.1]"]
+        );
+        assert_eq!(h[0].destination(), "ops@b1");
+        assert_eq!(h[1].host, "::1");
+        for bad in [
+            "",
+            "a,",
+            ",a",
+            "a:x",
+            "a:0",
+            "a:70000",
+            "@a",
+            "[::1",
+            "-oProxyCommand=x",
+        ] {
+            assert!(parse_jump_list(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn proxy_jump_chains_resolve_each_hop_through_the_config() {
+        let (_d, o) = opts_with(
+            "Host t1\n ProxyJump ops@b1:2222,b2\n HostName 10.9.0.1\n\
+             Host t2\n ProxyCommand ssh -W %h:%p %r@gw %% %n\n User tu\n Port 2022\n\
+             Host t3\n ProxyJump none\n ProxyCommand late %h\n\
+             Host t4\n ProxyCommand none\n ProxyJump b1\n\
+             Host t5\n ProxyJump b1\n ProxyCommand ignored\n\
+             Host b1\n HostName bastion.one\n User b1user\n IdentityFile /k/b1\n \
+             UserKnownHostsFile /kh/b1\n ProxyJump b0\n\
+             Host b2\n HostName bastion.two\n ProxyCommand never-used\n ProxyJump never-either\n\
+             Host b0\n ProxyCommand connect-b0 %h %p\n\
+             Host *\n IdentityFile /k/default\n",
+        );
+        let t = resolve("t1", &o).unwrap();
+        let hops: Vec<(&str, &str, u16, &str)> = t
+            .jump
+            .iter()
+            .map(|h| {
+                (
+                    h.alias.as_str(),
+                    h.hostname.as_str(),
+                    h.port,
+                    h.user.as_str(),
+                )
+            })
+            .collect();
+        let (me, _) = local_user_and_home();
+        // b1's own ProxyJump b0 applies (it is the first hop); b2's own route is ignored.
+        assert_eq!(
+            hops,
+            [
+                ("b0", "b0", 22, me.as_str()),
+                ("b1", "bastion.one", 2222, "ops"),
+                ("b2", "bastion.two", 22, me.as_str()),
+            ]
+        );
+        assert_eq!(t.proxy_command.as_deref(), Some("connect-b0 b0 22"));
+        assert_eq!(t.jump[1].identity_files[0], PathBuf::from("/k/b1"));
+        assert_eq!(t.jump[1].known_hosts, PathBuf::from("/kh/b1"));
+        assert!(t
+            .jump
+            .iter()
+            .all(|h| h.jump.is_empty() && h.proxy_command.is_none()));
+        assert_eq!(
+            t.route_line,
+            Some(("proxyjump", "ops@b1:2222,b2".to_owned()))
+        );
+
+        let t = resolve("t2", &o).unwrap();
+        assert!(t.jump.is_empty());
+        assert_eq!(
+            t.proxy_command.as_deref(),
+            Some("ssh -W t2:2022 tu@gw % t2")
+        );
+        assert_eq!(
+            t.route_line,
+            Some(("proxycommand", "ssh -W %h:%p %r@gw %% %n".to_owned()))
+        );
+        // ProxyJump none leaves room for a later ProxyCommand; ProxyCommand none does not
+        // for a later ProxyJump; a ProxyJump wins over a later ProxyCommand (OpenSSH 9).
+        assert_eq!(
+            resolve("t3", &o).unwrap().proxy_command.as_deref(),
+            Some("late t3")
+        );
+        let t4 = resolve("t4", &o).unwrap();
+        assert!(t4.jump.is_empty() && t4.proxy_command.is_none());
+        let t5 = resolve("t5", &o).unwrap();
+        assert_eq!(t5.jump.len(), 2);
+        assert_eq!(t5.proxy_command.as_deref(), Some("connect-b0 b0 22"));
+
+        // -J wins over the config; `-J none` drops the ProxyJump but keeps a ProxyCommand.
+        let j = |spec: &str| ConnectOptions {
+            jump: Some(spec.to_owned()),
+            port: Some(2),
+            identity: vec![PathBuf::from("/cli/key")],
+            ..o.clone()
+        };
+        let t = resolve("t2", &j("x@b2:7")).unwrap();
+        // b2 is now the first hop: reached as `ssh b2` would reach it, by its ProxyCommand.
+        assert_eq!(t.proxy_command.as_deref(), Some("never-used"));
+        assert_eq!(t.jump.len(), 1);
+        assert_eq!((t.jump[0].user.as_str(), t.jump[0].port), ("x", 7));
+        assert_eq!(t.port, 2);
+        // -p and -i are the destination's alone, as ssh passes neither to a jump host.
+        assert_eq!(t.jump[0].identity_files, [PathBuf::from("/k/default")]);
+        let t = resolve("t1", &j("none")).unwrap();
+        assert!(t.jump.is_empty() && t.proxy_command.is_none());
+        assert_eq!(
+            resolve("t5", &j("none")).unwrap().proxy_command.as_deref(),
+            Some("ignored")
+        );
+        match resolve("t1", &j("a,,b")) {
+            Err(SshError::InvalidJump(m)) => assert!(m.contains("invalid -J argument"), "{m}"),
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -6,12 +6,17 @@
 //!   `Err(SshError::Disconnected)`, means the outcome is unknown — never exit 0.
 //! - Keepalives (`keepalive_interval` × `keepalive_max`, plus one interval of slack, as russh
 //!   counts) turn a black-holed link into an error instead of a hang.
-//! - Nothing here ever prompts: an encrypted key that no agent holds is [`SshError::EncryptedKey`].
+//! - An encrypted key that no agent holds is asked for on the terminal only where the front end
+//!   allowed it ([`allow_prompts`]) and there is one; otherwise it is [`SshError::EncryptedKey`].
+//! - A target behind jump hosts runs its SSH session over a `direct-tcpip` channel of the hop
+//!   before it ([`Via::Jump`]); one behind a ProxyCommand over the command's stdin/stdout.
 
 mod auth;
 mod config;
 mod keyfix;
 pub mod known_hosts;
+mod prompt;
+mod proxy;
 mod stream;
 
 use std::collections::VecDeque;
@@ -24,6 +29,13 @@ use russh::keys::ssh_key::{Algorithm, HashAlg, PublicKey};
 use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
 
 pub use config::{ssh_g_lines, AgentSetting};
+pub use prompt::allow_prompts;
+
+/// Resolve one destination through ssh_config without following its ProxyJump or
+/// ProxyCommand (for a hop whose way there is already known, as recorded with an execution).
+pub fn resolve_plain(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
+    config::resolve_plain(destination, opts)
+}
 
 /// How to connect; mirrors the `ssh` command-line options cairn offers.
 #[derive(Debug, Clone)]
@@ -50,6 +62,9 @@ pub struct ConnectOptions {
     pub connect_timeout_explicit: bool,
     /// Likewise for `keepalive_interval` over ServerAliveInterval.
     pub keepalive_explicit: bool,
+    /// `-J`: jump hosts (`[user@]host[:port]`, comma-separated) or `none`; read before
+    /// ssh_config, so it wins over the config's ProxyJump (and, unless `none`, ProxyCommand).
+    pub jump: Option<String>,
 }
 
 impl Default for ConnectOptions {
@@ -65,6 +80,7 @@ impl Default for ConnectOptions {
             keepalive_max: 3,
             connect_timeout_explicit: false,
             keepalive_explicit: false,
+            jump: None,
         }
     }
 }
@@ -109,6 +125,18 @@ pub struct Target {
     pub certificate_files: Vec<PathBuf>,
     /// GlobalKnownHostsFile entries (also in `known_hosts_read`), kept apart for `cairn config`.
     pub global_known_hosts: Vec<PathBuf>,
+    /// Jump hosts (ProxyJump, `-J`), flattened in the order they are reached: `jump[0]` first
+    /// (through `proxy_command` when set), each later one through a `direct-tcpip` channel of
+    /// the one before, and this target through the last. Each hop was resolved through
+    /// ssh_config as OpenSSH resolves it (its own HostName, User, Port, IdentityFile,
+    /// known_hosts); hops carry no `jump` or `proxy_command` of their own.
+    pub jump: Vec<Target>,
+    /// ProxyCommand with its tokens expanded: run through `$SHELL -c "exec …"`, its stdin and
+    /// stdout the transport to `jump[0]` (or to this target when there are no hops).
+    pub proxy_command: Option<String>,
+    /// ProxyJump / ProxyCommand as ssh_config (or `-J`) set them for this destination, in
+    /// `ssh -G`'s words, for `cairn config`.
+    pub route_line: Option<(&'static str, String)>,
 }
 
 impl Target {
@@ -136,6 +164,15 @@ impl Target {
         vec![self.hostname.clone()]
     }
 
+    /// How the first connection of this target's chain is made: through its ProxyCommand,
+    /// else over TCP.
+    pub fn first_via(&self) -> Via<'_> {
+        match &self.proxy_command {
+            Some(c) => Via::Command(c),
+            None => Via::Tcp,
+        }
+    }
+
     fn known_hosts_files(&self) -> Vec<PathBuf> {
         let mut files = vec![self.known_hosts.clone()];
         files.extend(self.known_hosts_read.iter().cloned());
@@ -149,7 +186,8 @@ impl Target {
 /// ServerAliveCountMax, StrictHostKeyChecking (`no` refused), HashKnownHosts, IdentityAgent,
 /// HostKeyAlias, IdentitiesOnly, CertificateFile, Include, and `Match` (host, originalhost,
 /// user, localuser, exec, all, canonical, final, `!` negation) as OpenSSH's client reads them.
-/// ProxyJump/ProxyCommand other than `none` are refused: cairn does not connect around them.
+/// ProxyJump (and `-J`: several hops, `user@host:port`, `none`) and ProxyCommand (tokens %h %p
+/// %r %n %u %d %i %%) are followed as OpenSSH follows them; see [`Target::jump`].
 /// Default user: `$USER`, else the current uid's name.
 pub fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshError> {
     config::resolve(destination, opts)
@@ -246,8 +284,9 @@ pub enum SshError {
     },
 
     #[error(
-        "the key file {} is encrypted with a passphrase and no ssh-agent holds it; cairn never \
-         prompts for passphrases. Load it into your agent first (`ssh-add {}`) and make sure \
+        "the key file {} is encrypted with a passphrase, no ssh-agent holds it, and there is no \
+         terminal to ask for the passphrase on (cairn asks on a terminal, as ssh does, and never \
+         in `serve` or `mcp`). Load it into your agent first (`ssh-add {}`) and make sure \
          SSH_AUTH_SOCK is set.",
         path.display(), path.display()
     )]
@@ -275,6 +314,11 @@ pub enum SshError {
 
     #[error("invalid destination {0:?}: expected [user@]host")]
     InvalidDestination(String),
+
+    /// A `-J` argument that is not a list of `[user@]host[:port]`, or a chain of jump hosts
+    /// that never ends.
+    #[error("{0}")]
+    InvalidJump(String),
 
     #[error("the server refused to open a channel ({0}); it may have too many sessions open (MaxSessions), try again later")]
     ChannelRefused(String),
@@ -310,6 +354,7 @@ impl SshError {
             | SshError::CertificateNotValid { .. }
             | SshError::Config { .. }
             | SshError::InvalidDestination(_)
+            | SshError::InvalidJump(_)
             | SshError::Protocol(_) => false,
         }
     }
@@ -403,6 +448,7 @@ impl SshError {
                 message: message.clone(),
             },
             SshError::InvalidDestination(d) => SshError::InvalidDestination(d.clone()),
+            SshError::InvalidJump(d) => SshError::InvalidJump(d.clone()),
             SshError::ChannelRefused(m) => SshError::ChannelRefused(m.clone()),
             SshError::Disconnected(m) => SshError::Disconnected(m.clone()),
             SshError::Protocol(m) => SshError::Protocol(m.clone()),
@@ -656,7 +702,24 @@ pub struct Connection {
     shared: Arc<Shared>,
     fingerprint: String,
     target: Target,
+    /// The jump host this connection runs through (kept open while this one lives).
+    via: Option<Arc<Connection>>,
 }
+
+/// How one SSH connection of a chain reaches its server.
+#[derive(Clone, Copy)]
+pub enum Via<'a> {
+    /// TCP to the target's HostName and port.
+    Tcp,
+    /// The standard input and output of this command (ProxyCommand).
+    Command(&'a str),
+    /// A `direct-tcpip` channel of this connection (the jump host before the target).
+    Jump(&'a Connection),
+}
+
+/// A transport russh can run an SSH session over.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
 impl std::fmt::Debug for Connection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -671,34 +734,140 @@ impl Connection {
     /// TCP connect, handshake, host-key check and authentication, all under the target's
     /// `connect_timeout`. (`opts` is accepted for symmetry; the target already carries the
     /// settings derived from it.)
+    ///
+    /// A target with jump hosts ([`Target::jump`]) is reached through each of them in turn, every
+    /// hop under its own deadline and with its own host-key check; the connections to the hops
+    /// are this connection's own (a [`crate::pool`] shares them between targets instead).
     pub async fn connect(target: &Target, opts: &ConnectOptions) -> Result<Connection, SshError> {
         let _ = opts;
+        let mut prev: Option<Connection> = None;
+        for hop in &target.jump {
+            let via = match &prev {
+                Some(c) => Via::Jump(c),
+                None => target.first_via(),
+            };
+            prev = Some(Connection::connect_via(hop, via).await?);
+        }
+        let via = match &prev {
+            Some(c) => Via::Jump(c),
+            None => target.first_via(),
+        };
+        Connection::connect_via(target, via).await
+    }
+
+    /// One connection of a chain: to `target` (its `jump` and `proxy_command` are not looked
+    /// at) over `via`, under the target's `connect_timeout`.
+    pub async fn connect_via(target: &Target, via: Via<'_>) -> Result<Connection, SshError> {
         let deadline = target.connect_timeout;
-        match tokio::time::timeout(deadline, Self::connect_inner(target)).await {
-            Ok(r) => r,
-            Err(_) => Err(SshError::Timeout {
-                what: "connecting (TCP connect, SSH handshake and authentication)",
+        // Time spent at a passphrase prompt does not count against the deadline.
+        let prompted_before = prompt::prompt_millis();
+        let fut = Self::connect_inner(target, via);
+        tokio::pin!(fut);
+        let sleep = tokio::time::sleep(deadline);
+        tokio::pin!(sleep);
+        let mut extended = 0;
+        loop {
+            tokio::select! {
+                r = &mut fut => return r,
+                () = &mut sleep => {
+                    let prompted = prompt::prompt_millis().saturating_sub(prompted_before);
+                    if prompted <= extended {
+                        break;
+                    }
+                    let extra = Duration::from_millis(prompted - extended);
+                    extended = prompted;
+                    sleep.as_mut().reset(tokio::time::Instant::now() + extra);
+                }
+            }
+        }
+        {
+            Err(SshError::Timeout {
+                what: match via {
+                    Via::Tcp => "connecting (TCP connect, SSH handshake and authentication)",
+                    Via::Command(_) => {
+                        "connecting through the ProxyCommand (SSH handshake and authentication)"
+                    }
+                    Via::Jump(_) => {
+                        "connecting through the jump host (channel, SSH handshake and authentication)"
+                    }
+                },
                 after: deadline,
-            }),
+            })
         }
     }
 
-    async fn connect_inner(target: &Target) -> Result<Connection, SshError> {
-        let tcp = tokio::net::TcpStream::connect((target.hostname.as_str(), target.port))
+    /// A `direct-tcpip` channel from this connection's server to `host:port`, as a stream.
+    async fn direct_tcpip(&self, host: &str, port: u16) -> Result<Box<dyn Io>, SshError> {
+        match self
+            .handle
+            .channel_open_direct_tcpip(host, u32::from(port), "127.0.0.1", 0)
             .await
-            .map_err(|source| SshError::Connect {
-                host: target.hostname.clone(),
-                port: target.port,
-                source,
-            })?;
-        let quickack = std::env::var_os("CAIRN_SSH_NO_QUICKACK").is_none();
-        let dead_after = target.keepalive_interval.saturating_mul(
-            target
-                .keepalive_max
-                .saturating_add(1)
-                .min(u32::MAX as usize) as u32,
-        );
-        let stream = stream::QuickAckStream::new(tcp, quickack, Some(dead_after));
+        {
+            Ok(ch) => Ok(Box::new(ch.into_stream())),
+            Err(russh::Error::ChannelOpenFailure(why)) => {
+                use russh::ChannelOpenFailure as F;
+                let (kind, hint) = match why {
+                    F::AdministrativelyProhibited | F::UnknownChannelType => (
+                        std::io::ErrorKind::PermissionDenied,
+                        "; it refuses to forward (AllowTcpForwarding, PermitOpen or \
+                         DisableForwarding in its sshd_config)",
+                    ),
+                    F::ConnectFailed => (std::io::ErrorKind::ConnectionRefused, ""),
+                    _ => (std::io::ErrorKind::Other, ""),
+                };
+                Err(SshError::Connect {
+                    host: host.to_owned(),
+                    port,
+                    source: std::io::Error::new(
+                        kind,
+                        format!(
+                            "the jump host {} could not open a connection to it ({why:?}){hint}",
+                            self.target.display()
+                        ),
+                    ),
+                })
+            }
+            Err(russh::Error::SendError | russh::Error::Disconnect | russh::Error::HUP) => {
+                Err(SshError::Disconnected(format!(
+                    "the connection to the jump host {} was lost: {}",
+                    self.target.display(),
+                    self.shared.reason()
+                )))
+            }
+            Err(other) => Err(other.into()),
+        }
+    }
+
+    async fn connect_inner(target: &Target, via: Via<'_>) -> Result<Connection, SshError> {
+        let stream: Box<dyn Io> = match via {
+            Via::Tcp => {
+                let tcp = tokio::net::TcpStream::connect((target.hostname.as_str(), target.port))
+                    .await
+                    .map_err(|source| SshError::Connect {
+                        host: target.hostname.clone(),
+                        port: target.port,
+                        source,
+                    })?;
+                let quickack = std::env::var_os("CAIRN_SSH_NO_QUICKACK").is_none();
+                let dead_after = target.keepalive_interval.saturating_mul(
+                    target
+                        .keepalive_max
+                        .saturating_add(1)
+                        .min(u32::MAX as usize) as u32,
+                );
+                Box::new(stream::QuickAckStream::new(tcp, quickack, Some(dead_after)))
+            }
+            Via::Command(cmd) => {
+                Box::new(
+                    proxy::ProxyStream::spawn(cmd).map_err(|source| SshError::Connect {
+                        host: target.hostname.clone(),
+                        port: target.port,
+                        source,
+                    })?,
+                )
+            }
+            Via::Jump(hop) => hop.direct_tcpip(&target.hostname, target.port).await?,
+        };
 
         let names = target.known_host_names();
         let files = target.known_hosts_files();
@@ -749,10 +918,16 @@ impl Connection {
         let mut handle = client::connect_stream(Arc::new(config), stream, handler)
             .await
             .map_err(|e| match e {
-                SshError::Disconnected(m) => SshError::Disconnected(format!(
-                    "{host} closed the connection before the SSH handshake finished ({m}); \
-                     is this an SSH server, and is it accepting connections?"
-                )),
+                SshError::Disconnected(m) => SshError::Disconnected(match via {
+                    Via::Command(cmd) => format!(
+                        "the ProxyCommand for {host} (`{cmd}`) ended or closed its output before \
+                         the SSH handshake finished ({m}); its error output, if any, is above"
+                    ),
+                    _ => format!(
+                        "{host} closed the connection before the SSH handshake finished ({m}); \
+                         is this an SSH server, and is it accepting connections?"
+                    ),
+                }),
                 other => other,
             })?;
         auth::authenticate(&mut handle, target).await?;
@@ -766,7 +941,17 @@ impl Connection {
             shared,
             fingerprint,
             target: target.clone(),
+            via: match via {
+                Via::Jump(hop) => Some(Arc::new(hop.clone())),
+                _ => None,
+            },
         })
+    }
+
+    /// How many handles share this connection's SSH session: clones of it, its [`Exec`]s,
+    /// and the connections running through it as their jump host.
+    pub fn users(&self) -> usize {
+        Arc::strong_count(&self.handle)
     }
 
     /// The server's host key fingerprint, `SHA256:...` as OpenSSH prints it.
@@ -821,6 +1006,7 @@ impl Connection {
             done: false,
             shared: self.shared.clone(),
             _handle: self.handle.clone(),
+            _via: self.via.clone(),
         })
     }
 
@@ -854,6 +1040,8 @@ pub struct Exec {
     done: bool,
     shared: Arc<Shared>,
     _handle: Arc<client::Handle<ClientHandler>>,
+    /// The jump host's connection, open as long as this command's channel may be read.
+    _via: Option<Arc<Connection>>,
 }
 
 impl std::fmt::Debug for Exec {

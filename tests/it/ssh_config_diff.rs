@@ -108,6 +108,8 @@ fn match_corpus_resolves_as_ssh_g_does() {
                 "hostkeyalias",
                 "serveralivecountmax",
                 "identityagent",
+                "proxyjump",
+                "proxycommand",
             ] {
                 check(k, s.get(k).cloned());
             }
@@ -175,7 +177,7 @@ fn config_refuses_what_it_cannot_honour() {
             "Host x\n  StrictHostKeyChecking no\n",
             "StrictHostKeyChecking no would accept",
         ),
-        ("Host x\n  ProxyJump bastion\n", "ProxyJump \"bastion\""),
+        ("Host x\n  ProxyJump a,,b\n", "Invalid ProxyJump \"a,,b\""),
         ("Match tagged prod\n  User u\n", "'tagged' is not supported"),
     ] {
         std::fs::write(&cfg, text).unwrap();
