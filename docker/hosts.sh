@@ -13,6 +13,9 @@
 #   exec HOST CMD...      docker exec (for test assertions); exec-i passes stdin too
 #
 #   cut HOST / restore HOST             link down / up (host side of the veth: blackhole)
+#   isolate HOST / unisolate HOST       this machine loses / regains its route to HOST (an
+#                                       `unreachable` route): the client cannot connect to it,
+#                                       the other hosts (a bastion) still reach it on the bridge
 #   reboot HOST                         docker kill + docker start, waits for sshd
 #   restart-sshd HOST                   kill sshd by its pid file, start it again
 #   stop-sshd HOST / start-sshd HOST    the two halves of restart-sshd
@@ -325,6 +328,11 @@ cmd_down() {
   if docker network inspect "$net" >/dev/null 2>&1; then
     docker network rm "$net" >/dev/null || die "down: cannot remove network $net"
   fi
+  if [ -f "$s/isolated" ]; then
+    while read -r ip; do
+      [ -n "$ip" ] && priv ip route del unreachable "$ip/32" 2>/dev/null
+    done < "$s/isolated"
+  fi
   if [ -d "$s" ]; then
     for mp in "$s"/h*/home; do
       [ -d "$mp" ] || continue
@@ -404,6 +412,24 @@ cmd_restore() {
     sleep 0.05
   done
   note "restored $H_ALIAS ($H_IP): $dev up"
+}
+
+# An `unreachable` route for the host's address on this machine: connecting from here fails at
+# once (No route to host), while the other containers still reach it on their bridge. `down`
+# removes the routes it recorded.
+cmd_isolate() {
+  [ $# -eq 1 ] || die "usage: isolate HOST"
+  resolve "$1"
+  priv ip route replace unreachable "$H_IP/32" || die "isolate: cannot add a route for $H_IP"
+  echo "$H_IP" >> "$(state_dir)/isolated"
+  note "isolated $H_ALIAS ($H_IP): no route from this machine"
+}
+
+cmd_unisolate() {
+  [ $# -eq 1 ] || die "usage: unisolate HOST"
+  resolve "$1"
+  priv ip route del unreachable "$H_IP/32" 2>/dev/null || true
+  note "unisolated $H_ALIAS ($H_IP)"
 }
 
 # ---------------------------------------------------------------- host faults
@@ -573,7 +599,7 @@ main() {
   [[ $PREFIX =~ ^[a-zA-Z0-9][a-zA-Z0-9_.-]*$ ]] || die "bad prefix '$PREFIX'"
   set -- "${args[@]+"${args[@]}"}"
   case $cmd in
-    up|down|list|ssh|exec|cut|restore|reboot|hang|unhang) "cmd_$cmd" "$@" ;;
+    up|down|list|ssh|exec|cut|restore|reboot|hang|unhang|isolate|unisolate) "cmd_$cmd" "$@" ;;
     exec-i) cmd_exec_i "$@" ;;
     restart-sshd) cmd_restart_sshd "$@" ;;
     stop-sshd) cmd_stop_sshd "$@" ;;

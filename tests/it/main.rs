@@ -2,6 +2,7 @@ mod audit;
 mod certs;
 mod docker;
 mod docker_epochs;
+mod docker_jump;
 mod epochs;
 mod fleet;
 mod fuzz;
