@@ -106,7 +106,9 @@ check_subnet_free() {
     cidr_overlap "$subnet" "$other" &&
       die "subnet $subnet overlaps docker network subnet $other; choose another with --subnet or CAIRN_TESTHOST_SUBNET"
   done < <(docker network ls -q | xargs -r docker network inspect -f '{{range .IPAM.Config}}{{println .Subnet}}{{end}}')
-  while read -r other _; do
+  while read -r other rest; do
+    # Typed routes (`unreachable A.B.C.D`, as `isolate` adds) name the range second.
+    case $other in unreachable|blackhole|prohibit|throw) other=${rest%% *} ;; esac
     [ "$other" = default ] && continue
     cidr_overlap "$subnet" "$other" &&
       die "subnet $subnet overlaps route '$other' of this machine; choose another with --subnet or CAIRN_TESTHOST_SUBNET"

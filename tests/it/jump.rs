@@ -381,7 +381,7 @@ fn proxy_command_ssh_w_a_script_and_one_that_exits() {
 #[test]
 fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_once() {
     let lab = Lab::new();
-    let child = spawn(lab.run(&["--json"], "target", &slow(40)));
+    let child = spawn(lab.run(&["--json"], "target", &slow(100)));
     let id = lab.wait_started();
     lab.wait_out_lines(&id, 8);
     // The link between the bastion and the target goes down for a while.
@@ -389,7 +389,15 @@ fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_onc
     lab.inner.cut();
     std::thread::sleep(Duration::from_millis(700));
     lab.inner.set_refuse(false);
-    lab.wait_out_lines(&id, 20);
+    // cairn is back on the target through the bastion before the next cut.
+    wait_for(
+        "the reconnect through the bastion",
+        Duration::from_secs(30),
+        || {
+            let events = lab.journal().events(&ExecutionId::parse(&id).ok()?).ok()?;
+            events.iter().any(|e| e.kind == "reconnected").then_some(())
+        },
+    );
     assert_eq!(
         lab.front.connections(),
         1,
@@ -401,7 +409,7 @@ fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_onc
     let v = json_of(&o);
     assert_eq!(o.status.code(), Some(5), "{v} {}", stderr(&o));
     assert_eq!(v["state"], "completed");
-    assert_eq!(v["stdout"], lines(40));
+    assert_eq!(v["stdout"], lines(100));
     assert!(v["reconnects"].as_u64().unwrap() >= 2, "{v}");
     assert_eq!(lab.runs(), 1, "the command ran exactly once");
     assert_eq!(lab.state(&id), State::Delivered);
