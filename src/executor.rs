@@ -1401,9 +1401,10 @@ impl Executor {
     // ----- internals -------------------------------------------------------------------
 
     fn load(&mut self, id: &ExecutionId) -> Result<Run, ExecError> {
-        let rec = self.journal.execution(id)?.ok_or_else(|| {
-            ExecError::NoSuchExecution(id.to_string(), self.journal.path().display().to_string())
-        })?;
+        let rec = self
+            .journal
+            .execution(id)?
+            .ok_or_else(|| ExecError::NoSuchExecution(id.to_string(), self.journal.location()))?;
         let events = self.journal.events(id)?;
         let status = crate::journal::status_from_events(&events);
         let prior = match &status {

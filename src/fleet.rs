@@ -462,7 +462,7 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
             let b = ex.journal.batch(&batch)?.ok_or_else(|| {
                 ExecError::Input(format!(
                     "no batch {batch} in journal {}",
-                    ex.journal.path().display()
+                    ex.journal.location()
                 ))
             })?;
             let states = member_states(&mut ex, &b)?;
@@ -603,7 +603,7 @@ async fn resume(
     let b = ex.journal.batch(batch)?.ok_or_else(|| {
         ExecError::Input(format!(
             "no batch {batch} in journal {}",
-            ex.journal.path().display()
+            ex.journal.location()
         ))
     })?;
     let o = &b.options;

@@ -327,6 +327,12 @@ impl Journal {
         &self.path
     }
 
+    /// Where this journal is, fit for a message or a log line: a database URL without its
+    /// password (a `user:secret@` part or a `password=` parameter).
+    pub fn location(&self) -> String {
+        redact_url(&self.path.to_string_lossy())
+    }
+
     /// Run one SQL statement as the journal's own connection (tests: what the journal's role
     /// may and may not do).
     #[cfg(test)]
@@ -873,10 +879,25 @@ fn redact_url(url: &str) -> String {
             } else {
                 user.to_owned()
             };
-            format!("{scheme}://{shown}@{host}{tail}")
+            redact_query(&format!("{scheme}://{shown}@{host}{tail}"))
         }
-        None => url.to_owned(),
+        None => redact_query(url),
     }
+}
+
+/// A `password=` query parameter of a URL, replaced.
+fn redact_query(url: &str) -> String {
+    let Some((base, query)) = url.split_once('?') else {
+        return url.to_owned();
+    };
+    let query: Vec<String> = query
+        .split('&')
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _)) if k.eq_ignore_ascii_case("password") => format!("{k}=***"),
+            _ => kv.to_owned(),
+        })
+        .collect();
+    format!("{base}?{}", query.join("&"))
 }
 
 fn pg_missing_event(pg: &postgres::Pg) -> JournalError {
@@ -1553,6 +1574,11 @@ mod tests {
             .to_string();
         assert!(e.contains("'postgres://ops:***@db:5432/cairn'"), "{e}");
         assert!(!e.contains("pw@"), "{e}");
+        assert_eq!(
+            redact_url("postgres://ops@db/cairn?sslmode=require&password=pw"),
+            "postgres://ops@db/cairn?sslmode=require&password=***"
+        );
+        assert_eq!(redact_url("/var/lib/cairn/j.db"), "/var/lib/cairn/j.db");
         let e = refuse_url(Path::new("postgresql+tls://db/cairn")).unwrap_err();
         assert!(e.to_string().contains("postgresql+tls:// URL"), "{e}");
     }

@@ -54,9 +54,9 @@ impl ReviewRecord {
 
 /// The review record of one execution.
 pub fn record(j: &Journal, id: &ExecutionId) -> Result<ReviewRecord, ExecError> {
-    let rec = j.execution(id)?.ok_or_else(|| {
-        ExecError::NoSuchExecution(id.to_string(), j.path().display().to_string())
-    })?;
+    let rec = j
+        .execution(id)?
+        .ok_or_else(|| ExecError::NoSuchExecution(id.to_string(), j.location()))?;
     let events = j.events(id)?;
     let status = crate::journal::status_from_events(&events);
     let intent = j.intent_of(id)?;
