@@ -331,8 +331,9 @@ cmd_down() {
     docker network rm "$net" >/dev/null || die "down: cannot remove network $net"
   fi
   if [ -f "$s/isolated" ]; then
+    # (an address may be listed twice, or its route already gone: neither stops the rest)
     while read -r ip; do
-      [ -n "$ip" ] && priv ip route del unreachable "$ip/32" 2>/dev/null
+      if [ -n "$ip" ]; then priv ip route del unreachable "$ip/32" 2>/dev/null || true; fi
     done < "$s/isolated"
   fi
   if [ -d "$s" ]; then
@@ -423,7 +424,7 @@ cmd_isolate() {
   [ $# -eq 1 ] || die "usage: isolate HOST"
   resolve "$1"
   priv ip route replace unreachable "$H_IP/32" || die "isolate: cannot add a route for $H_IP"
-  echo "$H_IP" >> "$(state_dir)/isolated"
+  grep -qxF "$H_IP" "$(state_dir)/isolated" 2>/dev/null || echo "$H_IP" >> "$(state_dir)/isolated"
   note "isolated $H_ALIAS ($H_IP): no route from this machine"
 }
 
