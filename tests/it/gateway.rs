@@ -1055,7 +1055,7 @@ fn a_killed_host_session_leaves_its_executions_interrupted_not_guessed() {
 #[test]
 fn a_killed_waiter_in_a_live_host_session_leaves_its_execution_interrupted_and_the_rest_complete() {
     let h = Host::new();
-    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session", "--host-helper", "never"]);
     rpc.request(
         json!(1),
         "execute",
@@ -1124,7 +1124,7 @@ fn a_host_session_helper_killed_in_its_flush(which: &str) {
         fs::set_permissions(&sync, fs::Permissions::from_mode(0o755)).unwrap();
     }
     let h = Host::with_path(Some(shim.path()));
-    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session", "--host-helper", "never"]);
     // the session is up and flushing through the stand-in before it is armed
     let r = rpc.call(
         json!(0),
@@ -1176,7 +1176,7 @@ fn a_killed_finish_helper_in_a_live_host_session_still_records_and_returns_the_r
 #[test]
 fn a_killed_reader_in_a_live_host_session_ends_the_session_and_loses_nothing() {
     let h = Host::new();
-    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session"]);
+    let mut rpc = Rpc::start_with(&h, "60s", &["--host-session", "--host-helper", "never"]);
     rpc.request(
         json!(1),
         "execute",
