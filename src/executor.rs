@@ -1618,34 +1618,11 @@ impl Executor {
     }
 
     async fn hello(&mut self, ci: usize, dir: &str) -> Result<Hello, String> {
-        let nonce = marker::new_nonce();
-        let cmd = marker::invocation(&Op::Hello, dir, &nonce);
-        let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
-        drop(cmd);
-        let mut exec = exec.map_err(|e| e.to_string())?;
-        let _ = exec.close_stdin().await;
-        let mut demux = StderrDemux::new(&nonce);
-        let mut hello = None;
-        let mut errors = Vec::new();
-        loop {
-            match exec.next().await {
-                Ok(Some(ExecEvent::Stderr(d))) => {
-                    let mut pieces = Vec::new();
-                    demux.feed(&d, &mut pieces);
-                    for p in pieces {
-                        match p {
-                            Piece::Line(Ok(Line::Hello(h))) => hello = Some(h),
-                            Piece::Line(Ok(Line::Error(e))) => errors.push(e),
-                            Piece::Line(Err(e)) => errors.push(e),
-                            _ => {}
-                        }
-                    }
-                }
-                Ok(Some(_)) => {}
-                Ok(None) => break,
-                Err(e) => return Err(e.to_string()),
-            }
-        }
+        let (lines, errors) = self.small_exec(ci, &Op::Hello, dir, None).await?;
+        let hello = lines.into_iter().rev().find_map(|l| match l {
+            Line::Hello(h) => Some(h),
+            _ => None,
+        });
         match hello {
             Some(h) if errors.is_empty() => Ok(h),
             _ if !errors.is_empty() => Err(errors.join("; ")),
