@@ -32,7 +32,7 @@ pub fn arch() -> &'static str {
 }
 
 /// Which host implementation runs the marker protocol (`--host-helper`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum HostHelper {
     /// The helper where it can run (uploaded if missing), the sh script elsewhere.
@@ -42,6 +42,18 @@ pub enum HostHelper {
     Never,
     /// The helper or nothing: a host where it cannot run is an error.
     Always,
+}
+
+impl std::str::FromStr for HostHelper {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(HostHelper::Auto),
+            "never" => Ok(HostHelper::Never),
+            "always" => Ok(HostHelper::Always),
+            _ => Err(format!("'{s}' is not one of auto, never, always")),
+        }
+    }
 }
 
 /// Which side ran an operation, as recorded in the journal.

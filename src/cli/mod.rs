@@ -223,7 +223,7 @@ pub struct Common {
     /// Which host implementation runs the marker protocol: auto (the native helper, uploaded
     /// into the marker home on first contact, where it runs; the sh script elsewhere), never
     /// (the sh script only), always (the helper, or fail).
-    #[arg(long, value_enum, env = "CAIRN_HOST_HELPER", default_value = "auto")]
+    #[arg(long, env = "CAIRN_HOST_HELPER", default_value = "auto")]
     pub host_helper: crate::host_helper::HostHelper,
 }
 
