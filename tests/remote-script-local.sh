@@ -316,9 +316,15 @@ run_shell() {
 	c=$(mkcmd 'sleep 2' tr)
 	disp t4 "$c" 1 0
 	poll 250 test -s "$X/t4/pgid"
-	setsid sleep 41 &
-	decoy=$!
 	read -r _ gs <"$X/t4/pgid"
+	# a start time in clock ticks: the decoy must not start in the command's own tick
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		setsid sleep 41 &
+		decoy=$!
+		[ "$(cut -d' ' -f22 "/proc/$decoy/stat" 2>/dev/null)" != "$gs" ] && break
+		kill "$decoy"
+		sleep 0.02
+	done
 	echo "$decoy $gs" >"$X/t4/pgid"
 	cx /dev/null watch .cairn "$NONCE" t4 0 0 1
 	check "timeout: a pgid record naming another process signals nothing" eval 'hasre "^done .* status=0 " && kill -0 "$decoy" 2>/dev/null'
