@@ -1202,7 +1202,6 @@ pub struct SessionView {
     pub executions: u64,
 }
 
-/// SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock.
 /// A new SQLite connection to the journal at `path`, set up as every operation expects: wait up
 /// to 30 s for another writer, every commit flushed (`synchronous=FULL`), foreign keys enforced.
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
@@ -1225,6 +1224,7 @@ fn file_identity(_: &Path) -> Option<(u64, u64)> {
     None
 }
 
+/// SQLITE_BUSY or SQLITE_LOCKED: another connection holds the lock.
 fn is_busy(e: &rusqlite::Error) -> bool {
     matches!(
         e.sqlite_error_code(),
