@@ -676,6 +676,96 @@ fn readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded(fl: Flavo
     recorded_once(&v["result"], &id, &counter);
 }
 
+/// The native host helper runs on this flavour, as seen from the host: the first contact puts
+/// the very file the client carries into `~/.cairn/bin`, and the process that supervises the
+/// command (its parent, named as `sup_pid` in the started record) is that file, for a single
+/// dispatch and through a host session. With `--host-helper never` the supervisor is the shell.
+fn the_native_helper_supervises_dispatches_on_the_host(fl: Flavour) {
+    use std::io::Write;
+    let Some(t) = Case::start("native_helper_supervises", fl, 1) else {
+        return;
+    };
+    let h = &t.hosts;
+    let helper = format!("/root/.cairn/bin/cairn-host-{}", cairn::host_helper::SHA256);
+    let side_of = |id: &str| -> String {
+        let ev = cairn::journal::Journal::open(&t.dir.path().join("journal.db"))
+            .expect("journal")
+            .events(&cairn::ExecutionId::parse(id).expect("id"))
+            .expect("events");
+        let running = ev.iter().find(|e| e.kind == "running").expect("running");
+        s(&running.evidence["host_side"]).to_owned()
+    };
+    let tag = unique_id("nh");
+    let counter = format!("/root/count-{tag}");
+    // the command names its parent and the program that parent runs
+    let cmd = format!("echo ran >> {counter}; echo \"ppid=$PPID exe=$(readlink /proc/$PPID/exe)\"");
+    let mut runs = 0;
+    for side in ["auto", "never"] {
+        let mut c = t.client();
+        c.host_helper = Some(side.to_owned());
+        // one dispatch
+        let id = format!("{tag}-{side}");
+        let out = run_to_end(
+            c.run(&["--json", "--id", &id], "h1", &cmd),
+            Duration::from_secs(60),
+        );
+        let v = json(&out);
+        assert_eq!(v["state"], "completed", "{v}");
+        let rec = h
+            .read("h1", &marker(&id, ".start"))
+            .expect("the started record");
+        let rec = String::from_utf8_lossy(&rec).into_owned();
+        let sup = field(&rec, "sup_pid").expect("sup_pid").to_owned();
+        // through a host session
+        let (child, mut stdin, rx) = serve_host_session(&c);
+        let req = serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "execute",
+            "params": {"destination": "h1", "command": cmd}});
+        writeln!(stdin, "{req}").unwrap();
+        let r = rx
+            .recv_timeout(Duration::from_secs(90))
+            .expect("a response")["result"]
+            .clone();
+        drop(stdin);
+        let _ = wait_within(child, Duration::from_secs(30));
+        assert_eq!(r["state"], "completed", "{r}");
+        let sid = s(&r["execution_id"]).to_owned();
+        let srec = h
+            .read("h1", &marker(&sid, ".start"))
+            .expect("its started record");
+        let srec = String::from_utf8_lossy(&srec).into_owned();
+        let ssup = field(&srec, "sup_pid").expect("sup_pid").to_owned();
+        runs += 2;
+        assert_eq!(h.count("h1", &counter), runs, "each ran once");
+        if side == "auto" {
+            assert_eq!(
+                h.read("h1", &helper).as_deref(),
+                Some(cairn::host_helper::BINARY),
+                "the helper in the marker home is the client's"
+            );
+            assert_eq!(
+                s(&v["stdout"]),
+                format!("ppid={sup} exe={helper}\n"),
+                "{rec}"
+            );
+            assert_eq!(
+                s(&r["stdout"]),
+                format!("ppid={ssup} exe={helper}\n"),
+                "{srec}"
+            );
+            assert_eq!(side_of(&id), "helper");
+            assert_eq!(side_of(&sid), "helper");
+        } else {
+            for (o, what) in [(&v, "dispatch"), (&r, "session")] {
+                let o = s(&o["stdout"]);
+                assert!(o.starts_with("ppid="), "{what}: {o}");
+                assert!(!o.contains("cairn-host-"), "{what}: the helper ran: {o}");
+            }
+            assert_eq!(side_of(&id), "sh");
+            assert_eq!(side_of(&sid), "sh");
+        }
+    }
+}
+
 macro_rules! on_both_flavours {
     ($($name:ident),* $(,)?) => {
         mod ash {
@@ -697,6 +787,7 @@ on_both_flavours!(
     disk_full_during_the_run_reports_only_what_was_seen,
     host_session_runs_each_once_and_a_reboot_leaves_its_runs_interrupted,
     readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded,
+    the_native_helper_supervises_dispatches_on_the_host,
 );
 
 // ------------------------------------------------------------------------------ the campaign
