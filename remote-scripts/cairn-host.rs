@@ -1382,6 +1382,22 @@ fn cancel(cx: &mut Ctx, grace: &str) {
     cx.say(&format!("cancel {res}"));
 }
 
+/// whether a running process executes the file `p` (a supervisor or a session that a client of
+/// another version started with its helper), as the script's hused
+fn in_use(p: &Path) -> bool {
+    let Ok(m) = fs::metadata(p) else {
+        return false;
+    };
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return false;
+    };
+    rd.flatten().any(|e| {
+        e.file_name().as_bytes().iter().all(u8::is_ascii_digit)
+            && fs::metadata(e.path().join("exe"))
+                .is_ok_and(|x| x.dev() == m.dev() && x.ino() == m.ino())
+    })
+}
+
 fn gc(cx: &mut Ctx, out_age: &str, tomb_age: &str, keep: Option<&str>) {
     let now = now();
     let (oa, ta): (u64, u64) = (out_age.parse().unwrap_or(0), tomb_age.parse().unwrap_or(0));
@@ -1458,6 +1474,7 @@ fn gc(cx: &mut Ctx, out_age: &str, tomb_age: &str, keep: Option<&str>) {
                 let s = name.to_string_lossy();
                 if s.starts_with("cairn-host-")
                     && s != format!("cairn-host-{k}")
+                    && !in_use(&ent.path())
                     && fs::remove_file(ent.path()).is_ok()
                 {
                     nh += 1;

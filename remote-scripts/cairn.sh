@@ -562,6 +562,27 @@ hstate() {
 	*) HS=unrunnable ;;
 	esac
 }
+# hused FILE: whether a running process executes FILE (a supervisor or a session that a client
+# of another version started with its helper): such a helper stays where it is (run with set +f)
+hused() {
+	for p_ in /proc/[0-9]*/exe; do
+		# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
+		[ "$p_" -ef "$1" ] && return 0
+	done
+	return 1
+}
+# rmhelpers KEEP: removes every DIR/bin/cairn-host-* but cairn-host-KEEP and those a running
+# process executes; NH: how many were removed
+rmhelpers() {
+	NH=0
+	set +f
+	for f_ in "$MARKER_DIR"/bin/cairn-host-*; do
+		if [ -e "$f_" ] && [ "$f_" != "$MARKER_DIR/bin/cairn-host-$1" ] && ! hused "$f_"; then
+			rm -f "$f_" && NH=$((NH + 1))
+		fi
+	done
+	set -f
+}
 # (hello with a helper's SHA-256: the host's architecture and that helper's state, once per
 # connection)
 HX=
@@ -748,13 +769,8 @@ gc)
 	# native helpers of other versions (the client names the one it uses)
 	HX=
 	if [ $# -eq 6 ]; then
-		nh=0
-		set +f
-		for f in "$MARKER_DIR"/bin/cairn-host-*; do
-			[ -e "$f" ] && [ "$f" != "$MARKER_DIR/bin/cairn-host-$6" ] && rm -f "$f" && nh=$((nh + 1))
-		done
-		set -f
-		HX=" removed_helpers=$nh"
+		rmhelpers "$6"
+		HX=" removed_helpers=$NH"
 	fi
 	say gc "removed_output=$no removed_tombstones=$nt unfinished=$nk$HX"
 	;;
@@ -779,6 +795,8 @@ install)
 	if [ "$HS" = ok ]; then
 		fsync "$f"
 		run mv -f "$f" "$H/cairn-host-$4"
+		# a new version in place: the others go (HOST-HELPER.md)
+		rmhelpers "$4"
 		fsync "$H"
 	else
 		rm -f "$f"

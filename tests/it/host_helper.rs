@@ -340,3 +340,119 @@ fn both_sides_answer_the_same_exchanges_with_the_same_lines() {
         assert!(!a.is_empty(), "{args:?}: no protocol lines");
     }
 }
+
+/// A helper of another version under the marker home, as a client of that version would have
+/// left it: the client's own bytes with `tag` after them (the kernel runs them alike, the hash
+/// differs), under that hash.
+fn other_version(h: &Host, tag: &[u8]) -> (String, std::path::PathBuf) {
+    use sha2::Digest;
+    use std::os::unix::fs::PermissionsExt;
+    let bin = h.remote_dir.join("bin");
+    fs::create_dir_all(&bin).unwrap();
+    for d in [&h.remote_dir, &bin] {
+        fs::set_permissions(d, fs::Permissions::from_mode(0o700)).unwrap();
+    }
+    let mut b = cairn::host_helper::BINARY.to_vec();
+    b.extend_from_slice(tag);
+    let sha = hex::encode(sha2::Sha256::digest(&b));
+    let p = bin.join(format!("cairn-host-{sha}"));
+    fs::write(&p, &b).unwrap();
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o700)).unwrap();
+    (sha, p)
+}
+
+#[test]
+fn uploading_a_new_helper_removes_other_versions_but_not_one_still_running() {
+    let h = Host::new();
+    let (_, idle) = other_version(&h, b"idle");
+    let (busy_sha, busy) = other_version(&h, b"busy");
+    // the busy one supervises a command that runs until the test lets it end
+    let gate = h.sshd.dir().join("gate");
+    let cmd = format!(
+        "i=0; while [ ! -e '{}' ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        gate.display()
+    );
+    let dir = h.remote_dir.display().to_string();
+    let len = cmd.len().to_string();
+    let dg = "0".repeat(64);
+    let n = "0123456789abcdef0123456789abcdef";
+    let mut c = Command::new(&busy);
+    c.args([
+        busy_sha.as_str(),
+        "dispatch",
+        &dir,
+        n,
+        "old1",
+        &len,
+        &dg,
+        "0",
+        "0",
+    ])
+    .env("HOME", h.sshd.dir())
+    .env("SHELL", "/bin/sh")
+    .stdin(std::process::Stdio::piped())
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(cmd.as_bytes())
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("verdict started"),
+        "{out:?}"
+    );
+    let exe = supervisor_exe(&h, "old1").expect("the old helper's supervisor runs");
+    assert_eq!(Path::new(&exe), busy, "the supervisor of old1");
+    // the first contact of this client uploads its own version: the idle one goes
+    let out = h
+        .run_cmd(&["--id", "n1"], &format!("{}echo new", h.count()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"new\n");
+    assert_eq!(side(&h, "n1"), "helper");
+    assert_eq!(
+        fs::read(helper_file(&h)).unwrap(),
+        cairn::host_helper::BINARY
+    );
+    assert!(
+        !idle.exists(),
+        "a helper of another version was left in place"
+    );
+    assert!(
+        busy.exists(),
+        "a helper that still supervises a command was removed"
+    );
+    // once its command has ended and its supervisor with it, the next upload removes it too
+    fs::write(&gate, b"").unwrap();
+    h.wait_done("old1");
+    wait_for("the old supervisor to end", Duration::from_secs(20), || {
+        supervisor_exe(&h, "old1").is_none().then_some(())
+    });
+    fs::remove_file(helper_file(&h)).unwrap();
+    let out = h
+        .run_cmd(&["--id", "n2"], &format!("{}echo again", h.count()))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(side(&h, "n2"), "helper");
+    assert!(!busy.exists(), "the old helper outlived its supervisor");
+    assert_eq!(
+        fs::read(helper_file(&h)).unwrap(),
+        cairn::host_helper::BINARY
+    );
+    assert_eq!(h.runs(), 2);
+    let left: Vec<_> = fs::read_dir(h.remote_dir.join("bin"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(left.len(), 1, "{left:?}");
+}
