@@ -47,7 +47,7 @@ fn build(bin: &std::path::Path, target: &str) -> bool {
         ])
         .args(["--target", target])
         .args(["-C", "target-feature=+crt-static", "-C", "panic=abort"])
-        .args(["-C", "opt-level=s", "-C", "strip=symbols", "-C", "lto=fat"])
+        .args(["-C", "opt-level=z", "-C", "strip=symbols", "-C", "lto=fat"])
         .args(["-C", "codegen-units=1", "-C", "relocation-model=static"])
         .arg("remote-scripts/cairn-host.rs")
         .arg("-o")
