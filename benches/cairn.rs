@@ -9,7 +9,8 @@
 //! Sections: 1 fresh dispatch (the `cairn` binary vs OpenSSH `ssh`), 2 marker overhead on a warm
 //! russh connection with a breakdown, 3 throughput with N in flight, 4 recovery latency through a
 //! cuttable proxy, 5 journal transitions per second (group-committed, and raw SQLite batches for
-//! comparison), 6 peak RSS.
+//! comparison), 6 peak RSS, 7 the host side (native helper vs sh script), 8 384 commands through
+//! `cairn serve --host-session` vs `ssh` over an OpenSSH ControlMaster.
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
@@ -673,6 +674,11 @@ fn main() {
     if on("7") {
         host_sides(&mut t, &rt, &conn, &dir);
         timed_section("section 7", t0);
+    }
+    let t0 = Instant::now();
+    if on("8") {
+        serve_vs_controlmaster(&mut t, &bin, &sshd, work.path());
+        timed_section("section 8", t0);
     }
     rt.block_on(async {
         if let Ok(c) = Arc::try_unwrap(conn) {
@@ -2007,4 +2013,208 @@ fn host_sides(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection
         "7 host helper: {} bytes, static, SHA-256 {sha}; installed in the bench's marker home by the script's `install` mode",
         cairn::host_helper::BINARY.len()
     ));
+}
+
+// ---------------------------------------------------------------- 8. cairn serve vs ControlMaster
+
+/// One warm `cairn serve --stdio --host-session` (one request answered first: the connection,
+/// the hello and, on first contact, the helper's upload are behind it), then `n` requests of
+/// `true` written at once; the time until the last of them is answered, and how many completed
+/// with exit 0.
+fn serve_round(
+    bin: &Path,
+    sshd: &support::TestSshd,
+    home: &Path,
+    journal: &Path,
+    side: &str,
+    n: usize,
+) -> (Duration, usize) {
+    use std::io::{BufRead, Write as _};
+    let mut child = Command::new(bin)
+        .args(["serve", "--stdio", "--host-session", "--host-helper", side])
+        .arg("--journal")
+        .arg(journal)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-dir")
+        .arg(home)
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn cairn serve --stdio --host-session");
+    let (tx, rx) = std::sync::mpsc::channel::<bool>();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let v: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            let ok = v["result"]["state"] == "completed" && v["result"]["exit_code"] == 0;
+            if tx.send(ok).is_err() {
+                break;
+            }
+        }
+    });
+    let mut stdin = child.stdin.take().unwrap();
+    let req = |i: usize| {
+        serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "execute",
+                           "params": {"destination": "testhost", "command": "true"}})
+    };
+    writeln!(stdin, "{}", req(0)).expect("write request");
+    stdin.flush().unwrap();
+    let limit = Duration::from_secs(120);
+    let warm = rx.recv_timeout(limit).unwrap_or(false);
+    assert!(warm, "cairn serve: the warm-up request did not complete");
+    let t0 = Instant::now();
+    let mut all = String::new();
+    for i in 1..=n {
+        let _ = writeln!(all, "{}", req(i));
+    }
+    stdin.write_all(all.as_bytes()).expect("write requests");
+    stdin.flush().unwrap();
+    let mut ok = 0;
+    for _ in 0..n {
+        match rx.recv_timeout(limit) {
+            Ok(true) => ok += 1,
+            Ok(false) => {}
+            Err(_) => break,
+        }
+    }
+    let d = t0.elapsed();
+    drop(stdin);
+    let _ = wait_rusage(child, t0, Duration::from_secs(60));
+    (d, ok)
+}
+
+fn serve_vs_controlmaster(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
+    section("8. 384 commands: cairn serve --host-session vs ssh over a ControlMaster");
+    const N: usize = 384;
+    const ROUNDS: usize = 3;
+    // (a socket path must stay short: not under the target directory)
+    let cmdir = tempfile::Builder::new()
+        .prefix("cairn-cm-")
+        .tempdir_in("/tmp")
+        .expect("tempdir");
+    // the test server's ssh_config with the ControlMaster options first (ssh takes the first
+    // value it finds)
+    let cfg = cmdir.path().join("ssh_config");
+    let base = std::fs::read_to_string(sshd.ssh_config()).expect("ssh_config");
+    std::fs::write(
+        &cfg,
+        format!(
+            "Host testhost\n  ControlMaster auto\n  ControlPath {}/%C\n  ControlPersist 300\n{base}",
+            cmdir.path().display()
+        ),
+    )
+    .expect("write ssh_config");
+    let ssh = |n: usize, loops: usize| {
+        let t0 = Instant::now();
+        let ok: usize = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..loops)
+                .map(|k| {
+                    let cfg = &cfg;
+                    s.spawn(move || {
+                        (k..n)
+                            .step_by(loops)
+                            .filter(|_| {
+                                Command::new("ssh")
+                                    .arg("-F")
+                                    .arg(cfg)
+                                    .args(["testhost", "true"])
+                                    .env_remove("SSH_AUTH_SOCK")
+                                    .stdin(Stdio::null())
+                                    .stdout(Stdio::null())
+                                    .stderr(Stdio::null())
+                                    .status()
+                                    .is_ok_and(|s| s.success())
+                            })
+                            .count()
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap_or(0)).sum()
+        });
+        (t0.elapsed(), ok)
+    };
+    // the master up before anything is timed
+    let (_, up) = ssh(1, 1);
+    assert_eq!(up, 1, "ssh over the ControlMaster failed");
+    let mut rates: [Vec<f64>; 4] = Default::default();
+    let mut bad = [0usize; 4];
+    for r in 0..ROUNDS {
+        for (k, what) in ["helper", "sh", "ssh1", "ssh8"].iter().enumerate() {
+            let (d, ok) = match *what {
+                "helper" | "sh" => {
+                    let side = if *what == "helper" { "auto" } else { "never" };
+                    let dir = work.join(format!("serve-cm-{what}-{r}"));
+                    std::fs::create_dir_all(&dir).unwrap();
+                    serve_round(
+                        bin,
+                        sshd,
+                        &dir.join("home"),
+                        &dir.join("journal.db"),
+                        side,
+                        N,
+                    )
+                }
+                "ssh1" => ssh(N, 1),
+                _ => ssh(N, 8),
+            };
+            bad[k] += N - ok;
+            rates[k].push(N as f64 / d.as_secs_f64());
+            println!(
+                "  round {r}: {what}: {N} in {:.2} s ({:.0}/s), {ok} ok",
+                d.as_secs_f64(),
+                N as f64 / d.as_secs_f64()
+            );
+        }
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(|a, b| a.total_cmp(b));
+        v[v.len() / 2]
+    };
+    let [mut h, mut s, mut s1, mut s8] = rates;
+    let (h, s, s1, s8) = (med(&mut h), med(&mut s), med(&mut s1), med(&mut s8));
+    for (what, rate) in [("the native helper", h), ("the sh script", s)] {
+        for (base, b) in [
+            ("a loop of `ssh testhost true`", s1),
+            ("8 such loops side by side", s8),
+        ] {
+            let r = ratio(rate, b);
+            t.row(
+                &format!(
+                    "8 {N} × `true` through one `cairn serve --stdio --host-session`, host side {what}, \
+                     vs {base} over an OpenSSH ControlMaster (median of {ROUNDS} interleaved rounds)"
+                ),
+                format!("{rate:.0} commands/s"),
+                format!("{b:.0} commands/s"),
+                format!("{r:.2}×"),
+                "≥ 1.0×",
+                yes(r >= 1.0),
+            );
+        }
+    }
+    if bad.iter().any(|&b| b > 0) {
+        t.note(format!(
+            "8 commands that did not complete with exit 0, of {} each: helper {}, sh {}, one ssh \
+             loop {}, 8 ssh loops {}",
+            N * ROUNDS,
+            bad[0],
+            bad[1],
+            bad[2],
+            bad[3]
+        ));
+    }
+    // end the master
+    let _ = Command::new("ssh")
+        .arg("-F")
+        .arg(&cfg)
+        .args(["-O", "exit", "testhost"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
 }
