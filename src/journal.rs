@@ -10,7 +10,7 @@
 //! evidence)`, chaining it to the one before, so that a later audit can detect edits.
 //!
 //! Two cairn processes may share one journal: WAL allows concurrent readers, appends take the
-//! write lock with `BEGIN IMMEDIATE` and wait (busy timeout) rather than fail.
+//! write lock with `BEGIN IMMEDIATE` and wait (polling finely, up to a minute) rather than fail.
 //!
 //! Within one process, `append` and `accept` from every handle on the same file are
 //! group-committed (`journal/group.rs`): concurrent callers share one transaction and one fsync,
@@ -1203,12 +1203,72 @@ pub struct SessionView {
 }
 
 /// A new SQLite connection to the journal at `path`, set up as every operation expects: wait up
-/// to 30 s for another writer, every commit flushed (`synchronous=FULL`), foreign keys enforced.
+/// to [`BUSY_WAIT`] for another writer ([`wait_while_busy`]), every commit flushed
+/// (`synchronous=FULL`), foreign keys enforced.
 fn connect(path: &Path) -> rusqlite::Result<Connection> {
     let c = Connection::open(path)?;
-    c.busy_timeout(Duration::from_secs(30))?;
+    c.busy_handler(Some(wait_while_busy))?;
     c.execute_batch("PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;")?;
     Ok(c)
+}
+
+/// How long one statement waits for another connection's lock before "database is locked".
+const BUSY_WAIT: Duration = Duration::from_secs(60);
+
+thread_local! {
+    /// When this thread's statement first found the journal locked (the busy handler runs on
+    /// the thread that runs the statement; its count starts at 0 for each wait).
+    static BUSY_SINCE: std::cell::Cell<Option<std::time::Instant>> =
+        const { std::cell::Cell::new(None) };
+}
+
+/// The busy handler of every journal connection: poll for the lock every 1–8 ms, with jitter,
+/// for up to [`BUSY_WAIT`].
+///
+/// SQLite's own busy timeout sleeps 1, 2, 5, … ms and then 100 ms between tries. With many
+/// processes committing (each commit an fsync of tens of milliseconds on a busy disk), a waiter
+/// that looks only every 100 ms keeps arriving while someone else holds the lock and can starve
+/// for the whole timeout, although the lock was free many times in between. Short, jittered
+/// polls take their turn when it comes.
+fn wait_while_busy(count: i32) -> bool {
+    let now = std::time::Instant::now();
+    let since = BUSY_SINCE.with(|b| {
+        if count == 0 || b.get().is_none() {
+            b.set(Some(now));
+        }
+        b.get().unwrap_or(now)
+    });
+    let clock = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let seed = u64::from(clock) ^ (u64::from(std::process::id()) << 32);
+    match busy_pause(count, now.duration_since(since), seed) {
+        Some(pause) => {
+            std::thread::sleep(pause);
+            true
+        }
+        None => false,
+    }
+}
+
+/// The pause before try `count` + 1 of a statement that has waited `waited` for the lock, or
+/// `None` once it has waited [`BUSY_WAIT`]: 1 ms growing to 8 ms over the first 70 tries, plus
+/// up to 1 ms of jitter drawn from `seed`.
+fn busy_pause(count: i32, waited: Duration, seed: u64) -> Option<Duration> {
+    if waited >= BUSY_WAIT {
+        return None;
+    }
+    let base = 1 + (count.clamp(0, 70) as u64) / 10;
+    let jitter = splitmix(seed ^ count as u64) % 1000;
+    Some(Duration::from_micros(base * 1000 + jitter))
+}
+
+fn splitmix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    z ^ (z >> 31)
 }
 
 /// The journal file's (device, inode), to tell a file replaced at the same path from the one a
@@ -1581,6 +1641,68 @@ mod tests {
         assert_eq!(redact_url("/var/lib/cairn/j.db"), "/var/lib/cairn/j.db");
         let e = refuse_url(Path::new("postgresql+tls://db/cairn")).unwrap_err();
         assert!(e.to_string().contains("postgresql+tls:// URL"), "{e}");
+    }
+
+    #[test]
+    fn a_busy_journal_is_polled_finely_and_given_up_only_after_the_wait() {
+        for count in [0, 1, 9, 10, 69, 70, 1_000, i32::MAX] {
+            for seed in [0, 7, u64::MAX] {
+                let p = busy_pause(count, Duration::from_secs(59), seed).expect("still waiting");
+                assert!(p >= Duration::from_millis(1), "{count}: {p:?}");
+                assert!(p < Duration::from_millis(9), "{count}: {p:?}");
+            }
+        }
+        assert!(busy_pause(-1, Duration::ZERO, 0).is_some());
+        assert_eq!(busy_pause(5, BUSY_WAIT, 0), None);
+        assert_eq!(busy_pause(0, BUSY_WAIT + Duration::from_secs(1), 0), None);
+        // the jitter differs between waiters (processes and instants)
+        let pauses: std::collections::BTreeSet<_> = (0..32u64)
+            .map(|s| busy_pause(3, Duration::ZERO, s << 32))
+            .collect();
+        assert!(pauses.len() > 8, "{pauses:?}");
+    }
+
+    #[test]
+    fn writers_on_their_own_connections_all_get_the_lock_in_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("busy.db");
+        {
+            let c = connect(&path).unwrap();
+            let _: String = c
+                .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+                .unwrap();
+            c.execute_batch("CREATE TABLE t (k INTEGER, n INTEGER)")
+                .unwrap();
+        }
+        // one connection holds the write lock far longer than SQLite's first polls
+        let holder = connect(&path).unwrap();
+        holder.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let (threads, each) = (6, 25);
+        let workers: Vec<_> = (0..threads)
+            .map(|k| {
+                let path = path.clone();
+                std::thread::spawn(move || -> rusqlite::Result<()> {
+                    let c = connect(&path)?;
+                    for n in 0..each {
+                        c.execute_batch("BEGIN IMMEDIATE")?;
+                        c.execute("INSERT INTO t VALUES (?1, ?2)", params![k, n])?;
+                        std::thread::sleep(Duration::from_millis(2));
+                        c.execute_batch("COMMIT")?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(1200));
+        holder.execute_batch("COMMIT").unwrap();
+        for w in workers {
+            w.join().unwrap().expect("every writer waits for its turn");
+        }
+        let c = connect(&path).unwrap();
+        let n: i64 = c
+            .query_row("SELECT count(*) FROM t", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(n, threads * each);
     }
 
     pub(super) fn rec(id: &str) -> ExecutionRecord {
