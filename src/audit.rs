@@ -10,6 +10,9 @@
 //!
 //! `cairn audit verify` recomputes everything from the SQLite file, read-only, and names the first
 //! bad entry and the kind of damage.
+//!
+//! A PostgreSQL journal keeps a chain per execution and per session, each with its stored head:
+//! [`postgres`] checks those.
 
 use std::path::Path;
 
@@ -18,6 +21,8 @@ use sha2::{Digest, Sha256};
 
 pub use crate::journal::anchor::{Anchor, AnchorRecord};
 use crate::journal::{chain_hash, session_chain_hash, ChainFields};
+
+mod postgres;
 
 /// The kind of damage found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -39,6 +44,9 @@ pub enum Damage {
     AnchorMissing,
     /// An execution record differs from what its `accepted` event committed to.
     RecordModified,
+    /// A PostgreSQL journal's stored chain head (`chain_heads`, `session_heads`) does not name
+    /// the last entry of its chain.
+    HeadMismatch,
 }
 
 /// The two hash-chained journals.
@@ -81,7 +89,29 @@ pub struct Report {
     /// Events after the anchor: appended by a process that stopped before it updated the
     /// anchor. Not damage, but not covered by the anchor either.
     pub unanchored: i64,
+    /// A PostgreSQL journal: what its sealed checkpoints cover (in place of the anchor).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub sealing: Option<Sealing>,
     pub findings: Vec<Finding>,
+}
+
+/// What the sealed checkpoints of a PostgreSQL journal cover. Entries appended since the newest
+/// checkpoint are not yet sealed: that is not damage, but nothing outside the chains vouches for
+/// them yet.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Sealing {
+    /// Checkpoints found.
+    pub checkpoints: usize,
+    /// The newest checkpoint's number.
+    pub newest: Option<i64>,
+    /// Whether the checkpoints' MACs were checked (a seal key was given).
+    pub macs_checked: bool,
+    /// Events after their execution's sealed head (or of an execution no checkpoint names).
+    pub unsealed_events: i64,
+    /// Executions with such events.
+    pub unsealed_executions: usize,
+    /// Session entries likewise.
+    pub unsealed_session_entries: i64,
 }
 
 impl Report {
@@ -116,8 +146,8 @@ impl Row {
             client: &self.client,
         };
         match self.chain {
-            Chain::Activity => chain_hash(&f),
             Chain::Sessions => session_chain_hash(&f),
+            Chain::Activity => chain_hash(&f),
         }
     }
     /// The position this entry's content was hashed for, looking a few places either way.
@@ -128,17 +158,20 @@ impl Row {
     }
 }
 
-/// Verify the journal at `journal` against `anchor`, reading the file only.
+/// Verify the PostgreSQL journal at `url` in one read-only transaction: every execution's and
+/// every session's chain, their stored heads and the records. Nothing is written.
+pub fn verify_postgres(url: &str) -> Result<Report, String> {
+    postgres::verify(url)
+}
+
+/// Verify the journal at `journal` against `anchor`, reading the file only (a `postgres://`
+/// URL: [`verify_postgres`]).
 pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
-    if journal
+    if let Some(url) = journal
         .to_str()
-        .is_some_and(crate::journal::is_postgres_url)
+        .filter(|j| crate::journal::is_postgres_url(j))
     {
-        return Err(
-            "cairn audit verify reads a SQLite journal file; verifying a PostgreSQL journal \
-             (its chain per execution) is not built yet. Nothing was read or changed"
-                .into(),
-        );
+        return verify_postgres(url);
     }
     crate::journal::refuse_url(journal).map_err(|e| e.to_string())?;
     if !journal.exists() {
@@ -226,6 +259,7 @@ pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
         head_seq,
         anchored_seq,
         unanchored,
+        sealing: None,
         findings,
     })
 }
@@ -312,24 +346,33 @@ fn check_sessions(
         .query_map([], crate::journal::SessionRecord::from_row)?
         .collect::<Result<Vec<_>, _>>()?;
     for rec in recs {
-        let want = crate::journal::session_started_evidence(&rec);
         let started = rows
             .iter()
             .find(|r| r.execution_id == rec.id && r.kind == "started");
-        if started.map(|r| r.evidence.as_str()) != Some(want.as_str()) {
-            findings.push(Finding {
-                damage: Damage::RecordModified,
-                chain: Chain::Sessions,
-                seq: started.map(|r| r.seq),
-                execution_id: Some(rec.id.clone()),
-                detail: format!(
-                    "session {}: the record differs from what its started entry committed to",
-                    rec.id
-                ),
-            });
-        }
+        check_session_record(&rec, started, findings);
     }
     Ok(())
+}
+
+/// One session record against its `started` entry.
+fn check_session_record(
+    rec: &crate::journal::SessionRecord,
+    started: Option<&Row>,
+    findings: &mut Vec<Finding>,
+) {
+    let want = crate::journal::session_started_evidence(rec);
+    if started.map(|r| r.evidence.as_str()) != Some(want.as_str()) {
+        findings.push(Finding {
+            damage: Damage::RecordModified,
+            chain: Chain::Sessions,
+            seq: started.map(|r| r.seq),
+            execution_id: Some(rec.id.clone()),
+            detail: format!(
+                "session {}: the record differs from what its started entry committed to",
+                rec.id
+            ),
+        });
+    }
 }
 
 /// The first break in the chain, classified.
@@ -451,29 +494,44 @@ fn check_records(
         })?
         .collect::<Result<Vec<_>, _>>()?;
     for (id, fields, command) in &recs {
-        let mk = |detail: String| Finding {
-            damage: Damage::RecordModified,
-            chain: Chain::Activity,
-            seq: None,
-            execution_id: Some(id.clone()),
-            detail,
-        };
-        let digest = hex::encode(Sha256::digest(command));
-        if fields["command_digest"] != digest.as_str() {
-            findings.push(mk(format!(
-                "execution {id}: the stored command does not match its digest"
-            )));
-            continue;
-        }
         let accepted = rows
             .iter()
-            .find(|r| r.execution_id == *id && r.kind == "accepted")
-            .and_then(|r| serde_json::from_str::<serde_json::Value>(&r.evidence).ok());
-        let Some(acc) = accepted else {
-            findings.push(mk(format!("execution {id} has no accepted event")));
-            continue;
-        };
-        let obj = fields.as_object().expect("built as an object");
+            .find(|r| r.execution_id == *id && r.kind == "accepted");
+        check_record(id, fields, command, accepted, findings);
+    }
+    Ok(recs.len())
+}
+
+/// One execution record (`fields`: what the `accepted` event commits to) against its
+/// `accepted` entry.
+fn check_record(
+    id: &str,
+    fields: &serde_json::Value,
+    command: &[u8],
+    accepted: Option<&Row>,
+    findings: &mut Vec<Finding>,
+) {
+    let mk = |detail: String| Finding {
+        damage: Damage::RecordModified,
+        chain: Chain::Activity,
+        seq: accepted.map(|r| r.seq),
+        execution_id: Some(id.to_owned()),
+        detail,
+    };
+    let digest = hex::encode(Sha256::digest(command));
+    if fields["command_digest"] != digest.as_str() {
+        findings.push(mk(format!(
+            "execution {id}: the stored command does not match its digest"
+        )));
+        return;
+    }
+    let accepted =
+        accepted.and_then(|r| serde_json::from_str::<serde_json::Value>(&r.evidence).ok());
+    let Some(acc) = accepted else {
+        findings.push(mk(format!("execution {id} has no accepted event")));
+        return;
+    };
+    if let Some(obj) = fields.as_object() {
         for (k, v) in obj {
             if acc.get(k) != Some(v) {
                 findings.push(mk(format!(
@@ -483,9 +541,8 @@ fn check_records(
                 break;
             }
         }
-        if acc.get("command_len").and_then(|v| v.as_u64()) != Some(command.len() as u64) {
-            findings.push(mk(format!("execution {id}: the command length changed")));
-        }
     }
-    Ok(recs.len())
+    if acc.get("command_len").and_then(|v| v.as_u64()) != Some(command.len() as u64) {
+        findings.push(mk(format!("execution {id}: the command length changed")));
+    }
 }

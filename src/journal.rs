@@ -50,6 +50,7 @@ mod hosts;
 mod http;
 mod postgres;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
+pub(crate) use postgres::audit as postgres_audit;
 pub use postgres::{is_postgres_url, PG_SCHEMA_VERSION};
 
 #[derive(Debug, thiserror::Error)]
@@ -2607,7 +2608,10 @@ mod tests {
                 )
                 .unwrap()
                 .trim(),
-            "1,2"
+            (1..=PG_SCHEMA_VERSION)
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
         );
         // A bad URL is a clear error that does not repeat the password.
         let e = Journal::open(Path::new("postgres://ops:s3cret@127.0.0.1:1/x"))

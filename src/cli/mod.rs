@@ -158,7 +158,9 @@ pub enum Command {
 #[derive(Subcommand, Debug)]
 pub enum AuditCommand {
     /// Verify the journal offline: every entry against its hash and predecessor, every execution
-    /// record against its accepted event, the chain head against the anchor.
+    /// record against its accepted event, the chain head against the anchor (on PostgreSQL:
+    /// every execution's and session's chain against its stored head). Exit 0 when intact, 1
+    /// when damage was found.
     Verify {
         #[arg(long, env = "CAIRN_JOURNAL")]
         journal: Option<PathBuf>,
@@ -719,12 +721,48 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
             json,
         } => {
             let path = journal.unwrap_or_else(Journal::default_path);
-            let anchor = anchor
-                .map(crate::audit::Anchor::at)
-                .unwrap_or_else(|| crate::audit::Anchor::for_journal(&path));
-            let report = crate::audit::verify(&path, &anchor).map_err(ExecError::Input)?;
+            let report = match path.to_str().filter(|p| crate::journal::is_postgres_url(p)) {
+                Some(url) => crate::audit::verify_postgres(url),
+                None => {
+                    let anchor = anchor
+                        .map(crate::audit::Anchor::at)
+                        .unwrap_or_else(|| crate::audit::Anchor::for_journal(&path));
+                    crate::audit::verify(&path, &anchor)
+                }
+            }
+            .map_err(ExecError::Input)?;
             if json {
                 print_json(&serde_json::to_value(&report).unwrap_or_default());
+            } else if let Some(s) = &report.sealing {
+                println!(
+                    "journal {}: {} events in {} executions, {} session events; {} checkpoint(s){}",
+                    report.journal,
+                    report.events,
+                    report.executions,
+                    report.session_events,
+                    s.checkpoints,
+                    s.newest
+                        .map(|n| format!(", newest #{n}"))
+                        .unwrap_or_default()
+                );
+                if s.unsealed_events > 0 || s.unsealed_session_entries > 0 {
+                    println!(
+                        "not yet sealed: {} event(s) in {} execution(s), {} session entr{} \
+                         (appended after the newest checkpoint; not damage)",
+                        s.unsealed_events,
+                        s.unsealed_executions,
+                        s.unsealed_session_entries,
+                        if s.unsealed_session_entries == 1 {
+                            "y"
+                        } else {
+                            "ies"
+                        }
+                    );
+                }
+                print_findings(&report);
+                if report.ok() {
+                    println!("ok: every chain is intact and matches its stored head");
+                }
             } else {
                 println!(
                     "journal {}: {} events, {} session events, {} executions, head {}, anchored at {}",
@@ -744,19 +782,7 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                         report.unanchored
                     );
                 }
-                for f in &report.findings {
-                    println!(
-                        "DAMAGE {:?} in the {} journal at entry {}{}: {}",
-                        f.damage,
-                        f.chain,
-                        f.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
-                        f.execution_id
-                            .as_deref()
-                            .map(|e| format!(" (execution {e})"))
-                            .unwrap_or_default(),
-                        f.detail
-                    );
-                }
+                print_findings(&report);
                 if report.ok() {
                     println!("ok: the chain is intact and matches the anchor");
                 }
@@ -779,6 +805,25 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
             }
             Ok(0)
         }
+    }
+}
+
+fn print_findings(report: &crate::audit::Report) {
+    for f in &report.findings {
+        println!(
+            "DAMAGE {:?} in the {} journal at entry {}{}: {}",
+            f.damage,
+            f.chain,
+            f.seq.map(|s| s.to_string()).unwrap_or_else(|| "-".into()),
+            f.execution_id
+                .as_deref()
+                .map(|e| match f.chain {
+                    crate::audit::Chain::Activity => format!(" (execution {e})"),
+                    crate::audit::Chain::Sessions => format!(" (session {e})"),
+                })
+                .unwrap_or_default(),
+            f.detail
+        );
     }
 }
 

@@ -48,6 +48,8 @@ use crate::epoch::{self, Announced, HostPlace};
 use crate::id::ExecutionId;
 use crate::state::State;
 
+pub(crate) mod audit;
+
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
 pub const PG_SCHEMA_VERSION: i32 = 2;
 

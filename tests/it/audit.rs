@@ -1,5 +1,7 @@
-//! `cairn audit verify` against journals damaged by editing the SQLite file directly, one test
-//! per kind of damage, and `cairn audit show`.
+//! `cairn audit verify` against journals damaged by writing their storage directly, one test
+//! per kind of damage, each run on a SQLite file and on a PostgreSQL database (as its
+//! superuser, which can switch the append-only triggers off); the PostgreSQL journal's own
+//! heads; and `cairn audit show`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -8,7 +10,8 @@ use cairn::journal::{
     accepted_evidence, chain_hash, now_rfc3339, ChainFields, ExecutionRecord, Journal,
 };
 use cairn::{ExecutionId, State};
-use rusqlite::params;
+
+use crate::support::postgres::{self, PgServer};
 
 const BIN: &str = env!("CARGO_BIN_EXE_cairn");
 
@@ -31,38 +34,140 @@ fn record(id: &str) -> ExecutionRecord {
     }
 }
 
-/// A journal with two executions and 8 events (seq 1..=8), anchored.
-fn journal() -> (tempfile::TempDir, PathBuf) {
+/// Where an audit test's journal is kept: every test of the chain runs on a SQLite file and
+/// on a fresh database of the test PostgreSQL server (without PostgreSQL: loudly skipped
+/// outside CI, a failure in CI).
+enum Store {
+    Sqlite {
+        _dir: tempfile::TempDir,
+        path: PathBuf,
+    },
+    Postgres {
+        server: &'static PgServer,
+        db: String,
+        url: String,
+    },
+}
+
+fn stores(test: &str) -> Vec<Store> {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("journal.db");
-    let mut j = Journal::open(&path).unwrap();
+    let mut v = vec![Store::Sqlite { _dir: dir, path }];
+    if let Some(server) = postgres::server(test) {
+        let url = server.database(test);
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        v.push(Store::Postgres { server, db, url });
+    }
+    v
+}
+
+impl Store {
+    fn name(&self) -> &'static str {
+        match self {
+            Store::Sqlite { .. } => "sqlite",
+            Store::Postgres { .. } => "postgres",
+        }
+    }
+
+    fn is_pg(&self) -> bool {
+        matches!(self, Store::Postgres { .. })
+    }
+
+    /// `sqlite` on a SQLite file, `pg` on PostgreSQL: where the two report one damage
+    /// differently (PostgreSQL numbers events with gaps and keeps a head per execution).
+    fn pick<T>(&self, sqlite: T, pg: T) -> T {
+        if self.is_pg() {
+            pg
+        } else {
+            sqlite
+        }
+    }
+
+    fn location(&self) -> PathBuf {
+        match self {
+            Store::Sqlite { path, .. } => path.clone(),
+            Store::Postgres { url, .. } => PathBuf::from(url),
+        }
+    }
+
+    fn open(&self) -> Journal {
+        Journal::open(&self.location()).unwrap()
+    }
+
+    /// Run SQL as someone who can write the journal's storage directly: on the SQLite file
+    /// with the append-only triggers dropped first; on PostgreSQL as the superuser, with
+    /// triggers (and foreign keys) off for the session.
+    fn tamper(&self, sql: &str) {
+        match self {
+            Store::Sqlite { path, .. } => {
+                let c = rusqlite::Connection::open(path).unwrap();
+                c.execute_batch(
+                    "DROP TRIGGER IF EXISTS events_append_only_u;
+                     DROP TRIGGER IF EXISTS events_append_only_d;
+                     DROP TRIGGER IF EXISTS executions_fixed_u;
+                     DROP TRIGGER IF EXISTS session_events_append_only_u;
+                     DROP TRIGGER IF EXISTS session_events_append_only_d;
+                     DROP TRIGGER IF EXISTS sessions_fixed_u;",
+                )
+                .unwrap();
+                c.execute_batch(sql).unwrap();
+            }
+            Store::Postgres { server, db, .. } => {
+                server
+                    .psql(
+                        db,
+                        &format!("SET session_replication_role = replica; {sql}"),
+                    )
+                    .unwrap();
+            }
+        }
+    }
+
+    /// One value, read directly.
+    fn query(&self, sql: &str) -> String {
+        match self {
+            Store::Sqlite { path, .. } => rusqlite::Connection::open(path)
+                .unwrap()
+                .query_row(sql, [], |r| r.get(0))
+                .unwrap(),
+            Store::Postgres { server, db, .. } => server.psql(db, sql).unwrap().trim().to_owned(),
+        }
+    }
+}
+
+/// A journal with two executions and 8 events (seq 1..=8: ex_a 1..=4, ex_b 5..=8), anchored.
+fn journal(s: &Store) {
+    let mut j = s.open();
     for id in ["ex_a", "ex_b"] {
         let r = record(id);
         j.accept(&r, accepted_evidence(&r)).unwrap();
-        for s in [State::Authorized, State::Dispatched, State::Running] {
-            j.append(&r.id, s.as_str(), Some(s), serde_json::json!({"n": id}))
+        for st in [State::Authorized, State::Dispatched, State::Running] {
+            j.append(&r.id, st.as_str(), Some(st), serde_json::json!({"n": id}))
                 .unwrap();
         }
     }
-    (dir, path)
 }
 
-fn raw(path: &Path) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(path).unwrap();
-    // An attacker with the file can drop the append-only triggers first.
-    c.execute_batch(
-        "DROP TRIGGER events_append_only_u; DROP TRIGGER events_append_only_d;
-         DROP TRIGGER executions_fixed_u;",
-    )
-    .unwrap();
-    c
+/// A fixture on every backend.
+fn journals(test: &str) -> Vec<Store> {
+    let v = stores(test);
+    for s in &v {
+        journal(s);
+    }
+    v
 }
 
 fn verify(path: &Path) -> (i32, serde_json::Value) {
+    verify_with(path, &[])
+}
+
+fn verify_with(path: &Path, extra: &[&str]) -> (i32, serde_json::Value) {
     let out = Command::new(BIN)
         .args(["audit", "verify", "--json", "--journal"])
         .arg(path)
+        .args(extra)
         .env_remove("CAIRN_ANCHOR")
+        .env_remove("CAIRN_SEAL_KEY")
         .output()
         .unwrap();
     let v: serde_json::Value =
@@ -82,103 +187,137 @@ fn first_damage(path: &Path) -> (String, i64) {
 
 #[test]
 fn an_intact_journal_verifies() {
-    let (_d, p) = journal();
-    let (code, v) = verify(&p);
-    assert_eq!(code, 0, "{v}");
-    assert_eq!(v["events"], 8);
-    assert_eq!(v["anchored_seq"], 8);
-    assert_eq!(v["findings"].as_array().unwrap().len(), 0);
+    for s in journals("an_intact_journal_verifies") {
+        let (code, v) = verify(&s.location());
+        assert_eq!(code, 0, "{}: {v}", s.name());
+        assert_eq!(v["events"], 8, "{}", s.name());
+        assert_eq!(v["executions"], 2, "{}", s.name());
+        assert_eq!(v["findings"].as_array().unwrap().len(), 0, "{}", s.name());
+        if s.is_pg() {
+            // No checkpoint yet: everything is not yet sealed, which is not damage.
+            assert_eq!(v["sealing"]["checkpoints"], 0, "{v}");
+            assert_eq!(v["sealing"]["unsealed_events"], 8, "{v}");
+            assert_eq!(v["sealing"]["unsealed_executions"], 2, "{v}");
+        } else {
+            assert_eq!(v["anchored_seq"], 8);
+        }
+    }
 }
 
 #[test]
 fn a_modified_field_is_detected() {
-    let (_d, p) = journal();
-    raw(&p)
-        .execute(
-            "UPDATE events SET evidence = '{\"n\":\"forged\"}' WHERE seq = 3",
-            [],
-        )
-        .unwrap();
-    assert_eq!(first_damage(&p), ("modified".into(), 3));
+    for s in journals("a_modified_field_is_detected") {
+        s.tamper("UPDATE events SET evidence = '{\"n\":\"forged\"}' WHERE seq = 3");
+        assert_eq!(
+            first_damage(&s.location()),
+            ("modified".into(), 3),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 #[test]
 fn a_deleted_row_is_detected() {
-    let (_d, p) = journal();
-    raw(&p)
-        .execute("DELETE FROM events WHERE seq = 4", [])
-        .unwrap();
-    assert_eq!(first_damage(&p), ("deleted".into(), 4));
+    for s in journals("a_deleted_row_is_detected") {
+        s.tamper("DELETE FROM events WHERE seq = 3");
+        // SQLite names the missing number; PostgreSQL's numbers have gaps, so it names the
+        // event that no longer follows from its predecessor.
+        assert_eq!(
+            first_damage(&s.location()),
+            ("deleted".into(), s.pick(3, 4)),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 #[test]
 fn a_deleted_row_with_the_rest_renumbered_is_detected() {
-    let (_d, p) = journal();
-    let c = raw(&p);
-    c.execute("DELETE FROM events WHERE seq = 4", []).unwrap();
-    c.execute("UPDATE events SET seq = seq - 1 WHERE seq > 4", [])
-        .unwrap();
-    assert_eq!(first_damage(&p), ("deleted".into(), 4));
+    for s in journals("a_deleted_row_with_the_rest_renumbered") {
+        s.tamper(
+            "DELETE FROM events WHERE seq = 3;
+             UPDATE events SET seq = -(seq - 1) WHERE seq > 3;
+             UPDATE events SET seq = -seq WHERE seq < 0;",
+        );
+        assert_eq!(
+            first_damage(&s.location()),
+            ("deleted".into(), 3),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 #[test]
 fn an_inserted_row_is_detected_even_with_a_valid_hash() {
-    let (_d, p) = journal();
-    let c = raw(&p);
-    // Make room at seq 4 and insert a forged entry whose own hash and link are correct.
-    c.execute_batch(
-        "UPDATE events SET seq = -seq WHERE seq >= 4; UPDATE events SET seq = 1 - seq WHERE seq < 0;",
-    )
-    .unwrap();
-    let prev: String = c
-        .query_row("SELECT hash FROM events WHERE seq = 3", [], |r| r.get(0))
-        .unwrap();
-    let (at, ev, client) = (now_rfc3339(), "{\"forged\":true}", "666@attacker");
-    let hash = chain_hash(&ChainFields {
-        prev_hash: &prev,
-        seq: 4,
-        execution_id: "ex_a",
-        at: &at,
-        kind: "completed",
-        state: "completed",
-        evidence: ev,
-        client,
-    });
-    c.execute(
-        "INSERT INTO events (seq, execution_id, at, kind, state, evidence, client, prev_hash, hash)
-         VALUES (4, 'ex_a', ?1, 'completed', 'completed', ?2, ?3, ?4, ?5)",
-        params![at, ev, client, prev, hash],
-    )
-    .unwrap();
-    assert_eq!(first_damage(&p), ("inserted".into(), 4));
+    for s in journals("an_inserted_row_is_detected") {
+        // Make room at seq 4 and insert a forged entry whose own hash and link are correct.
+        s.tamper(
+            "UPDATE events SET seq = -seq WHERE seq >= 4; UPDATE events SET seq = 1 - seq WHERE seq < 0;",
+        );
+        let prev = s.query("SELECT hash FROM events WHERE seq = 3");
+        let (at, ev, client) = (now_rfc3339(), "{\"forged\":true}", "666@attacker");
+        let hash = chain_hash(&ChainFields {
+            prev_hash: &prev,
+            seq: 4,
+            execution_id: "ex_a",
+            at: &at,
+            kind: "completed",
+            state: "completed",
+            evidence: ev,
+            client,
+        });
+        s.tamper(&format!(
+            "INSERT INTO events (seq, execution_id, at, kind, state, evidence, client, prev_hash, hash)
+             VALUES (4, 'ex_a', '{at}', 'completed', 'completed', '{ev}', '{client}', '{prev}', '{hash}')"
+        ));
+        assert_eq!(
+            first_damage(&s.location()),
+            ("inserted".into(), 4),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 #[test]
 fn reordered_rows_are_detected() {
-    let (_d, p) = journal();
-    let c = raw(&p);
-    // Swap the contents of entries 3 and 4.
-    c.execute_batch(
-        "UPDATE events SET seq = 100 WHERE seq = 3;
-         UPDATE events SET seq = 3 WHERE seq = 4;
-         UPDATE events SET seq = 4 WHERE seq = 100;",
-    )
-    .unwrap();
-    assert_eq!(first_damage(&p), ("reordered".into(), 3));
+    for s in journals("reordered_rows_are_detected") {
+        // Swap the contents of entries 3 and 4.
+        s.tamper(
+            "UPDATE events SET seq = 100 WHERE seq = 3;
+             UPDATE events SET seq = 3 WHERE seq = 4;
+             UPDATE events SET seq = 4 WHERE seq = 100;",
+        );
+        assert_eq!(
+            first_damage(&s.location()),
+            ("reordered".into(), 3),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 #[test]
-fn a_truncated_tail_is_detected_by_the_anchor() {
-    let (_d, p) = journal();
-    raw(&p)
-        .execute("DELETE FROM events WHERE seq >= 7", [])
-        .unwrap();
-    assert_eq!(first_damage(&p), ("truncated".into(), 7));
+fn a_truncated_tail_is_detected() {
+    for s in journals("a_truncated_tail_is_detected") {
+        s.tamper("DELETE FROM events WHERE seq >= 7");
+        // SQLite: the anchor names entry 8, the chain ends at 6. PostgreSQL: ex_b's stored
+        // head names event 8.
+        assert_eq!(
+            first_damage(&s.location()),
+            ("truncated".into(), s.pick(7, 8)),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 #[test]
 fn a_replaced_anchor_is_detected() {
-    let (_d, p) = journal();
+    let s = sqlite_journal();
+    let p = s.location();
     let anchor = PathBuf::from(format!("{}.anchor", p.display()));
     let forged =
         serde_json::json!({"v": 1, "seq": 8, "hash": "00".repeat(32), "mac": "00".repeat(32)});
@@ -189,75 +328,86 @@ fn a_replaced_anchor_is_detected() {
 
 #[test]
 fn a_missing_anchor_is_reported() {
-    let (_d, p) = journal();
+    let s = sqlite_journal();
+    let p = s.location();
     std::fs::remove_file(format!("{}.anchor", p.display())).unwrap();
     let (damage, _) = first_damage(&p);
     assert_eq!(damage, "anchor-missing");
 }
 
+/// The SQLite fixture alone (for what only a SQLite file has: its anchor file).
+fn sqlite_journal() -> Store {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("journal.db");
+    let s = Store::Sqlite { _dir: dir, path };
+    journal(&s);
+    s
+}
+
 #[test]
 fn a_modified_execution_record_is_detected() {
-    let (_d, p) = journal();
-    raw(&p)
-        .execute(
-            "UPDATE executions SET host = '10.6.6.6' WHERE id = 'ex_b'",
-            [],
-        )
-        .unwrap();
-    let (code, v) = verify(&p);
-    assert_eq!(code, 1);
-    assert_eq!(v["findings"][0]["damage"], "record-modified", "{v}");
-    assert_eq!(v["findings"][0]["execution_id"], "ex_b");
+    for s in journals("a_modified_execution_record") {
+        s.tamper("UPDATE executions SET host = '10.6.6.6' WHERE id = 'ex_b'");
+        let (code, v) = verify(&s.location());
+        assert_eq!(code, 1, "{}: {v}", s.name());
+        assert_eq!(v["findings"][0]["damage"], "record-modified", "{v}");
+        assert_eq!(v["findings"][0]["execution_id"], "ex_b", "{v}");
+    }
 }
 
 #[test]
 fn concurrent_writers_never_cause_a_false_alarm() {
-    let (_d, p) = journal();
-    let threads: Vec<_> = (0..3)
-        .map(|t| {
-            let p = p.clone();
-            std::thread::spawn(move || {
-                let mut j = Journal::open(&p).unwrap();
-                let id = ExecutionId::parse(if t % 2 == 0 { "ex_a" } else { "ex_b" }).unwrap();
-                for i in 0..40 {
-                    j.append(&id, "note", None, serde_json::json!({"t": t, "i": i}))
-                        .unwrap();
-                }
+    for s in journals("concurrent_writers") {
+        let threads: Vec<_> = (0..3)
+            .map(|t| {
+                let p = s.location();
+                std::thread::spawn(move || {
+                    let mut j = Journal::open(&p).unwrap();
+                    let id = ExecutionId::parse(if t % 2 == 0 { "ex_a" } else { "ex_b" }).unwrap();
+                    for i in 0..40 {
+                        j.append(&id, "note", None, serde_json::json!({"t": t, "i": i}))
+                            .unwrap();
+                    }
+                })
             })
-        })
-        .collect();
-    for t in threads {
-        t.join().unwrap();
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let (code, v) = verify(&s.location());
+        assert_eq!(code, 0, "{}: {v}", s.name());
+        assert_eq!(v["events"], 128, "{}", s.name());
+        if !s.is_pg() {
+            assert_eq!(v["anchored_seq"], 128);
+        }
     }
-    let (code, v) = verify(&p);
-    assert_eq!(code, 0, "{v}");
-    assert_eq!(v["events"], 128);
-    assert_eq!(v["anchored_seq"], 128);
 }
 
 #[test]
 fn audit_show_answers_the_investigators_questions() {
-    let (_d, p) = journal();
-    let out = Command::new(BIN)
-        .args(["audit", "show", "ex_a", "--journal"])
-        .arg(&p)
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert_eq!(out.status.code(), Some(0), "{text}");
-    for q in [
-        "one client process or more?",
-        "was it authorized, and did it reach dispatch?",
-        "was a result observed from the host?",
-        "did only delivery fail?",
-        "did a later request reuse this execution or create a new one?",
-    ] {
-        assert!(text.contains(q), "{q} missing in:\n{text}");
+    for s in journals("audit_show_answers") {
+        let out = Command::new(BIN)
+            .args(["audit", "show", "ex_a", "--journal"])
+            .arg(s.location())
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert_eq!(out.status.code(), Some(0), "{}: {text}", s.name());
+        for q in [
+            "one client process or more?",
+            "was it authorized, and did it reach dispatch?",
+            "was a result observed from the host?",
+            "did only delivery fail?",
+            "did a later request reuse this execution or create a new one?",
+        ] {
+            assert!(text.contains(q), "{}: {q} missing in:\n{text}", s.name());
+        }
+        assert!(
+            text.contains("not yet: the journal has no outcome"),
+            "{}: {text}",
+            s.name()
+        );
     }
-    assert!(
-        text.contains("not yet: the journal has no outcome"),
-        "{text}"
-    );
 }
 
 #[test]
@@ -281,10 +431,9 @@ fn a_journal_directory_writable_by_others_is_refused() {
     assert!(!shared.join("j.db").exists());
 }
 
-/// A journal whose sessions chain has two sessions and four entries.
-fn journal_with_sessions() -> (tempfile::TempDir, PathBuf) {
-    let (d, p) = journal();
-    let mut j = Journal::open(&p).unwrap();
+/// Two sessions with four entries in their chains (se_1: 1, 2; se_2: 3, 4) beside the fixture.
+fn add_sessions(s: &Store) {
+    let mut j = s.open();
     for (i, id) in ["se_1", "se_2"].iter().enumerate() {
         j.start_session(&cairn::journal::SessionRecord {
             id: id.to_string(),
@@ -299,17 +448,6 @@ fn journal_with_sessions() -> (tempfile::TempDir, PathBuf) {
         j.session_event(id, "ended", serde_json::json!({"code": 0}))
             .unwrap();
     }
-    (d, p)
-}
-
-fn raw_sessions(path: &Path) -> rusqlite::Connection {
-    let c = rusqlite::Connection::open(path).unwrap();
-    c.execute_batch(
-        "DROP TRIGGER session_events_append_only_u; DROP TRIGGER session_events_append_only_d;
-         DROP TRIGGER sessions_fixed_u;",
-    )
-    .unwrap();
-    c
 }
 
 fn first_session_damage(path: &Path) -> (String, String, i64) {
@@ -325,44 +463,45 @@ fn first_session_damage(path: &Path) -> (String, String, i64) {
 
 #[test]
 fn the_sessions_journal_is_chained_and_anchored_too() {
-    let (_d, p) = journal_with_sessions();
-    let (code, v) = verify(&p);
-    assert_eq!(code, 0, "{v}");
-    assert_eq!(v["session_events"], 4);
-
-    let (_d2, p2) = journal_with_sessions();
-    raw_sessions(&p2)
-        .execute(
-            "UPDATE session_events SET evidence = '{\"code\":1}' WHERE seq = 2",
-            [],
-        )
-        .unwrap();
-    assert_eq!(
-        first_session_damage(&p2),
-        ("sessions".into(), "modified".into(), 2)
-    );
-
-    let (_d3, p3) = journal_with_sessions();
-    raw_sessions(&p3)
-        .execute("DELETE FROM session_events WHERE seq = 4", [])
-        .unwrap();
-    assert_eq!(
-        first_session_damage(&p3),
-        ("sessions".into(), "truncated".into(), 4)
-    );
-
-    let (_d4, p4) = journal_with_sessions();
-    raw_sessions(&p4)
-        .execute(
-            "UPDATE sessions SET actor = 'someone-else' WHERE id = 'se_2'",
-            [],
-        )
-        .unwrap();
-    let (chain, damage, _) = first_session_damage(&p4);
-    assert_eq!(
-        (chain.as_str(), damage.as_str()),
-        ("sessions", "record-modified")
-    );
+    let with_sessions = |test: &str| {
+        let v = journals(test);
+        v.iter().for_each(add_sessions);
+        v
+    };
+    for s in with_sessions("sessions_intact") {
+        let (code, v) = verify(&s.location());
+        assert_eq!(code, 0, "{}: {v}", s.name());
+        assert_eq!(v["session_events"], 4, "{}", s.name());
+    }
+    for s in with_sessions("sessions_modified") {
+        s.tamper("UPDATE session_events SET evidence = '{\"code\":1}' WHERE seq = 2");
+        assert_eq!(
+            first_session_damage(&s.location()),
+            ("sessions".into(), "modified".into(), 2),
+            "{}",
+            s.name()
+        );
+    }
+    for s in with_sessions("sessions_truncated") {
+        s.tamper("DELETE FROM session_events WHERE seq = 4");
+        // SQLite: the anchor's sessions head; PostgreSQL: se_2's stored head.
+        assert_eq!(
+            first_session_damage(&s.location()),
+            ("sessions".into(), "truncated".into(), 4),
+            "{}",
+            s.name()
+        );
+    }
+    for s in with_sessions("sessions_record_modified") {
+        s.tamper("UPDATE sessions SET actor = 'someone-else' WHERE id = 'se_2'");
+        let (chain, damage, _) = first_session_damage(&s.location());
+        assert_eq!(
+            (chain.as_str(), damage.as_str()),
+            ("sessions", "record-modified"),
+            "{}",
+            s.name()
+        );
+    }
 }
 
 /// A URL-looking journal location is refused with a clear error by every command that opens a
@@ -417,8 +556,8 @@ fn a_url_looking_journal_is_refused_and_creates_nothing() {
 }
 
 // A postgres:// journal is understood: a database that cannot be reached is a clear error that
-// does not repeat the password, and `audit verify` says what it cannot do yet. Nothing is
-// created in the working directory either way.
+// does not repeat the password, from every command. Nothing is created in the working directory
+// either way.
 #[test]
 fn a_postgres_journal_that_cannot_be_reached_fails_clearly_and_creates_nothing() {
     let cwd = tempfile::tempdir().unwrap();
@@ -428,7 +567,10 @@ fn a_postgres_journal_that_cannot_be_reached_fails_clearly_and_creates_nothing()
             &["ls", "--journal", url][..],
             "postgres://ops:***@127.0.0.1:1/cairn",
         ),
-        (&["audit", "verify", "--journal", url][..], "not built yet"),
+        (
+            &["audit", "verify", "--journal", url][..],
+            "postgres://ops:***@127.0.0.1:1/cairn",
+        ),
     ] {
         let out = Command::new(BIN)
             .args(args)
@@ -446,4 +588,161 @@ fn a_postgres_journal_that_cannot_be_reached_fails_clearly_and_creates_nothing()
             "{args:?}"
         );
     }
+}
+
+// --- PostgreSQL: a chain per execution and its stored head ---
+
+/// The fixture on PostgreSQL alone; `None` (said loudly) without PostgreSQL outside CI.
+fn pg_journal(test: &str) -> Option<Store> {
+    let s = stores(test).into_iter().find(Store::is_pg)?;
+    journal(&s);
+    Some(s)
+}
+
+/// Every finding of a failed verify, as (damage, execution or session, seq).
+fn findings(v: &serde_json::Value) -> Vec<(String, String, i64)> {
+    v["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["damage"].as_str().unwrap().to_owned(),
+                f["execution_id"].as_str().unwrap_or("").to_owned(),
+                f["seq"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect()
+}
+
+/// An event of `id` with a correct hash linked to `prev`, as someone who knows the encoding
+/// would forge it: SQL that inserts it.
+fn forged_event(seq: i64, id: &str, prev: &str) -> String {
+    let (at, ev, client) = (now_rfc3339(), "{\"forged\":true}", "666@attacker");
+    let hash = chain_hash(&ChainFields {
+        prev_hash: prev,
+        seq,
+        execution_id: id,
+        at: &at,
+        kind: "completed",
+        state: "completed",
+        evidence: ev,
+        client,
+    });
+    format!(
+        "INSERT INTO events (seq, execution_id, at, kind, state, evidence, client, prev_hash, hash)
+         VALUES ({seq}, '{id}', '{at}', 'completed', 'completed', '{ev}', '{client}', '{prev}', '{hash}')"
+    )
+}
+
+#[test]
+fn a_postgres_verify_names_the_execution_and_event_and_exits_1() {
+    let Some(s) = pg_journal("pg_verify_text") else {
+        return;
+    };
+    let run = || {
+        Command::new(BIN)
+            .args(["audit", "verify", "--journal"])
+            .arg(s.location())
+            .env_remove("CAIRN_SEAL_KEY")
+            .output()
+            .unwrap()
+    };
+    let clean = run();
+    let text = String::from_utf8_lossy(&clean.stdout);
+    assert_eq!(clean.status.code(), Some(0), "{text}");
+    assert!(text.contains("8 events in 2 executions"), "{text}");
+    assert!(
+        text.contains("not yet sealed: 8 event(s) in 2 execution(s)"),
+        "{text}"
+    );
+    assert!(text.contains("ok: every chain is intact"), "{text}");
+
+    s.tamper("UPDATE events SET evidence = '{\"n\":\"forged\"}' WHERE seq = 6");
+    let bad = run();
+    let text = String::from_utf8_lossy(&bad.stdout);
+    assert_eq!(bad.status.code(), Some(1), "{text}");
+    assert!(
+        text.contains("DAMAGE Modified in the activity journal at entry 6 (execution ex_b)")
+            && text.contains("execution ex_b: event 6 (authorized) no longer matches its hash"),
+        "{text}"
+    );
+    assert!(!text.contains("ok:"), "{text}");
+}
+
+#[test]
+fn a_postgres_gap_in_the_numbers_is_not_damage_but_an_event_forged_into_it_is() {
+    let Some(s) = pg_journal("pg_inserted_in_a_gap") else {
+        return;
+    };
+    // Rolled-back appends use numbers: ex_a's next events are 21 and 22.
+    s.tamper("SELECT setval('event_seq', 20)");
+    let mut j = s.open();
+    let a = ExecutionId::parse("ex_a").unwrap();
+    for n in 0..2 {
+        j.append(&a, "note", None, serde_json::json!({ "n": n }))
+            .unwrap();
+    }
+    let (code, v) = verify(&s.location());
+    assert_eq!(code, 0, "a gap is not damage: {v}");
+    // A forged event at 15, correctly hashed and linked to ex_a's event 4.
+    let prev = s.query("SELECT hash FROM events WHERE seq = 4");
+    s.tamper(&forged_event(15, "ex_a", &prev));
+    let (code, v) = verify(&s.location());
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(
+        findings(&v),
+        [("inserted".to_owned(), "ex_a".to_owned(), 15)],
+        "{v}"
+    );
+    assert!(
+        v["findings"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("execution ex_a: event 21 follows event 4 directly, but event 15 sits"),
+        "{v}"
+    );
+}
+
+#[test]
+fn a_postgres_stored_head_that_does_not_match_its_chain_is_detected() {
+    let Some(s) = pg_journal("pg_head_mismatch") else {
+        return;
+    };
+    s.tamper(&format!(
+        "UPDATE chain_heads SET hash = '{}' WHERE execution_id = 'ex_a'",
+        "0".repeat(64)
+    ));
+    let (code, v) = verify(&s.location());
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(
+        findings(&v),
+        [("head-mismatch".to_owned(), "ex_a".to_owned(), 4)],
+        "{v}"
+    );
+
+    // An event appended after the head, correctly hashed and linked, without moving the head.
+    let Some(s) = pg_journal("pg_after_head") else {
+        return;
+    };
+    let prev = s.query("SELECT hash FROM events WHERE seq = 8");
+    s.tamper(&forged_event(9, "ex_b", &prev));
+    let (_, v) = verify(&s.location());
+    assert_eq!(
+        findings(&v),
+        [("inserted".to_owned(), "ex_b".to_owned(), 9)],
+        "{v}"
+    );
+
+    // Events of an execution the journal does not have.
+    let Some(s) = pg_journal("pg_unknown_execution") else {
+        return;
+    };
+    s.tamper(&forged_event(9, "ex_ghost", ""));
+    let (_, v) = verify(&s.location());
+    assert_eq!(
+        findings(&v),
+        [("inserted".to_owned(), "ex_ghost".to_owned(), 9)],
+        "{v}"
+    );
 }

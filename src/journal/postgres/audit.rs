@@ -1,0 +1,228 @@
+//! What `cairn audit verify` reads from a PostgreSQL journal: every chained row, every record
+//! and every stored chain head, in one read-only transaction (`REPEATABLE READ`, so the tables
+//! are read at one instant while replicas go on appending), on a connection of its own that
+//! migrates nothing and writes nothing.
+//!
+//! The checking is [`crate::audit`]'s; this only reads.
+
+use std::time::Duration;
+
+use tokio_postgres::{IsolationLevel, NoTls};
+
+use super::{runtime, PG_SCHEMA_VERSION};
+use crate::journal::{redact_url, SessionRecord};
+
+/// One entry of a hash chain as stored: an event (`id` is its execution) or a session entry
+/// (`id` is its session; `state` and `client` are empty).
+#[derive(Clone, Debug)]
+pub(crate) struct ChainRow {
+    pub seq: i64,
+    pub id: String,
+    pub at: String,
+    pub kind: String,
+    pub state: String,
+    pub evidence: String,
+    pub client: String,
+    pub prev_hash: String,
+    pub hash: String,
+}
+
+/// A stored chain head (`chain_heads`, `session_heads`).
+#[derive(Clone, Debug)]
+pub(crate) struct Head {
+    pub id: String,
+    pub seq: i64,
+    pub hash: String,
+}
+
+/// An execution record: the fields its `accepted` event commits to, and the command.
+#[derive(Clone, Debug)]
+pub(crate) struct RecordRow {
+    pub id: String,
+    pub fields: serde_json::Value,
+    pub command: Vec<u8>,
+}
+
+/// Everything verify reads, as of one instant.
+pub(crate) struct Snapshot {
+    /// The URL without its password.
+    pub location: String,
+    /// Ordered by seq.
+    pub events: Vec<ChainRow>,
+    /// Ordered by seq.
+    pub session_events: Vec<ChainRow>,
+    pub executions: Vec<RecordRow>,
+    pub sessions: Vec<SessionRecord>,
+    pub heads: Vec<Head>,
+    pub session_heads: Vec<Head>,
+}
+
+/// Read the journal at `url` for verification. Nothing is created, migrated or written; a
+/// database that holds no cairn journal, or one newer than this binary, is an error.
+pub(crate) fn snapshot(url: &str) -> Result<Snapshot, String> {
+    let location = redact_url(url);
+    let _rt = runtime().enter();
+    futures::executor::block_on(read(url, &location))
+}
+
+async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
+    let e = |e: tokio_postgres::Error| {
+        let text = match e.as_db_error() {
+            Some(d) => d.message().to_owned(),
+            None => e.to_string(),
+        };
+        format!("journal {location}: {text}")
+    };
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|err| format!("journal {location}: not a usable PostgreSQL URL: {err}"))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.application_name("cairn audit verify");
+    let (mut client, conn) = config.connect(NoTls).await.map_err(e)?;
+    // The connection is driven by the journal runtime's threads; it ends with `client`.
+    tokio::spawn(conn);
+    let tx = client
+        .build_transaction()
+        .isolation_level(IsolationLevel::RepeatableRead)
+        .read_only(true)
+        .start()
+        .await
+        .map_err(e)?;
+    let has_schema: bool = tx
+        .query_one("SELECT to_regclass('cairn_schema') IS NOT NULL", &[])
+        .await
+        .map_err(e)?
+        .get(0);
+    if !has_schema {
+        return Err(format!(
+            "journal {location}: this database holds no cairn journal (no cairn_schema table); \
+             nothing was read or changed"
+        ));
+    }
+    let schema_version: i32 = tx
+        .query_one("SELECT COALESCE(MAX(version), 0) FROM cairn_schema", &[])
+        .await
+        .map_err(e)?
+        .get(0);
+    if schema_version > PG_SCHEMA_VERSION {
+        return Err(format!(
+            "journal {location}: schema version {schema_version}, but this cairn knows up to \
+             {PG_SCHEMA_VERSION}: verify with a cairn as new as the replicas that wrote it"
+        ));
+    }
+    let chain = |rows: Vec<tokio_postgres::Row>| {
+        rows.iter()
+            .map(|r| ChainRow {
+                seq: r.get(0),
+                id: r.get(1),
+                at: r.get(2),
+                kind: r.get(3),
+                state: r.get(4),
+                evidence: r.get(5),
+                client: r.get(6),
+                prev_hash: r.get(7),
+                hash: r.get(8),
+            })
+            .collect::<Vec<_>>()
+    };
+    let events = chain(
+        tx.query(
+            "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client,
+                    prev_hash, hash
+             FROM events ORDER BY seq",
+            &[],
+        )
+        .await
+        .map_err(e)?,
+    );
+    let session_events = chain(
+        tx.query(
+            "SELECT seq, session_id, at, kind, '', evidence, '', prev_hash, hash
+             FROM session_events ORDER BY seq",
+            &[],
+        )
+        .await
+        .map_err(e)?,
+    );
+    let executions = tx
+        .query(
+            "SELECT id, destination, host, port, \"user\", command, command_digest, remote_dir,
+                    timeout_secs, created_at, client
+             FROM executions ORDER BY id",
+            &[],
+        )
+        .await
+        .map_err(e)?
+        .iter()
+        .map(|r| RecordRow {
+            id: r.get(0),
+            fields: serde_json::json!({
+                "destination": r.get::<_, String>(1),
+                "host": r.get::<_, String>(2),
+                "port": i64::from(r.get::<_, i32>(3)),
+                "user": r.get::<_, String>(4),
+                "command_digest": r.get::<_, String>(6),
+                "remote_dir": r.get::<_, String>(7),
+                "timeout_secs": r.get::<_, i64>(8),
+                "created_at": r.get::<_, String>(9),
+                "client": r.get::<_, String>(10),
+            }),
+            command: r.get(5),
+        })
+        .collect();
+    let sessions = tx
+        .query(
+            "SELECT id, kind, actor, pid, client, started_at, detail FROM sessions ORDER BY id",
+            &[],
+        )
+        .await
+        .map_err(e)?
+        .iter()
+        .map(|r| SessionRecord {
+            id: r.get(0),
+            kind: r.get(1),
+            actor: r.get(2),
+            pid: r.get(3),
+            client: r.get(4),
+            started_at: r.get(5),
+            detail: serde_json::from_str(r.get::<_, &str>(6)).unwrap_or_default(),
+        })
+        .collect();
+    let heads = |rows: Vec<tokio_postgres::Row>| {
+        rows.iter()
+            .map(|r| Head {
+                id: r.get(0),
+                seq: r.get(1),
+                hash: r.get(2),
+            })
+            .collect::<Vec<_>>()
+    };
+    let exec_heads = heads(
+        tx.query(
+            "SELECT execution_id, seq, hash FROM chain_heads ORDER BY execution_id",
+            &[],
+        )
+        .await
+        .map_err(e)?,
+    );
+    let session_heads = heads(
+        tx.query(
+            "SELECT session_id, seq, hash FROM session_heads ORDER BY session_id",
+            &[],
+        )
+        .await
+        .map_err(e)?,
+    );
+    tx.commit().await.map_err(e)?;
+    Ok(Snapshot {
+        location: location.to_owned(),
+        events,
+        session_events,
+        executions,
+        sessions,
+        heads: exec_heads,
+        session_heads,
+    })
+}
