@@ -11,8 +11,8 @@
 //! `cairn audit verify` recomputes everything from the SQLite file, read-only, and names the first
 //! bad entry and the kind of damage.
 //!
-//! A PostgreSQL journal keeps a chain per execution and per session, each with its stored head:
-//! [`postgres`] checks those.
+//! A PostgreSQL journal keeps a chain per execution and per session, each with its stored head,
+//! and sealed checkpoints in place of the anchor file: [`postgres`] checks those.
 
 use std::path::Path;
 
@@ -55,6 +55,8 @@ pub enum Damage {
 pub enum Chain {
     Activity,
     Sessions,
+    /// A PostgreSQL journal's sealed checkpoints (a chain of their own).
+    Checkpoints,
 }
 
 impl std::fmt::Display for Chain {
@@ -62,6 +64,7 @@ impl std::fmt::Display for Chain {
         f.write_str(match self {
             Chain::Activity => "activity",
             Chain::Sessions => "sessions",
+            Chain::Checkpoints => "checkpoints",
         })
     }
 }
@@ -147,7 +150,7 @@ impl Row {
         };
         match self.chain {
             Chain::Sessions => session_chain_hash(&f),
-            Chain::Activity => chain_hash(&f),
+            Chain::Activity | Chain::Checkpoints => chain_hash(&f),
         }
     }
     /// The position this entry's content was hashed for, looking a few places either way.
@@ -159,19 +162,20 @@ impl Row {
 }
 
 /// Verify the PostgreSQL journal at `url` in one read-only transaction: every execution's and
-/// every session's chain, their stored heads and the records. Nothing is written.
-pub fn verify_postgres(url: &str) -> Result<Report, String> {
-    postgres::verify(url)
+/// every session's chain, their stored heads, the records, and the sealed checkpoints (their
+/// MACs too when `seal_key` names the replicas' seal key). Nothing is written.
+pub fn verify_postgres(url: &str, seal_key: Option<&Path>) -> Result<Report, String> {
+    postgres::verify(url, seal_key)
 }
 
 /// Verify the journal at `journal` against `anchor`, reading the file only (a `postgres://`
-/// URL: [`verify_postgres`]).
+/// URL: [`verify_postgres`] without a seal key).
 pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
     if let Some(url) = journal
         .to_str()
         .filter(|j| crate::journal::is_postgres_url(j))
     {
-        return verify_postgres(url);
+        return verify_postgres(url, None);
     }
     crate::journal::refuse_url(journal).map_err(|e| e.to_string())?;
     if !journal.exists() {

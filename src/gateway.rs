@@ -120,6 +120,8 @@ impl GatewayConfig {
     /// Start this server's session in the journal.
     pub fn start_session(&mut self, kind: &str) -> GResult<String> {
         let mut j = Journal::open(&self.journal).map_err(ExecError::from)?;
+        // A replica seals checkpoints over a shared journal's heads (CAIRN_SEAL_KEY).
+        j.seal_periodically_from_env();
         let detail =
             json!({"argv": std::env::args().collect::<Vec<_>>(), "transport": self.transport});
         let id = crate::runner::start_session(&mut j, kind, &self.actor, detail)?;

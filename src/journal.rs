@@ -51,6 +51,7 @@ mod http;
 mod postgres;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::audit as postgres_audit;
+pub(crate) use postgres::checkpoint as postgres_checkpoint;
 pub use postgres::{is_postgres_url, PG_SCHEMA_VERSION};
 
 #[derive(Debug, thiserror::Error)]
@@ -589,6 +590,38 @@ impl Journal {
                         .into(),
                 },
             })
+    }
+
+    /// PostgreSQL: write a sealed checkpoint over every chain head that changed since the last
+    /// one, under the seal key at `key` (see `journal/postgres/checkpoint.rs`); its number, or
+    /// `None` when nothing changed. A SQLite file needs none: its anchor moves with each commit.
+    pub fn seal(&self, key: &Path) -> Result<Option<i64>> {
+        match &self.backend {
+            Backend::Postgres(pg) => {
+                let key =
+                    postgres::checkpoint::read_key(key).map_err(|message| JournalError::Io {
+                        path: key.to_owned(),
+                        message,
+                    })?;
+                pg.seal(&key)
+            }
+            Backend::Sqlite(_) => Err(JournalError::Io {
+                path: self.path.clone(),
+                message: "a SQLite journal is anchored after every commit (<journal>.anchor); \
+                          only a PostgreSQL journal is sealed by checkpoints"
+                    .into(),
+            }),
+        }
+    }
+
+    /// PostgreSQL, in a replica: seal checkpoints every `CAIRN_SEAL_INTERVAL` seconds for the
+    /// rest of this process when `CAIRN_SEAL_KEY` names the seal key (once per database, however
+    /// often it is called). Nothing otherwise, and nothing for a SQLite file (its anchor moves
+    /// with each commit).
+    pub fn seal_periodically_from_env(&self) {
+        if let Backend::Postgres(pg) = &self.backend {
+            postgres::checkpoint::seal_from_env(pg);
+        }
     }
 
     /// How many transactions and events group commit has written to this journal in this

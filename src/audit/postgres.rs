@@ -18,14 +18,16 @@
 //! - `record-modified`: an execution or session record differs from what its first entry
 //!   committed to.
 //!
-//! A head stored in the same database can be rewritten together with its chain: until sealed
-//! checkpoints vouch for heads from outside the chains, every entry is reported as not yet
-//! sealed.
+//! A head stored in the same database can be rewritten together with its chain; the sealed
+//! checkpoints (see `journal/postgres/checkpoint.rs`) are what a rewrite cannot forge without the
+//! seal key.
 
 use std::collections::{HashMap, HashSet};
+use std::path::Path;
 
 use super::{check_record, check_session_record, Chain, Damage, Finding, Report, Row, Sealing};
-use crate::journal::postgres_audit::{snapshot, ChainRow, Head};
+use crate::journal::postgres_audit::{snapshot, ChainRow, CheckpointRow, Head};
+use crate::journal::postgres_checkpoint as ck;
 
 impl Row {
     fn from_chain(chain: Chain, r: ChainRow) -> Row {
@@ -58,6 +60,7 @@ fn nouns(chain: Chain) -> (&'static str, &'static str) {
     match chain {
         Chain::Activity => ("execution", "event"),
         Chain::Sessions => ("session", "entry"),
+        Chain::Checkpoints => ("checkpoint chain", "checkpoint"),
     }
 }
 
@@ -75,7 +78,8 @@ fn chains(rows: &[Row]) -> Vec<(&str, Vec<&Row>)> {
     order
 }
 
-pub(super) fn verify(url: &str) -> Result<Report, String> {
+pub(super) fn verify(url: &str, seal_key: Option<&Path>) -> Result<Report, String> {
+    let key = seal_key.map(ck::read_key).transpose()?;
     let snap = snapshot(url)?;
     let rows: Vec<Row> = snap
         .events
@@ -124,15 +128,31 @@ pub(super) fn verify(url: &str) -> Result<Report, String> {
         check_session_record(rec, started.get(rec.id.as_str()).copied(), &mut findings);
     }
 
+    let (sealed_executions, sealed_sessions) =
+        check_checkpoints(&snap.checkpoints, key.as_deref(), &mut findings);
+    let (unsealed_events, unsealed_executions) = check_sealed(
+        Chain::Activity,
+        &by_execution,
+        &sealed_executions,
+        &mut findings,
+    );
+    let (unsealed_session_entries, _) = check_sealed(
+        Chain::Sessions,
+        &by_session,
+        &sealed_sessions,
+        &mut findings,
+    );
     let sealing = Sealing {
-        unsealed_events: rows.len() as i64,
-        unsealed_executions: by_execution.len(),
-        unsealed_session_entries: session_rows.len() as i64,
-        ..Sealing::default()
+        checkpoints: snap.checkpoints.len(),
+        newest: snap.checkpoints.last().map(|c| c.n),
+        macs_checked: key.is_some(),
+        unsealed_events,
+        unsealed_executions,
+        unsealed_session_entries,
     };
     Ok(Report {
         journal: snap.location,
-        anchor: "none (sealed checkpoints are not built yet)".into(),
+        anchor: "sealed checkpoints in the database".into(),
         events: rows.len(),
         session_events: session_rows.len(),
         executions: snap.executions.len(),
@@ -385,4 +405,173 @@ fn check_head(chain: Chain, id: &str, rows: &[&Row], head: Option<&Head>) -> Opt
             h.seq, h.hash, l.seq, l.hash
         ),
     ))
+}
+
+/// What a checkpoint sealed of one chain: its head then, and which checkpoint said so.
+struct Sealed {
+    seq: i64,
+    hash: String,
+    n: i64,
+}
+
+type SealedHeads = HashMap<String, Sealed>;
+
+/// The checkpoints' own chain (numbers without gaps, each following the digest of the one
+/// before, each matching its digest and, with the key, its MAC); the newest sealed head of each
+/// execution and session, from the checkpoints that pass.
+fn check_checkpoints(
+    cps: &[CheckpointRow],
+    key: Option<&[u8]>,
+    findings: &mut Vec<Finding>,
+) -> (SealedHeads, SealedHeads) {
+    let mut executions = SealedHeads::new();
+    let mut sessions = SealedHeads::new();
+    let mut prev_digest = String::new();
+    let mut expected = 1;
+    for cp in cps {
+        let finding = |damage, detail: String| Finding {
+            damage,
+            chain: Chain::Checkpoints,
+            seq: Some(cp.n),
+            execution_id: None,
+            detail: format!("checkpoint {}: {detail}", cp.n),
+        };
+        let text = ck::sealed_text(cp.n, &cp.at, &cp.prev_digest, &cp.body);
+        if ck::digest(&text) != cp.digest {
+            findings.push(finding(
+                Damage::Modified,
+                "it no longer matches its digest: a field was changed".into(),
+            ));
+            continue;
+        }
+        if let Some(k) = key {
+            if ck::mac(k, &text) != cp.mac {
+                findings.push(finding(
+                    Damage::AnchorReplaced,
+                    format!(
+                        "its MAC does not verify under the seal key: it was not written by a \
+                         replica holding the key (written by {}, it says)",
+                        cp.by_client
+                    ),
+                ));
+                continue;
+            }
+        }
+        if cp.n != expected {
+            findings.push(finding(
+                Damage::Deleted,
+                format!(
+                    "checkpoint{} {} before it {} missing",
+                    if cp.n - expected == 1 { "" } else { "s" },
+                    if cp.n - expected == 1 {
+                        expected.to_string()
+                    } else {
+                        format!("{expected}..={}", cp.n - 1)
+                    },
+                    if cp.n - expected == 1 { "is" } else { "are" }
+                ),
+            ));
+        } else if cp.prev_digest != prev_digest {
+            findings.push(finding(
+                Damage::Inserted,
+                format!(
+                    "it does not follow from checkpoint {}: one of them was not written by cairn",
+                    cp.n - 1
+                ),
+            ));
+        }
+        match serde_json::from_str::<ck::Body>(&cp.body) {
+            Ok(body) => {
+                for (into, heads) in [
+                    (&mut executions, body.executions),
+                    (&mut sessions, body.sessions),
+                ] {
+                    for (id, seq, hash) in heads {
+                        into.insert(id, Sealed { seq, hash, n: cp.n });
+                    }
+                }
+            }
+            Err(e) => findings.push(finding(
+                Damage::Modified,
+                format!("its body does not parse: {e}"),
+            )),
+        }
+        prev_digest = cp.digest.clone();
+        expected = cp.n + 1;
+    }
+    (executions, sessions)
+}
+
+/// Each sealed head against its chain: the sealed entry must still be there with the hash that
+/// was sealed. Returns the entries after their chain's sealed head (not yet sealed, not damage)
+/// and how many chains have such entries.
+fn check_sealed(
+    chain: Chain,
+    by_owner: &[(&str, Vec<&Row>)],
+    sealed: &SealedHeads,
+    findings: &mut Vec<Finding>,
+) -> (i64, usize) {
+    let (owner, entry) = nouns(chain);
+    let rows_of: HashMap<&str, &Vec<&Row>> = by_owner.iter().map(|(id, r)| (*id, r)).collect();
+    let mut ids: Vec<&String> = sealed.keys().collect();
+    ids.sort();
+    for id in ids {
+        let s = &sealed[id];
+        let rows = rows_of
+            .get(id.as_str())
+            .map(|r| r.as_slice())
+            .unwrap_or(&[]);
+        let finding = |damage, detail: String| Finding {
+            damage,
+            chain,
+            seq: Some(s.seq),
+            execution_id: Some(id.clone()),
+            detail: format!("{owner} {id}: {detail}"),
+        };
+        match rows.iter().find(|r| r.seq == s.seq) {
+            Some(r) if r.hash == s.hash => {}
+            Some(r) => findings.push(finding(
+                Damage::AnchorReplaced,
+                format!(
+                    "{entry} {} has hash {}, but checkpoint {} sealed {}: its chain was \
+                     rewritten after it was sealed",
+                    s.seq, r.hash, s.n, s.hash
+                ),
+            )),
+            None => {
+                let last = rows.last().map(|l| l.seq);
+                findings.push(match last {
+                    Some(l) if l > s.seq => finding(
+                        Damage::Deleted,
+                        format!(
+                            "checkpoint {} sealed {entry} {}, which is missing",
+                            s.n, s.seq
+                        ),
+                    ),
+                    _ => finding(
+                        Damage::Truncated,
+                        format!(
+                            "checkpoint {} sealed {entry} {}, but its chain {}: its newest \
+                             {entry}(s) were cut off",
+                            s.n,
+                            s.seq,
+                            last.map(|l| format!("ends at {entry} {l}"))
+                                .unwrap_or_else(|| "has no entry left".into())
+                        ),
+                    ),
+                });
+            }
+        }
+    }
+    let mut entries = 0;
+    let mut chains = 0;
+    for (id, rows) in by_owner {
+        let after = sealed.get(*id).map(|s| s.seq).unwrap_or(0);
+        let n = rows.iter().filter(|r| r.seq > after).count() as i64;
+        if n > 0 {
+            entries += n;
+            chains += 1;
+        }
+    }
+    (entries, chains)
 }

@@ -159,16 +159,28 @@ pub enum Command {
 pub enum AuditCommand {
     /// Verify the journal offline: every entry against its hash and predecessor, every execution
     /// record against its accepted event, the chain head against the anchor (on PostgreSQL:
-    /// every execution's and session's chain against its stored head). Exit 0 when intact, 1
-    /// when damage was found.
+    /// every execution's and session's chain against its stored head and the sealed
+    /// checkpoints). Exit 0 when intact, 1 when damage was found.
     Verify {
         #[arg(long, env = "CAIRN_JOURNAL")]
         journal: Option<PathBuf>,
         /// Anchor file (default: <journal>.anchor; its key is <anchor>.key).
         #[arg(long, env = "CAIRN_ANCHOR")]
         anchor: Option<PathBuf>,
+        /// PostgreSQL journal: the replicas' seal key, to check the checkpoints' MACs.
+        #[arg(long, env = "CAIRN_SEAL_KEY")]
+        seal_key: Option<PathBuf>,
         #[arg(long)]
         json: bool,
+    },
+    /// PostgreSQL journal: seal a checkpoint now over every chain head that changed since the
+    /// last one (replicas with CAIRN_SEAL_KEY set do so every CAIRN_SEAL_INTERVAL seconds).
+    Seal {
+        #[arg(long, env = "CAIRN_JOURNAL")]
+        journal: Option<PathBuf>,
+        /// The seal key every replica holds (at least 32 bytes).
+        #[arg(long, env = "CAIRN_SEAL_KEY")]
+        seal_key: PathBuf,
     },
     /// One execution's timeline, as an investigator reads it.
     Show {
@@ -718,11 +730,12 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
         AuditCommand::Verify {
             journal,
             anchor,
+            seal_key,
             json,
         } => {
             let path = journal.unwrap_or_else(Journal::default_path);
             let report = match path.to_str().filter(|p| crate::journal::is_postgres_url(p)) {
-                Some(url) => crate::audit::verify_postgres(url),
+                Some(url) => crate::audit::verify_postgres(url, seal_key.as_deref()),
                 None => {
                     let anchor = anchor
                         .map(crate::audit::Anchor::at)
@@ -759,9 +772,14 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                         }
                     );
                 }
+                if s.checkpoints > 0 && !s.macs_checked {
+                    println!("note: no seal key given (--seal-key): the checkpoints' MACs were not checked");
+                }
                 print_findings(&report);
                 if report.ok() {
-                    println!("ok: every chain is intact and matches its stored head");
+                    println!(
+                        "ok: every chain is intact and matches its stored head and the checkpoints"
+                    );
                 }
             } else {
                 println!(
@@ -788,6 +806,18 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                 }
             }
             Ok(if report.ok() { 0 } else { 1 })
+        }
+        AuditCommand::Seal { journal, seal_key } => {
+            let path = journal.unwrap_or_else(Journal::default_path);
+            let j = Journal::open(&path)?;
+            match j.seal(&seal_key)? {
+                Some(n) => println!("sealed checkpoint {n} of {}", j.location()),
+                None => println!(
+                    "nothing to seal: no chain head of {} moved since the last checkpoint",
+                    j.location()
+                ),
+            }
+            Ok(0)
         }
         AuditCommand::Show { id, journal, json } => {
             let id = parse_id(&id)?;
@@ -820,6 +850,7 @@ fn print_findings(report: &crate::audit::Report) {
                 .map(|e| match f.chain {
                     crate::audit::Chain::Activity => format!(" (execution {e})"),
                     crate::audit::Chain::Sessions => format!(" (session {e})"),
+                    crate::audit::Chain::Checkpoints => String::new(),
                 })
                 .unwrap_or_default(),
             f.detail

@@ -49,12 +49,17 @@ use crate::id::ExecutionId;
 use crate::state::State;
 
 pub(crate) mod audit;
+pub(crate) mod checkpoint;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 2;
+pub const PG_SCHEMA_VERSION: i32 = 3;
 
 /// Each version's DDL, applied in order in one transaction each.
-pub(super) const MIGRATIONS: &[(i32, &str)] = &[(1, MIGRATION_1), (2, MIGRATION_2)];
+pub(super) const MIGRATIONS: &[(i32, &str)] = &[
+    (1, MIGRATION_1),
+    (2, MIGRATION_2),
+    (3, checkpoint::MIGRATION),
+];
 
 const MIGRATION_1: &str = "
 CREATE FUNCTION cairn_refuse() RETURNS trigger LANGUAGE plpgsql AS $$

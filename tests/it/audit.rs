@@ -1,7 +1,7 @@
 //! `cairn audit verify` against journals damaged by writing their storage directly, one test
 //! per kind of damage, each run on a SQLite file and on a PostgreSQL database (as its
 //! superuser, which can switch the append-only triggers off); the PostgreSQL journal's own
-//! heads; and `cairn audit show`.
+//! heads and sealed checkpoints; and `cairn audit show`.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -590,13 +590,34 @@ fn a_postgres_journal_that_cannot_be_reached_fails_clearly_and_creates_nothing()
     }
 }
 
-// --- PostgreSQL: a chain per execution and its stored head ---
+// --- PostgreSQL: a chain per execution, its stored head, sealed checkpoints ---
 
 /// The fixture on PostgreSQL alone; `None` (said loudly) without PostgreSQL outside CI.
 fn pg_journal(test: &str) -> Option<Store> {
     let s = stores(test).into_iter().find(Store::is_pg)?;
     journal(&s);
     Some(s)
+}
+
+/// A seal key file in a fresh directory.
+fn seal_key() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("seal.key");
+    std::fs::write(&key, [7u8; 32]).unwrap();
+    (dir, key)
+}
+
+fn seal(s: &Store, key: &Path) -> String {
+    let out = Command::new(BIN)
+        .args(["audit", "seal", "--journal"])
+        .arg(s.location())
+        .arg("--seal-key")
+        .arg(key)
+        .env_remove("CAIRN_SEAL_KEY")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// Every finding of a failed verify, as (damage, execution or session, seq).
@@ -744,5 +765,182 @@ fn a_postgres_stored_head_that_does_not_match_its_chain_is_detected() {
         findings(&v),
         [("inserted".to_owned(), "ex_ghost".to_owned(), 9)],
         "{v}"
+    );
+}
+
+#[test]
+fn a_postgres_checkpoint_catches_a_tail_cut_off_with_its_head_moved_back() {
+    let Some(s) = pg_journal("pg_sealed_truncation") else {
+        return;
+    };
+    let (_k, key) = seal_key();
+    assert!(seal(&s, &key).contains("sealed checkpoint 1"));
+    let six = s.query("SELECT hash FROM events WHERE seq = 6");
+    s.tamper(&format!(
+        "DELETE FROM events WHERE seq >= 7;
+         UPDATE chain_heads SET seq = 6, hash = '{six}' WHERE execution_id = 'ex_b'"
+    ));
+    let (code, v) = verify_with(&s.location(), &["--seal-key", key.to_str().unwrap()]);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(
+        findings(&v),
+        [("truncated".to_owned(), "ex_b".to_owned(), 8)],
+        "{v}"
+    );
+}
+
+#[test]
+fn a_postgres_checkpoint_catches_a_chain_rewritten_with_valid_hashes() {
+    let Some(s) = pg_journal("pg_sealed_rewrite") else {
+        return;
+    };
+    let (_k, key) = seal_key();
+    seal(&s, &key);
+    // Replace ex_a's last event with a forged one, hashed and linked correctly, and move the
+    // stored head to it: every chain and head check passes; the checkpoint does not.
+    let prev = s.query("SELECT hash FROM events WHERE seq = 3");
+    s.tamper(&format!(
+        "DELETE FROM events WHERE seq = 4; {}",
+        forged_event(4, "ex_a", &prev)
+    ));
+    let forged = s.query("SELECT hash FROM events WHERE seq = 4");
+    s.tamper(&format!(
+        "UPDATE chain_heads SET hash = '{forged}' WHERE execution_id = 'ex_a'"
+    ));
+    let (code, v) = verify_with(&s.location(), &["--seal-key", key.to_str().unwrap()]);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(
+        findings(&v),
+        [("anchor-replaced".to_owned(), "ex_a".to_owned(), 4)],
+        "{v}"
+    );
+}
+
+#[test]
+fn a_postgres_append_after_the_newest_checkpoint_is_not_yet_sealed_not_damage() {
+    let Some(s) = pg_journal("pg_unsealed") else {
+        return;
+    };
+    let (_k, key) = seal_key();
+    assert!(seal(&s, &key).contains("sealed checkpoint 1"));
+    assert!(seal(&s, &key).contains("nothing to seal"), "no head moved");
+    let mut j = s.open();
+    let a = ExecutionId::parse("ex_a").unwrap();
+    for n in 0..2 {
+        j.append(&a, "note", None, serde_json::json!({ "n": n }))
+            .unwrap();
+    }
+    let key_arg = ["--seal-key", key.to_str().unwrap()];
+    let (code, v) = verify_with(&s.location(), &key_arg);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["sealing"]["checkpoints"], 1, "{v}");
+    assert_eq!(v["sealing"]["macs_checked"], true, "{v}");
+    assert_eq!(v["sealing"]["unsealed_events"], 2, "{v}");
+    assert_eq!(v["sealing"]["unsealed_executions"], 1, "{v}");
+    // The next checkpoint seals exactly what moved: ex_a's head.
+    assert!(seal(&s, &key).contains("sealed checkpoint 2"));
+    assert_eq!(
+        s.query("SELECT body FROM checkpoints WHERE n = 2")
+            .matches("ex_")
+            .count(),
+        1
+    );
+    let (code, v) = verify_with(&s.location(), &key_arg);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["sealing"]["newest"], 2, "{v}");
+    assert_eq!(v["sealing"]["unsealed_events"], 0, "{v}");
+}
+
+#[test]
+fn a_postgres_checkpoint_forged_or_deleted_is_detected() {
+    let Some(s) = pg_journal("pg_checkpoints_tampered") else {
+        return;
+    };
+    let (_k, key) = seal_key();
+    seal(&s, &key);
+    let mut j = s.open();
+    let a = ExecutionId::parse("ex_a").unwrap();
+    j.append(&a, "note", None, serde_json::json!({})).unwrap();
+    seal(&s, &key);
+    let key_arg = ["--seal-key", key.to_str().unwrap()];
+    assert_eq!(verify_with(&s.location(), &key_arg).0, 0);
+
+    // Sealed under another key: the MAC does not verify (without the key it is not checked).
+    let (_k2, other) = seal_key();
+    std::fs::write(&other, [9u8; 32]).unwrap();
+    j.append(&a, "note", None, serde_json::json!({})).unwrap();
+    seal(&s, &other);
+    let (code, v) = verify_with(&s.location(), &key_arg);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["findings"][0]["chain"], "checkpoints", "{v}");
+    assert_eq!(v["findings"][0]["damage"], "anchor-replaced", "{v}");
+    assert_eq!(v["findings"][0]["seq"], 3, "{v}");
+    let (code, v) = verify(&s.location());
+    assert_eq!(
+        (code, &v["sealing"]["macs_checked"]),
+        (0, &false.into()),
+        "{v}"
+    );
+
+    // A deleted checkpoint breaks the checkpoints' own chain.
+    s.tamper("DELETE FROM checkpoints WHERE n = 1");
+    let (code, v) = verify(&s.location());
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["findings"][0]["chain"], "checkpoints", "{v}");
+    assert_eq!(v["findings"][0]["damage"], "deleted", "{v}");
+    assert_eq!(v["findings"][0]["seq"], 2, "{v}");
+}
+
+/// A replica (`cairn serve`) given the seal key seals by itself while it runs: its session's
+/// start is in a checkpoint it wrote, under the key, before it is told to stop.
+#[test]
+fn a_postgres_replica_with_the_seal_key_seals_checkpoints_while_it_runs() {
+    use std::io::Write;
+    let Some(s) = pg_journal("pg_replica_seals") else {
+        return;
+    };
+    let (_k, key) = seal_key();
+    let mut replica = Command::new(BIN)
+        .args(["serve", "--stdio", "--journal"])
+        .arg(s.location())
+        .env("CAIRN_SEAL_KEY", &key)
+        .env("CAIRN_SEAL_INTERVAL", "0.05")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait (boundedly) for a checkpoint that holds the replica's own session.
+    let mut sealed = None;
+    for _ in 0..600 {
+        let session = s.query("SELECT COALESCE(MAX(id), '') FROM sessions");
+        let bodies = s.query("SELECT COALESCE(string_agg(body, ' '), '') FROM checkpoints");
+        if !session.is_empty() && bodies.contains(&session) {
+            sealed = Some(session);
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let still_running = replica.try_wait().unwrap().is_none();
+    let mut stdin = replica.stdin.take().unwrap();
+    let _ = stdin.flush();
+    drop(stdin);
+    assert_eq!(replica.wait().unwrap().code(), Some(0));
+    assert!(still_running, "the replica sealed while it ran");
+    assert!(
+        sealed.is_some(),
+        "no checkpoint holds the replica's session"
+    );
+    let by = s.query("SELECT by_client FROM checkpoints ORDER BY n LIMIT 1");
+    assert!(
+        by.starts_with(&format!("{}@", replica.id())),
+        "sealed by the replica: {by}"
+    );
+    let (code, v) = verify_with(&s.location(), &["--seal-key", key.to_str().unwrap()]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(v["sealing"]["macs_checked"], true, "{v}");
+    assert_eq!(
+        v["sealing"]["unsealed_events"], 0,
+        "the fixture was sealed too: {v}"
     );
 }

@@ -55,6 +55,20 @@ pub(crate) struct Snapshot {
     pub sessions: Vec<SessionRecord>,
     pub heads: Vec<Head>,
     pub session_heads: Vec<Head>,
+    /// Ordered by number (none before schema version 3).
+    pub checkpoints: Vec<CheckpointRow>,
+}
+
+/// A stored checkpoint (see `checkpoint.rs`).
+#[derive(Clone, Debug)]
+pub(crate) struct CheckpointRow {
+    pub n: i64,
+    pub at: String,
+    pub by_client: String,
+    pub prev_digest: String,
+    pub body: String,
+    pub digest: String,
+    pub mac: String,
 }
 
 /// Read the journal at `url` for verification. Nothing is created, migrated or written; a
@@ -215,6 +229,27 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
         .await
         .map_err(e)?,
     );
+    let checkpoints = if schema_version >= 3 {
+        tx.query(
+            "SELECT n, at, by_client, prev_digest, body, digest, mac FROM checkpoints ORDER BY n",
+            &[],
+        )
+        .await
+        .map_err(e)?
+        .iter()
+        .map(|r| CheckpointRow {
+            n: r.get(0),
+            at: r.get(1),
+            by_client: r.get(2),
+            prev_digest: r.get(3),
+            body: r.get(4),
+            digest: r.get(5),
+            mac: r.get(6),
+        })
+        .collect()
+    } else {
+        Vec::new()
+    };
     tx.commit().await.map_err(e)?;
     Ok(Snapshot {
         location: location.to_owned(),
@@ -224,5 +259,6 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
         sessions,
         heads: exec_heads,
         session_heads,
+        checkpoints,
     })
 }
