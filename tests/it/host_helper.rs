@@ -430,6 +430,19 @@ fn uploading_a_new_helper_removes_other_versions_but_not_one_still_running() {
         busy.exists(),
         "a helper that still supervises a command was removed"
     );
+    // cairn gc, run by the helper, follows the same rule
+    let (_, idle2) = other_version(&h, b"idle2");
+    let out = h.cairn("gc").output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(!idle2.exists(), "cairn gc left a helper of another version");
+    assert!(
+        busy.exists(),
+        "cairn gc removed a helper that still supervises a command"
+    );
+    assert!(
+        helper_file(&h).exists(),
+        "cairn gc removed this client's helper"
+    );
     // once its command has ended and its supervisor with it, the next upload removes it too
     fs::write(&gate, b"").unwrap();
     h.wait_done("old1");
