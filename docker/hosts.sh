@@ -550,14 +550,31 @@ cmd_readonly_markers() {
   resolve "$1"
   local d types=(-type d -o -type f); d=$(markers_dir)
   [ "${2:-}" = --dirs-only ] && types=(-type d)
-  priv find "$d" \( "${types[@]}" \) -exec chattr +i {} + || die "readonly-markers: chattr failed under $d"
+  chattr_all +i "$d" "${types[@]}" || die "readonly-markers: chattr failed under $d"
+}
+
+# chattr FLAG on every entry of TYPES under DIR. The host is live: a file found may be renamed or
+# removed before chattr reaches it. Such a miss is not a failure; another pass takes what is there
+# now (frozen directories take no new entries, so it settles). Any other error fails at once.
+chattr_all() {
+  local flag=$1 dir=$2 err; shift 2
+  err=$(mktemp)
+  for _ in 1 2 3 4 5; do
+    if priv find "$dir" \( "$@" \) -exec chattr "$flag" {} + 2>"$err"; then
+      rm -f "$err"; return 0
+    fi
+    if grep -v -e 'No such file or directory' "$err" | grep -q .; then
+      cat "$err" >&2; rm -f "$err"; return 1
+    fi
+  done
+  cat "$err" >&2; rm -f "$err"; return 1
 }
 
 cmd_writable_markers() {
   [ $# -eq 1 ] || die "usage: writable-markers HOST"
   resolve "$1"
   local d; d=$(markers_dir)
-  priv find "$d" \( -type d -o -type f \) -exec chattr -i {} + || die "writable-markers: chattr failed under $d"
+  chattr_all -i "$d" -type d -o -type f || die "writable-markers: chattr failed under $d"
 }
 
 # The whole marker home goes (epoch, records, output), from outside the container: works while
