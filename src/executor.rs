@@ -2613,6 +2613,26 @@ impl Executor {
         state: State,
         reason: &str,
     ) -> Result<Outcome, ExecError> {
+        // Another process (a `recover`, an `attach`) may have settled the execution while this
+        // one could not reach the host. Its verdict stands: an `unknown` appended after it
+        // would contradict the host, and this process has none of the result to hand on.
+        if !state.is_settled() {
+            if let Some(st) = self
+                .journal
+                .status(&run.rec.id)?
+                .filter(|s| s.state.is_settled())
+            {
+                let mut o = self.outcome_from_journal(run)?;
+                o.state = state;
+                o.needs_review = true;
+                o.reason = Some(format!(
+                    "{reason}; meanwhile another process recorded it as {}: `cairn attach {}` \
+                     returns its result (do not send it again)",
+                    st.state, run.rec.id
+                ));
+                return Ok(o);
+            }
+        }
         self.record(
             run,
             state.as_str(),
