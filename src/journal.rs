@@ -52,7 +52,10 @@ mod postgres;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::audit as postgres_audit;
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
-pub use postgres::{is_postgres_url, PG_SCHEMA_VERSION};
+pub use postgres::{
+    is_postgres_url, lease_for, replica_id, set_lease_for, Ownership, TakeOver, MAX_TAKEOVERS,
+    PG_SCHEMA_VERSION,
+};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -106,6 +109,12 @@ pub enum JournalError {
 type Result<T> = std::result::Result<T, JournalError>;
 
 impl JournalError {
+    /// Whether this is an append refused by the ownership fence of a shared journal: this
+    /// replica's lease expired and another replica took the execution over.
+    pub fn is_fenced(&self) -> bool {
+        matches!(self, JournalError::Postgres { code: Some(c), .. } if c == postgres::FENCED)
+    }
+
     /// Whether this is an `accept` that lost the race for its execution ID: another process
     /// accepted an execution under the same ID between our look-up and our insert.
     pub fn is_duplicate_id(&self) -> bool {
@@ -1628,6 +1637,41 @@ fn set_mode(path: &Path, mode: u32) {
 fn set_mode(_: &Path, _: u32) {}
 
 impl Journal {
+    /// Who owns `id` on a shared (PostgreSQL) journal; `None` on a SQLite file, where
+    /// [`crate::owner`] decides by process liveness.
+    pub fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
+        on_postgres!(self, pg => pg.ownership(id));
+        Ok(None)
+    }
+
+    /// Take over `id` (or, with `None`, up to `limit` executions) from replicas whose lease
+    /// expired; see docs/REPLICAS.md. Nothing to do on a SQLite file.
+    pub fn take_over(
+        &mut self,
+        id: Option<&ExecutionId>,
+        limit: i64,
+    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
+        on_postgres!(self, pg => pg.take_over(id, limit));
+        Ok(Vec::new())
+    }
+
+    /// How many times each execution was taken over (shared journals; none elsewhere).
+    pub fn takeover_counts(&self) -> Result<std::collections::HashMap<String, i32>> {
+        on_postgres!(self, pg => pg.takeover_counts());
+        Ok(Default::default())
+    }
+
+    /// Whether this process took `id` over from a replica whose lease expired.
+    pub fn taken_over_here(&self, id: &ExecutionId) -> bool {
+        on_postgres!(self, pg => pg.taken_over_here(id));
+        false
+    }
+
+    /// Whether this journal is shared by replicas (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        matches!(self.backend, Backend::Postgres(_))
+    }
+
     /// Append several events of one execution, in order, in one transaction (group-committed
     /// like [`Journal::append`]); returns the last as stored. For events that need not be
     /// durable on their own before the next one (the executor's held events).
@@ -2653,5 +2697,113 @@ mod tests {
             .to_string();
         assert!(e.contains("postgres://ops:***@127.0.0.1:1/x"), "{e}");
         assert!(!e.contains("s3cret"), "{e}");
+    }
+    /// Leases and fencing on a shared journal, against the real server. The other replica is
+    /// played by SQL on its own rows (one process is one replica): it takes over an execution
+    /// this process owns, and this process's next append as owner is refused, with nothing
+    /// written; then the other replica stops heartbeating, and this process takes over one of
+    /// its executions (epoch bumped, a `takeover` event naming both), at most MAX_TAKEOVERS
+    /// times.
+    #[test]
+    fn an_owner_whose_execution_was_taken_over_cannot_append_and_an_expired_lease_is_taken_over() {
+        let Some(server) = test_postgres::server("postgres_fence") else {
+            return;
+        };
+        let url = server.database("fence");
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        let mut j = Journal::open(Path::new(&url)).unwrap();
+        let mine = ExecutionId::parse("fence-mine").unwrap();
+        j.accept(&rec(mine.as_str()), serde_json::json!({}))
+            .unwrap();
+        let o = j.ownership(&mine).unwrap().unwrap();
+        assert!(o.mine && o.live && !o.settled, "{o:?}");
+        assert_eq!((o.epoch, o.takeovers), (1, 0));
+        assert_eq!(o.replica, replica_id());
+        j.append(&mine, "note", None, serde_json::json!({}))
+            .unwrap();
+
+        // Another replica takes it over (as its takeover does: the epoch bumped).
+        let psql = |sql: &str| server.psql(&db, sql).unwrap();
+        psql(
+            "INSERT INTO replicas (id, client, lease_ms) VALUES ('other/r', '9@elsewhere', 60000)",
+        );
+        psql(
+            "UPDATE owners SET replica = 'other/r', epoch = 2, takeovers = 1 \
+              WHERE execution_id = 'fence-mine'",
+        );
+        let before = j.events(&mine).unwrap().len();
+        let e = j
+            .append(
+                &mine,
+                "dispatched",
+                Some(State::Dispatched),
+                serde_json::json!({}),
+            )
+            .unwrap_err();
+        assert!(e.is_fenced(), "{e}");
+        assert!(
+            e.to_string().contains("taken over by replica other/r"),
+            "{e}"
+        );
+        assert_eq!(j.events(&mine).unwrap().len(), before, "nothing written");
+        let o = j.ownership(&mine).unwrap().unwrap();
+        assert!(!o.mine && o.live, "{o:?}");
+        // A live owner's execution is not taken.
+        let t = j.take_over(Some(&mine), 1).unwrap();
+        assert!(matches!(t[..], [(_, TakeOver::Held)]), "{t:?}");
+
+        // The other replica's lease expires (database time): this one takes it back.
+        psql(
+            "UPDATE replicas SET heartbeat_at = now() - interval '2 minutes' WHERE id = 'other/r'",
+        );
+        assert!(!j.ownership(&mine).unwrap().unwrap().live);
+        let t = j.take_over(None, 8).unwrap();
+        assert!(
+            matches!(&t[..], [(id, TakeOver::Taken { from, epoch: 3 })]
+                if id == &mine && from == "other/r"),
+            "{t:?}"
+        );
+        let o = j.ownership(&mine).unwrap().unwrap();
+        assert!(o.mine && o.live, "{o:?}");
+        assert_eq!((o.epoch, o.takeovers), (3, 2));
+        assert!(j.taken_over_here(&mine));
+        let evs = j.events(&mine).unwrap();
+        let took = evs.last().unwrap();
+        assert_eq!(took.kind, "takeover");
+        assert_eq!(took.evidence["from"], "other/r");
+        assert_eq!(took.evidence["from_client"], "9@elsewhere");
+        assert_eq!(took.evidence["to"], replica_id());
+        assert_eq!(took.evidence["epoch"], 3);
+        // Its appends are fenced at the new epoch and go through.
+        j.append(
+            &mine,
+            "completed",
+            Some(State::Completed),
+            serde_json::json!({}),
+        )
+        .unwrap();
+        let o = j.ownership(&mine).unwrap().unwrap();
+        assert!(o.settled, "settling ends the ownership: {o:?}");
+        assert!(
+            j.take_over(None, 8).unwrap().is_empty(),
+            "nothing settled is taken over"
+        );
+        assert_eq!(j.takeover_counts().unwrap().get("fence-mine"), Some(&2));
+
+        // Bounded: an execution taken over MAX_TAKEOVERS times is left for review.
+        let worn = ExecutionId::parse("fence-worn").unwrap();
+        j.accept(&rec(worn.as_str()), serde_json::json!({}))
+            .unwrap();
+        psql(&format!(
+            "UPDATE owners SET replica = 'other/r', epoch = 9, takeovers = {MAX_TAKEOVERS} \
+             WHERE execution_id = 'fence-worn'"
+        ));
+        assert!(
+            j.take_over(None, 8).unwrap().is_empty(),
+            "the sweep skips it"
+        );
+        let t = j.take_over(Some(&worn), 1).unwrap();
+        assert!(matches!(t[..], [(_, TakeOver::Exhausted)]), "{t:?}");
+        assert_eq!(j.ownership(&worn).unwrap().unwrap().epoch, 9);
     }
 }

@@ -37,6 +37,8 @@ pub struct JournalMetrics {
     pub attached_by_intent: u64,
     pub attached_by_id: u64,
     pub delivery_abandoned: u64,
+    /// Executions taken over from a replica whose lease expired (shared journals only).
+    pub takeovers: u64,
 }
 
 /// One stored SSE event of a Streamable HTTP response stream.

@@ -52,13 +52,14 @@ pub(crate) mod audit;
 pub(crate) mod checkpoint;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 3;
+pub const PG_SCHEMA_VERSION: i32 = 4;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (1, MIGRATION_1),
     (2, MIGRATION_2),
     (3, checkpoint::MIGRATION),
+    (4, MIGRATION_4),
 ];
 
 const MIGRATION_1: &str = "
@@ -260,11 +261,148 @@ BEGIN
 END $$;
 ";
 
+/// Version 4: ownership with leases. Each replica that owns executions heartbeats its row of
+/// `replicas` in database time; each execution it accepted (or took over) has a row of `owners`
+/// naming it with a lease epoch. `cairn_append_as` is `cairn_append` fenced by that row: an
+/// owner's append checks, in the same statement and under the row's lock, that it still holds
+/// the execution at its epoch, so a replica whose lease expired and whose executions were taken
+/// over cannot append as their owner any more (SQLSTATE CA001). An append that settles the
+/// execution closes its ownership, so nothing settled is ever taken over.
+const MIGRATION_4: &str = "
+CREATE TABLE replicas (
+    id TEXT PRIMARY KEY,
+    client TEXT NOT NULL,
+    lease_ms BIGINT NOT NULL,
+    started_at TIMESTAMPTZ NOT NULL DEFAULT now(),
+    heartbeat_at TIMESTAMPTZ NOT NULL DEFAULT now()
+);
+CREATE TABLE owners (
+    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
+    replica TEXT NOT NULL REFERENCES replicas(id),
+    epoch BIGINT NOT NULL,
+    takeovers INTEGER NOT NULL DEFAULT 0,
+    settled BOOLEAN NOT NULL DEFAULT false
+);
+CREATE INDEX owners_open ON owners(replica) WHERE NOT settled;
+
+CREATE FUNCTION cairn_append_as(p_id text, p_at text, p_kind text, p_state text,
+                                p_evidence text, p_client text, p_replica text, p_epoch bigint,
+                                OUT o_seq bigint, OUT o_hash text, OUT o_prev text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur_replica text;
+    cur_epoch bigint;
+BEGIN
+    IF p_replica IS NOT NULL THEN
+        SELECT replica, epoch INTO cur_replica, cur_epoch FROM owners
+            WHERE execution_id = p_id FOR SHARE;
+        IF NOT FOUND OR cur_replica <> p_replica OR cur_epoch <> p_epoch THEN
+            RAISE EXCEPTION 'execution % was taken over by replica % (lease epoch %) after the lease of this replica (%, epoch %) expired: this replica no longer writes or dispatches it', p_id, COALESCE(cur_replica, '(none)'), COALESCE(cur_epoch, 0), p_replica, p_epoch
+                USING ERRCODE = 'CA001';
+        END IF;
+    END IF;
+    SELECT a.o_seq, a.o_hash, a.o_prev INTO o_seq, o_hash, o_prev
+        FROM cairn_append(p_id, p_at, p_kind, p_state, p_evidence, p_client) a;
+    IF p_state IN ('rejected', 'completed', 'failed', 'interrupted', 'cancelled', 'delivered')
+    THEN
+        UPDATE owners SET settled = true WHERE execution_id = p_id AND NOT settled;
+    END IF;
+END $$;
+";
+
+/// The SQLSTATE of an append refused by the ownership fence.
+pub(super) const FENCED: &str = "CA001";
+
 /// How long an operation waits for a connection to a database that does not accept one.
 const RECONNECT_FOR: Duration = Duration::from_secs(20);
 
 /// Database time in milliseconds since the Unix epoch (the clock every replica shares).
 const DB_NOW_MS: &str = "(extract(epoch FROM clock_timestamp()) * 1000)::bigint";
+
+/// How long a replica's lease lasts without a heartbeat, in milliseconds (`--lease-for`).
+static LEASE_MS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(15_000);
+
+/// Set how long this process's lease as a replica lasts; it heartbeats every third of it.
+pub fn set_lease_for(d: Duration) {
+    let ms = u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(300);
+    LEASE_MS.store(ms, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// How long this process's lease as a replica lasts.
+pub fn lease_for() -> Duration {
+    Duration::from_millis(LEASE_MS.load(std::sync::atomic::Ordering::Relaxed))
+}
+
+fn lease_ms() -> i64 {
+    i64::try_from(LEASE_MS.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX)
+}
+
+/// How many times one execution is taken over at most: a replica that crashes on it (or
+/// makes its new owner crash) leaves it for review after that, instead of a recovery storm.
+pub const MAX_TAKEOVERS: i32 = 3;
+
+/// This process as a replica: its client identity and a random part, so that a PID reused
+/// after a restart is another replica, never the one that held the lease before.
+pub fn replica_id() -> &'static str {
+    static R: OnceLock<String> = OnceLock::new();
+    R.get_or_init(|| {
+        let nonce = ExecutionId::generate();
+        let tail = nonce.as_str();
+        let tail = &tail[tail.len().saturating_sub(12)..];
+        format!("{}/{tail}", client_identity())
+    })
+}
+
+/// The executions this process owns (it accepted or took them over), with the lease epoch it
+/// holds each at: its appends to them are fenced by that epoch.
+fn owned() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
+    static OWNED: OnceLock<Mutex<HashMap<String, Held>>> = OnceLock::new();
+    OWNED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+fn own(id: &ExecutionId, epoch: i64, taken_over: bool) {
+    owned().insert(id.as_str().to_owned(), Held { epoch, taken_over });
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Held {
+    epoch: i64,
+    /// Taken over from another replica (whose `accepted` it can no longer dispatch).
+    taken_over: bool,
+}
+
+/// Who owns an execution on a shared journal.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Ownership {
+    /// The owning replica (`pid@host/nonce`) and its process (`pid@host`).
+    pub replica: String,
+    pub client: String,
+    pub epoch: i64,
+    /// How many times it was taken over from a replica whose lease expired.
+    pub takeovers: i32,
+    /// Its ownership ended with the execution settling.
+    pub settled: bool,
+    /// The owner's lease is current (database time).
+    pub live: bool,
+    /// This process is the owner.
+    pub mine: bool,
+}
+
+/// What a takeover attempt found.
+#[derive(Clone, Debug)]
+pub enum TakeOver {
+    /// This replica owns it now, from `from` (the replica whose lease expired), at `epoch`.
+    Taken { from: String, epoch: i64 },
+    /// The owner's lease is current, or another replica is taking it over right now.
+    Held,
+    /// It was taken over [`MAX_TAKEOVERS`] times already: left for review.
+    Exhausted,
+    /// Nothing to take: no owner row, settled, or this replica's already.
+    NotNeeded,
+}
 
 /// Whether a journal location names a PostgreSQL database.
 pub fn is_postgres_url(location: &str) -> bool {
@@ -290,6 +428,10 @@ pub(super) struct Pg {
     pool: Pool,
     /// The URL with any password replaced, for messages.
     location: String,
+    /// Itself, for the heartbeat task (which ends when the last handle is dropped).
+    me: Weak<Pg>,
+    /// Whether this process's replica row exists and its heartbeat runs.
+    registered: tokio::sync::OnceCell<()>,
 }
 
 /// The store for `url`: the live one of this process, else a new pool with the schema checked
@@ -339,13 +481,28 @@ pub(super) fn open(url: &str) -> Result<Arc<Pg>> {
             .build()
             .map_err(|e| bad(e.to_string()))?
     };
-    let pg = Arc::new(Pg { pool, location });
+    let pg = Arc::new_cyclic(|me| Pg {
+        pool,
+        location,
+        me: me.clone(),
+        registered: tokio::sync::OnceCell::new(),
+    });
     pg.migrate()?;
     reg.insert(url.to_owned(), Arc::downgrade(&pg));
     Ok(pg)
 }
 
 type Obj = deadpool_postgres::Object;
+
+/// Upsert this process's replica row with the database's time and the current lease.
+async fn heartbeat(c: &Obj) -> std::result::Result<u64, tokio_postgres::Error> {
+    c.execute(
+        "INSERT INTO replicas (id, client, lease_ms) VALUES ($1, $2, $3)
+         ON CONFLICT (id) DO UPDATE SET heartbeat_at = now(), lease_ms = excluded.lease_ms",
+        &[&replica_id(), &client_identity(), &lease_ms()],
+    )
+    .await
+}
 type Tx<'a> = deadpool_postgres::Transaction<'a>;
 
 impl Pg {
@@ -472,12 +629,39 @@ impl Pg {
         let evidence_text = evidence.to_string();
         let client = client_identity();
         let st = state.map(|s| s.as_str());
-        let sql = "SELECT o_seq, o_hash, o_prev FROM cairn_append($1, $2, $3, $4, $5, $6)";
+        // An owner's append is fenced by its lease epoch; anyone else's (a caller attached to
+        // another replica's execution noting that it matched) is not.
+        let held = owned().get(id).copied();
+        let (replica, epoch) = match held {
+            Some(h) => (Some(replica_id()), Some(h.epoch)),
+            None => (None, None),
+        };
+        let sql = "SELECT o_seq, o_hash, o_prev \
+                   FROM cairn_append_as($1, $2, $3, $4, $5, $6, $7, $8)";
         let stmt = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
         let row = c
-            .query_one(&stmt, &[&id, &at, &kind, &st, &evidence_text, &client])
+            .query_one(
+                &stmt,
+                &[
+                    &id,
+                    &at,
+                    &kind,
+                    &st,
+                    &evidence_text,
+                    &client,
+                    &replica,
+                    &epoch,
+                ],
+            )
             .await
-            .map_err(|e| self.err(e))?;
+            .map_err(|e| {
+                let e = self.err(e);
+                if e.is_fenced() {
+                    owned().remove(id);
+                    tracing::warn!("cairn: {e}");
+                }
+                e
+            })?;
         let (seq, hash, prev_hash): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
         let ours = chain_hash(&ChainFields {
             prev_hash: &prev_hash,
@@ -514,8 +698,10 @@ impl Pg {
         cols: Option<&IntentColumns>,
         evidence: &serde_json::Value,
     ) -> Result<Event> {
+        self.register().await?;
         let intent = cols.map(|c| c.intent.to_string());
-        let params: [&(dyn ToSql + Sync); 19] = [
+        let replica = replica_id();
+        let params: [&(dyn ToSql + Sync); 20] = [
             &rec.id.as_str(),
             &rec.created_at,
             &rec.destination,
@@ -535,6 +721,7 @@ impl Pg {
             &cols.map(|c| c.accepted_ms),
             &cols.and_then(|c| c.session_id.as_deref()),
             &intent,
+            &replica,
         ];
         tx.execute(
             "WITH x AS (
@@ -543,8 +730,10 @@ impl Pg {
                     actor, scope, class, retention_secs, accepted_ms, session_id, intent)
                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16,
                     $17, $18, $19)
-                RETURNING id)
-             INSERT INTO chain_heads (execution_id, seq, hash) SELECT id, 0, '' FROM x",
+                RETURNING id),
+             h AS (INSERT INTO chain_heads (execution_id, seq, hash) SELECT id, 0, '' FROM x
+                RETURNING execution_id)
+             INSERT INTO owners (execution_id, replica, epoch) SELECT execution_id, $20, 1 FROM h",
             &params,
         )
         .await
@@ -569,6 +758,7 @@ impl Pg {
             let tx = c.transaction().await.map_err(|e| self.err(e))?;
             let ev = self.insert_accepted(&tx, rec, None, evidence).await?;
             tx.commit().await.map_err(|e| self.err(e))?;
+            own(&rec.id, 1, false);
             Ok(ev)
         })
     }
@@ -840,6 +1030,7 @@ impl Pg {
             }
             let ev = self.insert_accepted(&tx, rec, Some(cols), evidence).await?;
             tx.commit().await.map_err(|e| self.err(e))?;
+            own(&rec.id, 1, false);
             Ok(AcceptOrMatch::Accepted(ev))
         })
     }
@@ -1440,7 +1631,8 @@ impl Pg {
             let counts = c
                 .query(
                     "SELECT kind, COUNT(*) FROM events
-                     WHERE kind IN ('intent-matched', 'request-reused', 'delivery-abandoned')
+                     WHERE kind IN ('intent-matched', 'request-reused', 'delivery-abandoned',
+                                    'takeover')
                      GROUP BY kind",
                     &[],
                 )
@@ -1451,6 +1643,7 @@ impl Pg {
                 match r.get::<_, &str>(0) {
                     "intent-matched" => m.attached_by_intent = n,
                     "request-reused" => m.attached_by_id = n,
+                    "takeover" => m.takeovers = n,
                     _ => m.delivery_abandoned = n,
                 }
             }
@@ -1468,6 +1661,161 @@ impl Pg {
                 .max(0) as u64;
             Ok(m)
         })
+    }
+
+    /// Make this process's replica row and start its heartbeat (once per process and
+    /// database): before it owns anything, so that its lease exists from its first accept.
+    async fn register(&self) -> Result<()> {
+        self.registered
+            .get_or_try_init(|| async {
+                let c = self.client().await?;
+                heartbeat(&c).await.map_err(|e| self.err(e))?;
+                let me = self.me.clone();
+                runtime().spawn(async move {
+                    loop {
+                        let every = Duration::from_millis((lease_ms() / 3).max(100) as u64);
+                        tokio::time::sleep(every).await;
+                        let Some(pg) = me.upgrade() else { return };
+                        let beat = match pg.pool.get().await {
+                            Ok(c) => heartbeat(&c).await.map_err(|e| pg.err(e)),
+                            Err(e) => Err(pg.fail(format!("no connection to the database: {e}"))),
+                        };
+                        if let Err(e) = beat {
+                            tracing::warn!(
+                                "cairn: replica {} missed a heartbeat: {e}; past its lease, \
+                                 another replica may take its executions over",
+                                replica_id()
+                            );
+                        }
+                    }
+                });
+                Ok(())
+            })
+            .await
+            .map(|_| ())
+    }
+
+    /// Who owns `id`, judged in database time.
+    pub(super) fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
+        let rows = self.query(
+            "SELECT o.replica, r.client, o.epoch, o.takeovers, o.settled,
+                    r.heartbeat_at + r.lease_ms * interval '1 millisecond' >= now()
+             FROM owners o JOIN replicas r ON r.id = o.replica WHERE o.execution_id = $1",
+            &[&id.as_str()],
+        )?;
+        Ok(rows.first().map(|r| {
+            let replica: String = r.get(0);
+            Ownership {
+                mine: replica == replica_id(),
+                replica,
+                client: r.get(1),
+                epoch: r.get(2),
+                takeovers: r.get(3),
+                settled: r.get(4),
+                live: r.get(5),
+            }
+        }))
+    }
+
+    /// Every execution's takeover count (those never taken over are left out).
+    pub(super) fn takeover_counts(&self) -> Result<HashMap<String, i32>> {
+        Ok(self
+            .query(
+                "SELECT execution_id, takeovers FROM owners WHERE takeovers > 0",
+                &[],
+            )?
+            .iter()
+            .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+
+    /// Whether this process took `id` over from a replica whose lease expired (that replica
+    /// can no longer append to it, so it can no longer dispatch it).
+    pub(super) fn taken_over_here(&self, id: &ExecutionId) -> bool {
+        owned().get(id.as_str()).is_some_and(|h| h.taken_over)
+    }
+
+    /// Take over executions whose owner's lease expired: `id` alone, or up to `limit` of them.
+    /// Each is locked `FOR UPDATE SKIP LOCKED` (two replicas sweeping at once take different
+    /// ones), its epoch bumped and its takeover count raised, and a `takeover` event naming the
+    /// old and new owner appended, all in one transaction, so the old owner's next append is
+    /// refused by the fence. Returns what was taken; `id` alone also says why not.
+    pub(super) fn take_over(
+        &self,
+        id: Option<&ExecutionId>,
+        limit: i64,
+    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
+        let mut out = self.block(async {
+            self.register().await?;
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            let me = replica_id();
+            let one = id.map(|i| i.as_str());
+            let rows = tx
+                .query(
+                    "SELECT o.execution_id, o.replica, r.client, o.epoch, o.takeovers, r.lease_ms
+                     FROM owners o JOIN replicas r ON r.id = o.replica
+                     WHERE NOT o.settled AND o.replica <> $1
+                       AND r.heartbeat_at + r.lease_ms * interval '1 millisecond' < now()
+                       AND ($2::text IS NULL OR o.execution_id = $2)
+                       AND ($2::text IS NOT NULL OR o.takeovers < $4)
+                     ORDER BY o.execution_id LIMIT $3
+                     FOR UPDATE OF o SKIP LOCKED",
+                    &[&me, &one, &limit, &MAX_TAKEOVERS],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+            let mut taken = Vec::new();
+            let mut said = Vec::new();
+            for r in rows {
+                let xid: String = r.get(0);
+                let (from, from_client): (String, String) = (r.get(1), r.get(2));
+                let (epoch, takeovers, lease): (i64, i32, i64) = (r.get(3), r.get(4), r.get(5));
+                let Ok(xid) = ExecutionId::parse(&xid) else {
+                    continue;
+                };
+                if takeovers >= MAX_TAKEOVERS {
+                    said.push((xid, TakeOver::Exhausted));
+                    continue;
+                }
+                tx.execute(
+                    "UPDATE owners SET replica = $2, epoch = $3, takeovers = $4
+                     WHERE execution_id = $1",
+                    &[&xid.as_str(), &me, &(epoch + 1), &(takeovers + 1)],
+                )
+                .await
+                .map_err(|e| self.err(e))?;
+                let evidence = serde_json::json!({
+                    "from": from, "from_client": from_client,
+                    "to": me, "to_client": client_identity(),
+                    "epoch": epoch + 1, "takeover": takeovers + 1,
+                    "max_takeovers": MAX_TAKEOVERS, "lease_ms": lease,
+                    "reason": "the owner's lease expired (no heartbeat in database time): this \
+                               replica owns the execution now and recovers it; the old owner's \
+                               appends are refused",
+                });
+                self.append_in(&tx, xid.as_str(), "takeover", None, &evidence)
+                    .await?;
+                taken.push((xid, from, epoch + 1));
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            for (xid, _, epoch) in &taken {
+                own(xid, *epoch, true);
+            }
+            Ok(taken
+                .into_iter()
+                .map(|(xid, from, epoch)| (xid, TakeOver::Taken { from, epoch }))
+                .chain(said)
+                .collect::<Vec<_>>())
+        })?;
+        if let (Some(id), true) = (id, out.is_empty()) {
+            let why = match self.ownership(id)? {
+                Some(o) if !o.settled && !o.mine => TakeOver::Held,
+                _ => TakeOver::NotNeeded,
+            };
+            out.push((id.clone(), why));
+        }
+        Ok(out)
     }
 
     /// Run SQL as this journal's role (tests: what the role may and may not do).
