@@ -454,6 +454,42 @@ fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
     Ok(Some(blob))
 }
 
+/// Whether a caller may drive an execution of a shared journal (see `own_or_wait`).
+enum Drive {
+    /// Go ahead; with the guard when this call drives it after a takeover.
+    Go(Option<Driving>),
+    /// Taken over too often: leave it for review.
+    Review,
+}
+
+/// Executions this process drives after taking them over, so that one call recovers each and
+/// the others wait for its result instead of recording it twice.
+fn taken_driving() -> std::sync::MutexGuard<'static, std::collections::HashSet<String>> {
+    static S: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+        std::sync::OnceLock::new();
+    S.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// This call drives `id` after a takeover until dropped.
+#[must_use = "the drive ends when it is dropped"]
+pub(crate) struct Driving(String);
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        taken_driving().remove(&self.0);
+    }
+}
+
+/// Become the one call of this process that drives `id` after its takeover; `None` when
+/// another call does.
+pub(crate) fn drive_taken(id: &ExecutionId) -> Option<Driving> {
+    taken_driving()
+        .insert(id.as_str().to_owned())
+        .then(|| Driving(id.as_str().to_owned()))
+}
+
 impl Executor {
     pub fn new(journal: Journal, connect: ConnectOptions, patience: Patience) -> Self {
         Executor {
@@ -975,6 +1011,9 @@ impl Executor {
         detach: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
+        let Drive::Go(_driving) = self.own_or_wait(id).await? else {
+            return self.review_outcome(id);
+        };
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
         if run.prior == Prior::Settled {
@@ -1186,6 +1225,9 @@ impl Executor {
         offsets: (u64, u64),
         wait: bool,
     ) -> Result<Outcome, ExecError> {
+        let Drive::Go(_driving) = self.own_or_wait(id).await? else {
+            return self.review_outcome(id);
+        };
         let mut run = self.load(id)?;
         run.out_off = offsets.0;
         run.err_off = offsets.1;
@@ -1198,6 +1240,18 @@ impl Executor {
     /// Re-dispatches (detached) what provably never started; never streams output.
     #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn recover_one(
+        &mut self,
+        id: &ExecutionId,
+        wait: bool,
+    ) -> Result<Outcome, ExecError> {
+        let Drive::Go(_driving) = self.own_or_wait(id).await? else {
+            return self.review_outcome(id);
+        };
+        self.recover_owned(id, wait).await
+    }
+
+    /// [`Executor::recover_one`] by the caller that drives `id` (a takeover's recovery).
+    pub(crate) async fn recover_owned(
         &mut self,
         id: &ExecutionId,
         wait: bool,
@@ -1411,13 +1465,10 @@ impl Executor {
             Some(s) => Prior::from_journal(s.state, s.before_unknown),
             None => Prior::NotDispatched,
         };
-        let prior = if prior == Prior::NotDispatched {
-            let owner = crate::owner::owner_of(&rec.client, &events);
-            if crate::owner::may_still_dispatch(id.as_str(), owner) {
-                Prior::Held
-            } else {
-                prior
-            }
+        let prior = if prior == Prior::NotDispatched
+            && self.live_owner(id, &rec.client, &events)?.is_some()
+        {
+            Prior::Held
         } else {
             prior
         };
@@ -1469,8 +1520,97 @@ impl Executor {
             return Ok(None);
         };
         let events = self.journal.events(id)?;
-        let owner = crate::owner::owner_of(&rec.client, &events);
+        self.live_owner(id, &rec.client, &events)
+    }
+
+    /// The process that may still dispatch `id` if it is accepted and not dispatched. On a
+    /// shared journal that is its owning replica while its lease is current, and nobody once
+    /// this replica took it over (the old owner's appends, its `dispatched` among them, are
+    /// refused by the fence). Elsewhere, see [`crate::owner`].
+    fn live_owner(
+        &self,
+        id: &ExecutionId,
+        accepted_by: &str,
+        events: &[crate::journal::Event],
+    ) -> Result<Option<String>, ExecError> {
+        if let Some(o) = self.journal.ownership(id)? {
+            if !o.mine {
+                return Ok(o.live.then_some(o.client));
+            }
+            if self.journal.taken_over_here(id) {
+                return Ok(None);
+            }
+        }
+        let owner = crate::owner::owner_of(accepted_by, events);
         Ok(crate::owner::may_still_dispatch(id.as_str(), owner).then(|| owner.to_owned()))
+    }
+
+    /// On a shared journal an execution is driven by its owner. Before driving `id` (attach,
+    /// recover, dispatch again): go ahead when nobody owns it, this replica owns it from its
+    /// own acceptance, or it is settled; when its owner's lease expired, take it over (a
+    /// `takeover` event, the epoch bumped: the old owner is fenced) and drive it as its new
+    /// owner; while a live replica owns it, or another call of this process drives it after
+    /// a takeover, wait until it settles (or that lease expires), polling the journal.
+    /// [`Drive::Review`] when it was taken over [`crate::journal::MAX_TAKEOVERS`] times
+    /// already: left for review, not driven again.
+    async fn own_or_wait(&mut self, id: &ExecutionId) -> Result<Drive, ExecError> {
+        if !self.journal.is_shared() {
+            return Ok(Drive::Go(None));
+        }
+        let mut said = false;
+        loop {
+            let Some(o) = self.journal.ownership(id)? else {
+                return Ok(Drive::Go(None));
+            };
+            if o.settled
+                || self
+                    .journal
+                    .status(id)?
+                    .is_some_and(|s| s.state.is_settled())
+            {
+                return Ok(Drive::Go(None));
+            }
+            if o.mine {
+                if !self.journal.taken_over_here(id) {
+                    return Ok(Drive::Go(None));
+                }
+                if let Some(g) = drive_taken(id) {
+                    return Ok(Drive::Go(Some(g)));
+                }
+                // another call of this replica recovers it: wait for its result
+            } else if !o.live {
+                for (_, t) in self.journal.take_over(Some(id), 1)? {
+                    match t {
+                        crate::journal::TakeOver::Taken { from, epoch } => {
+                            tracing::info!(
+                                "cairn: {id}: the lease of its owner {from} expired; this replica \
+                                 took it over (epoch {epoch}) and recovers it"
+                            );
+                        }
+                        crate::journal::TakeOver::Exhausted => {
+                            tracing::warn!(
+                                "cairn: {id} was taken over {} times already; left for review",
+                                crate::journal::MAX_TAKEOVERS
+                            );
+                            return Ok(Drive::Review);
+                        }
+                        crate::journal::TakeOver::NotNeeded => return Ok(Drive::Go(None)),
+                        crate::journal::TakeOver::Held => {}
+                    }
+                }
+                continue;
+            }
+            if !said {
+                tracing::info!(
+                    "cairn: {id} is driven by replica {} (lease epoch {}); waiting until it \
+                     settles or its lease expires",
+                    o.replica,
+                    o.epoch
+                );
+                said = true;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// `run` is held by a live owner: wait (within the reconnect window) until the owner

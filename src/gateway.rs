@@ -117,6 +117,56 @@ impl GatewayConfig {
             .build()?)
     }
 
+    /// On a shared (PostgreSQL) journal, take over the executions of replicas whose lease
+    /// expired, without waiting for a caller to retry: every third of the lease, a thread
+    /// claims a few (`FOR UPDATE SKIP LOCKED`, so replicas sweeping together take different
+    /// ones) and applies the recovery table to each on a thread of its own (reattach and wait
+    /// for the result, collect the stored one, or `unknown`/`interrupted`). Nothing on a
+    /// SQLite file, where `cairn recover` does it.
+    pub fn sweep_takeovers(&self) {
+        if !crate::journal::is_postgres_url(&self.journal.to_string_lossy()) {
+            return;
+        }
+        let cfg = self.clone();
+        let every = (crate::journal::lease_for() / 3).max(Duration::from_millis(100));
+        std::thread::spawn(move || loop {
+            std::thread::sleep(every);
+            let taken = match Journal::open(&cfg.journal).and_then(|mut j| j.take_over(None, 8)) {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!("cairn: looking for executions to take over: {e}");
+                    continue;
+                }
+            };
+            for (id, t) in taken {
+                let crate::journal::TakeOver::Taken { from, epoch } = t else {
+                    continue;
+                };
+                tracing::info!(
+                    "cairn: {id}: the lease of its owner {from} expired; this replica took it \
+                     over (epoch {epoch}) and recovers it"
+                );
+                // A caller of this replica that took it over drives it already.
+                let Some(driving) = crate::executor::drive_taken(&id) else {
+                    continue;
+                };
+                let cfg = cfg.clone();
+                std::thread::spawn(move || {
+                    let _driving = driving;
+                    let r = cfg.executor().map_err(|e| e.message).and_then(|mut ex| {
+                        block_on(ex.recover_owned(&id, true)).map_err(|e| e.to_string())
+                    });
+                    match r {
+                        Ok(o) => {
+                            tracing::info!("cairn: {id} recovered after takeover: {}", o.state)
+                        }
+                        Err(e) => tracing::warn!("cairn: recovering {id} after takeover: {e}"),
+                    }
+                });
+            }
+        });
+    }
+
     /// Start this server's session in the journal.
     pub fn start_session(&mut self, kind: &str) -> GResult<String> {
         let mut j = Journal::open(&self.journal).map_err(ExecError::from)?;

@@ -38,6 +38,7 @@ pub const METHODS: [&str; 9] = [
 pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     cfg.start_session("serve")
         .map_err(|e| ExecError::Input(e.message))?;
+    cfg.sweep_takeovers();
     let code = tokio::task::spawn_blocking(move || {
         let stdin = std::io::stdin();
         let n = serve(&cfg, stdin.lock(), std::io::stdout());

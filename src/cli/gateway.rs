@@ -289,6 +289,7 @@ pub struct ServerArgs {
 
 impl ServerArgs {
     pub fn config(&self, kind: &str) -> GatewayConfig {
+        crate::journal::set_lease_for(self.common.lease_for);
         GatewayConfig {
             journal: self
                 .common

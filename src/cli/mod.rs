@@ -239,6 +239,11 @@ pub struct Common {
     /// (the sh script only), always (the helper, or fail).
     #[arg(long, env = "CAIRN_HOST_HELPER", default_value = "auto")]
     pub host_helper: crate::host_helper::HostHelper,
+    /// With a PostgreSQL journal: how long this process's ownership of its executions lasts
+    /// without a heartbeat (it heartbeats every third of it); past it, another replica takes
+    /// them over (docs/REPLICAS.md).
+    #[arg(long, env = "CAIRN_LEASE_FOR", default_value = "15s", value_parser = parse_duration)]
+    pub lease_for: Duration,
 }
 
 #[derive(Args, Debug)]
@@ -294,6 +299,7 @@ impl Common {
 
     /// The library's options from these flags.
     pub fn host_options(&self) -> HostOptions {
+        crate::journal::set_lease_for(self.lease_for);
         HostOptions {
             journal: self.journal.clone(),
             connect: self.connect_options(),
@@ -452,27 +458,41 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
                 .into_iter()
                 .filter(|(_, st)| state.is_none_or(|s| s == st.state))
                 .collect();
+            // On a shared journal: how often each was taken over from a replica whose lease
+            // expired (bounded by MAX_TAKEOVERS; at the bound it is left for review).
+            let shared = j.is_shared();
+            let takeovers = j.takeover_counts()?;
+            let taken =
+                |id: &crate::id::ExecutionId| takeovers.get(id.as_str()).copied().unwrap_or(0);
             if json {
                 let arr: Vec<_> = rows
                     .iter()
                     .map(|(r, st)| {
-                        serde_json::json!({
+                        let mut v = serde_json::json!({
                             "execution_id": r.id, "state": st.state, "destination": r.destination,
                             "host": format!("{}@{}:{}", r.user, r.host, r.port),
                             "created_at": r.created_at, "command": r.command_display(),
-                        })
+                        });
+                        if shared {
+                            v["takeovers"] = taken(&r.id).into();
+                        }
+                        v
                     })
                     .collect();
                 print_json(&serde_json::Value::Array(arr));
             } else {
+                let taken_col = if shared { "TAKEOVERS " } else { "" };
                 println!(
-                    "{:<36} {:<11} {:<24} {:<24} COMMAND",
+                    "{:<36} {:<11} {:<24} {:<24} {taken_col}COMMAND",
                     "ID", "STATE", "HOST", "CREATED"
                 );
                 for (r, st) in rows {
                     let mut cmd = r.command_display().replace('\n', "\\n");
                     if cmd.chars().count() > 60 {
                         cmd = cmd.chars().take(57).collect::<String>() + "...";
+                    }
+                    if shared {
+                        cmd = format!("{:<9} {cmd}", taken(&r.id));
                     }
                     println!(
                         "{:<36} {:<11} {:<24} {:<24} {}",

@@ -9,7 +9,9 @@
 //! - `cairn_reconnects_total`: SSH reconnections recorded in finish evidence;
 //! - `cairn_attaches_total{by}`: requests that attached to an earlier execution instead of
 //!   running again, by `intent` (fingerprint match) or `id` (the same execution ID again);
-//! - `cairn_delivery_abandoned_total`: results whose caller's stream closed first.
+//! - `cairn_delivery_abandoned_total`: results whose caller's stream closed first;
+//! - `cairn_takeovers_total`: executions taken over from a replica whose lease expired (a
+//!   shared PostgreSQL journal; each execution at most `MAX_TAKEOVERS` times).
 //!
 //! And of this process: `cairn_tasks_in_flight` (tasks a job of this server watches) and
 //! `cairn_http_refused_total` (requests refused by the guard).
@@ -86,6 +88,13 @@ pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Resul
         "delivery_abandoned",
         "Results whose caller's response stream closed before them",
         abandoned,
+    );
+    let takeovers = Counter::<u64>::default();
+    takeovers.inc_by(m.takeovers);
+    reg.register(
+        "takeovers",
+        "Executions taken over from a replica whose lease expired",
+        takeovers,
     );
     let tasks = Gauge::<i64>::default();
     tasks.set(tasks_in_flight as i64);

@@ -387,6 +387,7 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
     }
     cfg.start_session("mcp-http")
         .map_err(|e| ExecError::Input(e.message))?;
+    cfg.sweep_takeovers();
     let tcp = tokio::net::TcpListener::bind(opts.listen)
         .await
         .map_err(|e| ExecError::Input(format!("cannot listen on {}: {e}", opts.listen)))?;

@@ -493,6 +493,7 @@ impl CairnMcp {
 pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     cfg.start_session("mcp")
         .map_err(|e| ExecError::Input(e.message))?;
+    cfg.sweep_takeovers();
     let server = CairnMcp::new(cfg.clone());
     let running = server
         .serve(rmcp::transport::stdio())
