@@ -165,20 +165,97 @@ fn execute_maybe(port: u16, auth: &str, id: u64, command: &str) -> Option<Value>
     serde_json::from_str(body).ok()
 }
 
+/// A replica with a short lease (heartbeat every third of it), so a takeover comes soon.
+fn replica_with_lease(h: &Host, key: &std::path::Path) -> Server {
+    Server::start(
+        h,
+        0,
+        &["--intent-key", key.to_str().unwrap(), "--lease-for", "2s"],
+    )
+}
+
+/// Send `sig` (`STOP`, `CONT`) to a process this test started.
+fn signal(pid: u32, sig: &str) {
+    let st = std::process::Command::new("kill")
+        .arg(format!("-{sig}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(st.success(), "kill -{sig} {pid}");
+}
+
+/// The takeover events of `id`, and the checks every takeover test makes of the journal:
+/// one dispatch, one takeover from A to B at epoch 2, one outcome recorded (by B), and B the
+/// owner of the settled execution.
+fn check_taken_over(h: &Host, id: &str, a: u32, b: u32) -> Vec<cairn::journal::Event> {
+    let j = h.journal();
+    let xid = cairn::ExecutionId::parse(id).unwrap();
+    let evs = j.events(&xid).unwrap();
+    let kinds: Vec<&str> = evs.iter().map(|e| e.kind.as_str()).collect();
+    let count = |k: &str| kinds.iter().filter(|x| **x == k).count();
+    assert_eq!(count("dispatched"), 1, "{kinds:?}");
+    assert_eq!(count("takeover"), 1, "one takeover: {kinds:?}");
+    assert_eq!(count("completed"), 1, "one outcome: {kinds:?}");
+    let (by_a, by_b) = (format!("{a}@"), format!("{b}@"));
+    let t = evs.iter().position(|e| e.kind == "takeover").unwrap();
+    let took = &evs[t];
+    assert!(took.client.starts_with(&by_b), "{took:?}");
+    assert!(
+        took.evidence["from_client"]
+            .as_str()
+            .unwrap()
+            .starts_with(&by_a),
+        "{took:?}"
+    );
+    assert!(
+        took.evidence["to_client"]
+            .as_str()
+            .unwrap()
+            .starts_with(&by_b),
+        "{took:?}"
+    );
+    assert_eq!(took.evidence["epoch"], 2, "{took:?}");
+    assert_eq!(took.evidence["takeover"], 1, "{took:?}");
+    let c = evs.iter().position(|e| e.kind == "completed").unwrap();
+    assert!(
+        c > t,
+        "the outcome is recorded after the takeover: {kinds:?}"
+    );
+    assert!(
+        evs[c].client.starts_with(&by_b),
+        "B recorded it: {:?}",
+        evs[c]
+    );
+    assert!(
+        evs[t..].iter().all(|e| !e.client.starts_with(&by_a)),
+        "nothing from A after the takeover: {evs:#?}"
+    );
+    let o = j.ownership(&xid).unwrap().expect("an owner row");
+    assert_eq!(o.epoch, 2, "{o:?}");
+    assert_eq!(o.takeovers, 1, "{o:?}");
+    assert!(o.settled, "{o:?}");
+    assert!(o.client.starts_with(&by_b), "{o:?}");
+    assert_eq!(j.takeover_counts().unwrap().get(id), Some(&1));
+    assert_eq!(j.list().unwrap().len(), 1);
+    evs
+}
+
 /// Replica A is killed (`kill -9`) while its command runs; the client's retry goes to B, which
-/// recognises the same intent in the shared journal, attaches to A's execution on the host and
-/// returns its result. The command ran once, and the journal shows B finishing it.
+/// recognises the same intent in the shared journal, waits for A's lease to expire, takes the
+/// execution over (a `takeover` event, epoch 2), attaches to it on the host and returns its
+/// result. The command ran once, and the journal shows B finishing it.
 #[test]
-fn a_replica_killed_mid_run_leaves_its_execution_to_the_other_which_attaches_and_it_runs_once() {
+fn a_replica_killed_mid_run_is_taken_over_after_its_lease_and_the_command_runs_once() {
     let Some((h, key)) = replicated_host("replica_killed_mid_run") else {
         return;
     };
     let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
-    let (mut a, b) = (replica(&h, &key), replica(&h, &key));
+    let (mut a, b) = (replica_with_lease(&h, &key), replica_with_lease(&h, &key));
     let cmd = format!("{}sleep 3; echo finished", h.count());
     let (port_a, auth2, cmd2) = (a.port, auth.clone(), cmd.clone());
     let first = std::thread::spawn(move || execute_maybe(port_a, &auth2, 1, &cmd2));
     let started = h.wait_started();
+    let pid_a = a.pid();
     a.kill9();
     let lost = first.join().unwrap();
     assert!(
@@ -191,30 +268,78 @@ fn a_replica_killed_mid_run_leaves_its_execution_to_the_other_which_attaches_and
     assert_eq!(retry["result"]["stdout"], "finished\n", "{retry}");
     assert_eq!(retry["result"]["execution_id"], started.as_str(), "{retry}");
     assert_eq!(h.runs(), 1, "ran once");
-    let events = h.kinds(&started);
-    assert_eq!(
-        events.iter().filter(|k| *k == "dispatched").count(),
-        1,
-        "{events:?}"
-    );
-    let j = h.journal();
-    let id = cairn::ExecutionId::parse(&started).unwrap();
-    let by_b = format!("{}@", b.pid());
-    let evs = j.events(&id).unwrap();
+    let evs = check_taken_over(&h, &started, pid_a, b.pid());
     let matched = evs
         .iter()
         .find(|e| e.kind == "intent-matched")
         .expect("B matched");
-    assert!(matched.client.starts_with(&by_b), "{matched:?}");
-    let done = evs
-        .iter()
-        .find(|e| e.kind == "completed")
-        .expect("completed");
     assert!(
-        done.client.starts_with(&by_b),
-        "B recorded the outcome: {done:?}"
+        matched.client.starts_with(&format!("{}@", b.pid())),
+        "{matched:?}"
     );
-    assert_eq!(j.list().unwrap().len(), 1);
+    // `cairn ls` shows how often it was taken over.
+    let mut ls = h.local("ls");
+    ls.arg("--json");
+    let ls = output(ls, std::time::Duration::from_secs(30));
+    let rows: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    assert_eq!(rows[0]["takeovers"], 1, "{rows}");
+}
+
+/// Replica A is paused (SIGSTOP) past its lease while its command runs, and its connection to
+/// the host is cut meanwhile. The client's retry goes to B, which takes the execution over and
+/// returns its result. A is resumed (SIGCONT): it finds its connection gone and tries to record
+/// that, as owner of the execution at its old epoch; the fence refuses the append, A's caller
+/// gets the error, and A neither dispatches nor records anything. Ran once, nothing lost.
+#[test]
+fn a_replica_paused_past_its_lease_is_fenced_when_it_resumes_and_the_command_runs_once() {
+    let Some((h, key)) = replicated_host("replica_paused") else {
+        return;
+    };
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let (a, b) = (replica_with_lease(&h, &key), replica_with_lease(&h, &key));
+    let cmd = format!("{}sleep 3; echo finished", h.count());
+    let (port_a, auth2, cmd2) = (a.port, auth.clone(), cmd.clone());
+    let first = std::thread::spawn(move || execute_maybe(port_a, &auth2, 1, &cmd2));
+    let started = h.wait_started();
+    signal(a.pid(), "STOP");
+    // Only A is connected to the host yet: its connection dies while it cannot notice.
+    h.proxy.cut();
+    let retry = execute(b.port, &auth, 2, &cmd);
+    assert_eq!(
+        retry["result"]["state"],
+        "completed",
+        "{retry}\n{}",
+        b.log()
+    );
+    assert_eq!(retry["result"]["stdout"], "finished\n", "{retry}");
+    assert_eq!(retry["result"]["execution_id"], started.as_str(), "{retry}");
+    // B records the delivery after it answers.
+    h.wait_delivered(&started);
+    let before = h.kinds(&started);
+    signal(a.pid(), "CONT");
+    let late = first.join().unwrap();
+    let logs = a.log();
+    assert!(
+        late.as_ref().is_none_or(|v| v.get("result").is_none()),
+        "A answered as if it still owned it: {late:?}\n{logs}"
+    );
+    assert!(
+        logs.contains("was taken over by replica"),
+        "A's late append was refused by the fence: {late:?}\n{logs}"
+    );
+    if let Some(v) = &late {
+        assert!(
+            v.to_string().contains("was taken over by replica"),
+            "A's caller is told why: {v}"
+        );
+    }
+    assert_eq!(
+        h.kinds(&started),
+        before,
+        "A recorded nothing after it resumed"
+    );
+    assert_eq!(h.runs(), 1, "ran once");
+    check_taken_over(&h, &started, a.pid(), b.pid());
 }
 
 /// PostgreSQL crashes and comes back (immediate shutdown, then start) while a command runs:
