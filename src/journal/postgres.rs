@@ -293,13 +293,18 @@ DECLARE
     cur_replica text;
     cur_epoch bigint;
 BEGIN
+    -- The owners row is locked before the chain head, by every append that reads or changes
+    -- it (as by a takeover), so appends and takeovers never wait on each other in a cycle.
     IF p_replica IS NOT NULL THEN
         SELECT replica, epoch INTO cur_replica, cur_epoch FROM owners
-            WHERE execution_id = p_id FOR SHARE;
+            WHERE execution_id = p_id FOR UPDATE;
         IF NOT FOUND OR cur_replica <> p_replica OR cur_epoch <> p_epoch THEN
             RAISE EXCEPTION 'execution % was taken over by replica % (lease epoch %) after the lease of this replica (%, epoch %) expired: this replica no longer writes or dispatches it', p_id, COALESCE(cur_replica, '(none)'), COALESCE(cur_epoch, 0), p_replica, p_epoch
                 USING ERRCODE = 'CA001';
         END IF;
+    ELSIF p_state IN ('rejected', 'completed', 'failed', 'interrupted', 'cancelled', 'delivered')
+    THEN
+        PERFORM 1 FROM owners WHERE execution_id = p_id FOR UPDATE;
     END IF;
     SELECT a.o_seq, a.o_hash, a.o_prev INTO o_seq, o_hash, o_prev
         FROM cairn_append(p_id, p_at, p_kind, p_state, p_evidence, p_client) a;
@@ -1794,6 +1799,8 @@ impl Pg {
                                replica owns the execution now and recovers it; the old owner's \
                                appends are refused",
                 });
+                // Whatever this process held of it before is over (the row is locked here).
+                owned().remove(xid.as_str());
                 self.append_in(&tx, xid.as_str(), "takeover", None, &evidence)
                     .await?;
                 taken.push((xid, from, epoch + 1));
