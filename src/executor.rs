@@ -1,10 +1,11 @@
 //! The one place that sequences an execution:
 //! accept → connect → dispatch → stream → (reconnect → probe → decide) → conclude → deliver.
 //!
-//! Everything that happens is appended to the journal before it is acted on. The decision after
-//! a lost connection is [`crate::recovery::decide`]; this module only gathers its inputs (one
-//! `watch` exec, which is both the probe and, when the command is still running, the reattach
-//! stream) and carries out its answer.
+//! Everything that happens is appended to the journal before it is acted on. Once an execution
+//! is driven (dispatch or probe, stream, reconnect), every decision is [`crate::machine`]'s;
+//! this module is its driver: it connects, runs the execs (a `watch` is both the probe and,
+//! when the command is still running, the reattach stream), writes the journal, sleeps, and
+//! feeds the machine what happened.
 
 use std::time::{Duration, Instant};
 
@@ -20,8 +21,9 @@ use crate::journal::{
     now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionRecord, IntentColumns,
     Journal,
 };
+use crate::machine::{Answer, Event, Machine, Mode, Note, Step, Wait, Why};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
-use crate::recovery::{decide, window_left, Action, Backoff, Liveness, Prior, Probe};
+use crate::recovery::{Liveness, Prior, Probe};
 use crate::ssh::{ConnectOptions, Connection, ExecEvent, SshError, Target};
 use crate::state::State;
 
@@ -47,30 +49,7 @@ impl OutputSink for Discard {
     }
 }
 
-/// How persistently to work towards an outcome.
-#[derive(Clone, Debug)]
-pub struct Patience {
-    /// After the connection is lost, how long to keep trying to reach the host again.
-    pub reconnect_for: Duration,
-    /// Pause between reconnect attempts during the first `fast_for` of an outage; after that
-    /// it doubles up to `backoff_max`. A blip usually ends within seconds, and a failed attempt
-    /// while the link is down is cheap (a refused or reset TCP connect), so polling often at
-    /// first puts the time from "link back" to "outcome known" close to one connect + one exec.
-    pub backoff_min: Duration,
-    pub backoff_max: Duration,
-    pub fast_for: Duration,
-}
-
-impl Default for Patience {
-    fn default() -> Self {
-        Patience {
-            reconnect_for: Duration::from_secs(300),
-            backoff_min: Duration::from_millis(100),
-            backoff_max: Duration::from_secs(5),
-            fast_for: Duration::from_secs(10),
-        }
-    }
-}
+pub use crate::machine::Patience;
 
 /// A request to run a command.
 #[derive(Clone, Debug)]
@@ -137,6 +116,19 @@ impl Outcome {
     }
 }
 
+/// What `cairn status` shows of an execution (see [`Executor::predict`]).
+#[derive(Debug)]
+pub struct Prediction {
+    /// The journal's view.
+    pub outcome: Outcome,
+    /// What the host said, or why it was not probed.
+    pub probe: Result<Probe, String>,
+    /// What the machine would note before its next step (a re-dispatch, a lost connection).
+    pub notes: Vec<Note>,
+    /// What `cairn recover` does next; a conclusion's evidence is in words.
+    pub next: Step,
+}
+
 /// Exit code when nothing was dispatched (as `ssh` uses 255 for its own errors).
 pub const EXIT_NOT_DISPATCHED: i32 = 255;
 /// Exit code when the outcome is `interrupted` or `unknown`.
@@ -178,7 +170,8 @@ impl Reply {
 /// The state of one execution while an operation drives it.
 struct Run {
     rec: ExecutionRecord,
-    prior: Prior,
+    /// The drive's decisions, and what the journal says (its prior) as the drive moves it on.
+    m: Machine,
     /// The epoch the dispatch was sent into: the one last seen at the host when the
     /// `dispatched` event was written, corrected by the host's own announcement in its reply
     /// to the dispatch (`dispatch-epoch`). See [`crate::epoch`].
@@ -317,6 +310,31 @@ fn with_evidence(reason: &str, run: &Run, reply: &Reply, probe: &Probe) -> Strin
     format!("{reason} (evidence: {detail})")
 }
 
+/// The evidence of a settled outcome the machine decided, in words.
+fn reason_text(why: Why, target: &Target, run: &Run, last: Option<&(Reply, Probe)>) -> String {
+    match why {
+        Why::Said(r) => r,
+        Why::Table(r) => match last {
+            Some((reply, probe)) => with_evidence(&r, run, reply, probe),
+            None => r,
+        },
+        Why::HostKeyChanged { pinned, presented } => SshError::HostKeyPinned {
+            host: target.display(),
+            pinned,
+            presented,
+        }
+        .to_string(),
+    }
+}
+
+/// A step that needs the connection came without one (the machine always connects first).
+fn not_connected(run: &Run) -> ExecError {
+    ExecError::Input(format!(
+        "internal: {} had no connection for its next exec",
+        run.rec.id
+    ))
+}
+
 /// Which side runs the marker protocol, by connection and marker home, for every executor of
 /// this process (a gateway makes one per request): `Err` (the script, and why) is asked again
 /// after [`SCRIPT_DECISION_FOR`].
@@ -351,7 +369,7 @@ impl Run {
     fn new(rec: ExecutionRecord) -> Run {
         Run {
             rec,
-            prior: Prior::NotDispatched,
+            m: Machine::new(Prior::NotDispatched),
             dispatch_epoch: None,
             start_epoch: None,
             last_seen_epoch: None,
@@ -824,7 +842,7 @@ impl Executor {
         if !decision.allow {
             self.journal
                 .append(&id, "rejected", Some(State::Rejected), decided)?;
-            run.prior = Prior::Settled;
+            run.m.set_prior(Prior::Settled);
             let mut o = self.outcome_from_journal(run)?;
             o.reason = Some(format!(
                 "not authorized ({}): {}; nothing was sent",
@@ -1016,13 +1034,13 @@ impl Executor {
         };
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
-        if run.prior == Prior::Settled {
+        if run.m.prior() == Prior::Settled {
             return self.outcome_from_journal(&run);
         }
         // Whatever the marker home's epoch is now, this dispatch is meant to run there (the
         // reply to it records which one that was).
         run.dispatch_epoch = None;
-        run.prior = Prior::Dispatched;
+        run.m.set_prior(Prior::Dispatched);
         self.drive(&target, &mut run, true, detach, true, sink)
             .await
     }
@@ -1061,7 +1079,7 @@ impl Executor {
             .iter()
             .any(|e| e.kind == "authorized");
         if !authorized {
-            run.prior = Prior::Dispatched;
+            run.m.set_prior(Prior::Dispatched);
             return self
                 .ask_then_dispatch(&mut run, command, intent, sink)
                 .await;
@@ -1072,7 +1090,7 @@ impl Executor {
             None => None,
         };
         run.last_seen_epoch.clone_from(&run.dispatch_epoch);
-        run.prior = Prior::Dispatched;
+        run.m.set_prior(Prior::Dispatched);
         self.drive(&target, &mut run, true, false, true, sink).await
     }
 
@@ -1169,7 +1187,7 @@ impl Executor {
     ) -> Result<Outcome, ExecError> {
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
-        run.prior = Prior::Dispatched;
+        run.m.set_prior(Prior::Dispatched);
         self.drive(&target, &mut run, true, false, true, sink).await
     }
 
@@ -1191,7 +1209,7 @@ impl Executor {
     /// The journal's view of an execution, without contacting the host.
     pub fn journal_outcome(&mut self, id: &ExecutionId) -> Result<Outcome, ExecError> {
         let run = self.load(id)?;
-        if run.prior == Prior::Held {
+        if run.m.prior() == Prior::Held {
             return self.held_outcome(&run);
         }
         self.outcome_from_journal(&run)
@@ -1264,20 +1282,35 @@ impl Executor {
             .await
     }
 
-    /// `cairn status`: the journal's view plus one fresh probe, without changing anything.
-    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
+    /// The journal's view plus one fresh probe, without changing anything.
     pub async fn probe(
         &mut self,
         id: &ExecutionId,
     ) -> Result<(Outcome, Result<Probe, String>), ExecError> {
+        let p = self.predict(id).await?;
+        Ok((p.outcome, p.probe))
+    }
+
+    /// `cairn status`: the journal's view, one fresh probe, and what `cairn recover` would do
+    /// next, as the same [`Machine`] that drives `recover` decides it from the same connect and
+    /// the same probe. Nothing is concluded.
+    #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
+    pub async fn predict(&mut self, id: &ExecutionId) -> Result<Prediction, ExecError> {
         let mut run = self.load(id)?;
+        run.out_off = NO_BYTES;
+        run.err_off = NO_BYTES;
         let target = self.target_for(&run)?;
-        let journal_outcome = if run.prior == Prior::Held {
+        let outcome = if run.m.prior() == Prior::Held {
             self.held_outcome(&run)?
         } else {
             self.outcome_from_journal(&run)?
         };
-        let probe = match self.connection(&target).await {
+        let patience = self.patience.clone();
+        let first = run.m.start(Mode::RECOVER, &patience, Instant::now());
+        // The host is probed whatever the journal concludes: `host_says` shows it.
+        let connected = self.connection(&target).await;
+        let mut last = None;
+        let probe = match &connected {
             Err(e) => Err(e.to_string()),
             Ok(ci) => {
                 let nonce = marker::new_nonce();
@@ -1289,16 +1322,55 @@ impl Executor {
                     wait: false,
                 };
                 let reply = self
-                    .exec_op(ci, &op, &nonce, None, &mut run, &mut Discard)
+                    .exec_op(*ci, &op, &nonce, None, &mut run, &mut Discard)
                     .await?;
-                if let Some(b) = &reply.broken {
-                    Err(format!("probe did not complete: {b}"))
-                } else {
-                    Ok(self.probe_from(&run, &reply))
-                }
+                let p = match &reply.broken {
+                    Some(b) => Err(format!("probe did not complete: {b}")),
+                    None => Ok(self.probe_from(&run, &reply)),
+                };
+                last = Some(reply);
+                p
             }
         };
-        Ok((journal_outcome, probe))
+        let mut notes = Vec::new();
+        let mut seen = None;
+        let next = if first.is_final() {
+            first
+        } else {
+            let event = match &connected {
+                Ok(ci) => Event::Connected {
+                    presented: self.conns[*ci].1.host_key_fingerprint().to_owned(),
+                    pinned: run.host_key.clone(),
+                },
+                Err(e) => Event::ConnectFailed {
+                    transient: e.is_transient(),
+                    error: e.to_string(),
+                },
+            };
+            let mut step = run.m.handle(Instant::now(), event);
+            if let (Step::Watch { .. }, Some(reply)) = (&step, last.take()) {
+                let (answer, probe) = self.answer_of(&run, &reply);
+                seen = Some((reply, probe));
+                step = run.m.handle(Instant::now(), Event::Replied(answer));
+            }
+            while let Some(n) = run.m.poll_note() {
+                notes.push(n);
+            }
+            step
+        };
+        let next = match next {
+            Step::Settle { state, why } => Step::Settle {
+                state,
+                why: Why::Said(reason_text(why, &target, &run, seen.as_ref())),
+            },
+            s => s,
+        };
+        Ok(Prediction {
+            outcome,
+            probe,
+            notes,
+            next,
+        })
     }
 
     /// `cairn output`: the whole stdout (or stderr) of an execution, read from the host.
@@ -1371,10 +1443,10 @@ impl Executor {
     ) -> Result<Outcome, ExecError> {
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
-        if run.prior == Prior::Settled {
+        if run.m.prior() == Prior::Settled {
             return self.outcome_from_journal(&run);
         }
-        if matches!(run.prior, Prior::NotDispatched | Prior::Held) {
+        if matches!(run.m.prior(), Prior::NotDispatched | Prior::Held) {
             // A live owner checks the state again before its `dispatched` event and does not
             // send a cancelled execution.
             return self.conclude(
@@ -1432,11 +1504,11 @@ impl Executor {
     ) -> Result<String, ExecError> {
         // (connected as `rec` was: its recorded connection, its pinned key)
         let mut run = Run {
-            prior: Prior::Settled,
             out_off: NO_BYTES,
             err_off: NO_BYTES,
             ..self.load(&rec.id)?
         };
+        run.m.set_prior(Prior::Settled);
         let target = self.target_for(&run)?;
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
@@ -1472,10 +1544,8 @@ impl Executor {
         } else {
             prior
         };
-        let mut run = Run {
-            prior,
-            ..Run::new(rec)
-        };
+        let mut run = Run::new(rec);
+        run.m.set_prior(prior);
         for ev in &events {
             if ev.kind == "accepted" {
                 run.reach = crate::reach::Reach::from_accepted(&ev.evidence);
@@ -1510,7 +1580,7 @@ impl Executor {
     /// What the journal says of `id` before any probe, as the recovery table takes it
     /// (including whether a live owner holds it undispatched).
     pub fn prior(&mut self, id: &ExecutionId) -> Result<Prior, ExecError> {
-        Ok(self.load(id)?.prior)
+        Ok(self.load(id)?.m.prior())
     }
 
     /// The owner of `id` (`pid@host`) when it is accepted, not dispatched, and that owner may
@@ -1647,10 +1717,7 @@ impl Executor {
     fn held_outcome(&self, run: &Run) -> Result<Outcome, ExecError> {
         let owner = self.owner_may_dispatch(&run.rec.id)?;
         let mut o = self.outcome_from_journal(run)?;
-        let reason = match decide(Prior::Held, &Probe::Unreachable) {
-            Action::Retry { reason } => reason,
-            _ => String::new(),
-        };
+        let reason = Machine::held_reason();
         o.reason = Some(format!(
             "{reason} (owner: {})",
             owner.as_deref().unwrap_or("gone since")
@@ -2153,10 +2220,8 @@ impl Executor {
             Line::Verdict(v) => reply.verdict = Some(v),
             Line::Absent => reply.absent = true,
             Line::Start(s) => {
-                if matches!(run.prior, Prior::Dispatched | Prior::NotDispatched)
-                    && s.id == run.rec.id.as_str()
-                    && s.digest == run.rec.command_digest
-                {
+                let ours = s.id == run.rec.id.as_str() && s.digest == run.rec.command_digest;
+                if run.m.start_seen(ours) {
                     run.held.push((
                         "running".into(),
                         Some(State::Running),
@@ -2166,7 +2231,6 @@ impl Executor {
                                    .then_some(host_helper::SHA256)}),
                     ));
                     run.held_since = Some(Instant::now());
-                    run.prior = Prior::Started;
                 }
                 if run.start_epoch.is_none()
                     && s.id == run.rec.id.as_str()
@@ -2264,12 +2328,15 @@ impl Executor {
         live: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        let r = self
-            .drive_inner(target, run, dispatch_first, detach, live, sink)
-            .await;
+        let mode = Mode {
+            dispatch_first,
+            detach,
+            live,
+        };
+        let r = self.drive_inner(target, run, mode, sink).await;
         // Nothing a run holds may be left behind, whichever way it ended.
         let flushed = self.flush_held(run);
-        let past_dispatch = matches!(run.prior, Prior::Dispatched | Prior::Started);
+        let past_dispatch = matches!(run.m.prior(), Prior::Dispatched | Prior::Started);
         let unsettled = |e: ExecError| match e {
             e @ ExecError::Unsettled { .. } => e,
             e if past_dispatch => ExecError::Unsettled {
@@ -2283,272 +2350,159 @@ impl Executor {
         Ok(o)
     }
 
+    /// The driver of [`Machine`]: carries out its steps on SSH, the journal and the clock, and
+    /// feeds it what happened. Every decision is the machine's.
     async fn drive_inner(
         &mut self,
         target: &Target,
         run: &mut Run,
-        dispatch_first: bool,
-        detach: bool,
-        live: bool,
+        mode: Mode,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        if run.prior == Prior::Held && !dispatch_first {
-            if !detach {
-                self.wait_for_owner(run).await?;
+        let patience = self.patience.clone();
+        let mut step = run.m.start(mode, &patience, Instant::now());
+        // The connection the last connect gave, the last reply with its probe, and the secrets
+        // of the dispatch being sent.
+        let mut ci: Option<usize> = None;
+        let mut last: Option<(Reply, Probe)> = None;
+        let mut secrets = Vec::new();
+        loop {
+            while let Some(note) = run.m.poll_note() {
+                self.carry_note(note, target, run, &mut ci, last.as_ref())?;
             }
-            if run.prior == Prior::Held {
-                return self.held_outcome(run);
-            }
-        }
-        if run.prior == Prior::Settled {
-            // A settled execution is never touched again: report what the journal holds,
-            // plus the stored output when asked to replay it.
-            if run.out_off < NO_BYTES && run.done.is_some() {
-                if let Ok(ci) = self.connection(target).await {
+            step = match step {
+                Step::WaitForOwner => {
+                    let m = run.m.clone();
+                    self.wait_for_owner(run).await?;
+                    let prior = run.m.prior();
+                    run.m = m;
+                    run.m.owner_waited(prior)
+                }
+                Step::Held => return self.held_outcome(run),
+                Step::Settled => return self.settled_outcome(target, run, sink).await,
+                Step::Connect { within } => {
+                    let attempt = match within {
+                        Some(left) => {
+                            match tokio::time::timeout(left, self.connection(target)).await {
+                                Ok(r) => r,
+                                Err(_) => Err(SshError::Timeout {
+                                    what: "reconnecting within --reconnect-for",
+                                    after: left,
+                                }),
+                            }
+                        }
+                        None => self.connection(target).await,
+                    };
+                    let event = match attempt {
+                        Ok(i) => {
+                            ci = Some(i);
+                            Event::Connected {
+                                presented: self.conns[i].1.host_key_fingerprint().to_owned(),
+                                pinned: run.host_key.clone(),
+                            }
+                        }
+                        Err(e) => Event::ConnectFailed {
+                            transient: e.is_transient(),
+                            error: e.to_string(),
+                        },
+                    };
+                    run.m.handle(Instant::now(), event)
+                }
+                Step::Wait { until, why } => {
+                    match &why {
+                        Wait::Reconnect { pause, error } => tracing::info!(
+                            "cairn: {} still unreachable ({error}); next try in {pause:?}",
+                            target.display()
+                        ),
+                        Wait::Retry(reason) => tracing::info!("{reason}"),
+                        Wait::Look => {}
+                    }
+                    tokio::time::sleep_until(until.into()).await;
+                    run.m.handle(Instant::now(), Event::Timer)
+                }
+                Step::Dispatch { fresh } => {
+                    let (event, s) = self.prepare_dispatch(run, fresh, mode.detach)?;
+                    secrets = s;
+                    run.m.handle(Instant::now(), event)
+                }
+                Step::Send => {
+                    let i = ci.ok_or_else(|| not_connected(run))?;
+                    let reply = self.send(i, run, mode.detach, &secrets, sink).await?;
+                    self.heard(run, &reply, true)?;
+                    let (answer, probe) = self.answer_of(run, &reply);
+                    last = Some((reply, probe));
+                    run.m.handle(Instant::now(), Event::Replied(answer))
+                }
+                Step::Watch { wait } => {
+                    let i = ci.ok_or_else(|| not_connected(run))?;
                     let nonce = marker::new_nonce();
                     let idc = run.rec.id.clone();
                     let op = Op::Watch {
                         id: &idc,
                         out_off: run.out_off,
                         err_off: run.err_off,
-                        wait: false,
+                        wait,
                     };
-                    let _ = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
+                    let reply = self.exec_op(i, &op, &nonce, None, run, sink).await?;
+                    self.heard(run, &reply, false)?;
+                    let (answer, probe) = self.answer_of(run, &reply);
+                    last = Some((reply, probe));
+                    run.m.handle(Instant::now(), Event::Replied(answer))
                 }
-            }
-            let mut o = self.outcome_from_journal(run)?;
-            o.recovered = true;
-            return Ok(o);
+                Step::Running { recovered } => {
+                    let mut o = self.outcome_from_journal(run)?;
+                    o.state = State::Running;
+                    o.recovered = recovered;
+                    return Ok(o);
+                }
+                Step::Complete { recovered } => {
+                    let done = last.as_ref().and_then(|(r, _)| r.done.clone());
+                    return match done {
+                        Some(done) => self.complete(run, done, recovered),
+                        None => self.conclude(
+                            run,
+                            State::Unknown,
+                            "probe said finished without a record",
+                        ),
+                    };
+                }
+                Step::Settle { state, why } => {
+                    let reason = reason_text(why, target, run, last.as_ref());
+                    return self.conclude(run, state, &reason);
+                }
+                Step::Withhold => return self.withhold(run),
+                Step::Report => return self.outcome_from_journal(run),
+            };
         }
-        if run.prior == Prior::NotDispatched && !dispatch_first {
-            let action = decide(run.prior, &Probe::Unreachable);
-            if let Action::Conclude { state, reason } = action {
-                return self.conclude(run, state, &reason);
-            }
-        }
+    }
 
-        let mut short_reads = 0;
-        let mut next_dispatch = dispatch_first;
-        let mut backoff = Backoff::new(
-            self.patience.backoff_min,
-            self.patience.backoff_max,
-            self.patience.fast_for,
-        );
-        let mut lost_since: Option<Instant> = None;
-        let mut recovered = !dispatch_first;
-        loop {
-            // 1. A connection (reconnecting with backoff within the patience window).
-            // A reconnect attempt never runs past the patience window.
-            let attempt = match lost_since {
-                Some(since) => {
-                    let left = window_left(self.patience.reconnect_for, since.elapsed())
-                        .unwrap_or_default();
-                    match tokio::time::timeout(
-                        left.max(Duration::from_millis(100)),
-                        self.connection(target),
-                    )
-                    .await
-                    {
-                        Ok(r) => r,
-                        Err(_) => Err(SshError::Timeout {
-                            what: "reconnecting within --reconnect-for",
-                            after: left,
-                        }),
-                    }
-                }
-                None => self.connection(target).await,
-            };
-            let ci = match attempt {
-                Ok(ci) => {
-                    if let Some(since) = lost_since.take() {
-                        run.reconnects += 1;
-                        tracing::info!(
-                            "cairn: reconnected to {} after {:.1}s",
-                            target.display(),
-                            since.elapsed().as_secs_f64()
-                        );
-                        run.held.push((
-                            "reconnected".into(),
-                            None,
-                            json!({"reconnects": run.reconnects}),
-                        ));
-                        run.held_since.get_or_insert_with(Instant::now);
-                    }
-                    ci
-                }
-                Err(e) => {
-                    if !e.is_transient() {
-                        let reason = format!("cannot reach the host to learn the outcome: {e}");
-                        return self.give_up(run, &reason);
-                    }
-                    let since = *lost_since.get_or_insert_with(Instant::now);
-                    if window_left(self.patience.reconnect_for, since.elapsed()).is_none() {
-                        let reason = format!(
-                            "host unreachable for {:?} (last error: {e}); the outcome is unknown",
-                            since.elapsed()
-                        );
-                        return self.conclude(run, State::Unknown, &reason);
-                    }
-                    tracing::info!(
-                        "cairn: {} still unreachable ({e}); next try in {:?}",
-                        target.display(),
-                        backoff.pause()
-                    );
-                    tokio::time::sleep(backoff.pause()).await;
-                    backoff.after_pause(since.elapsed());
-                    continue;
-                }
-            };
-            // The host must be the one this execution was dispatched to.
-            let fp = self.conns[ci].1.host_key_fingerprint().to_owned();
-            match &run.host_key {
-                Some(k) if *k != fp => {
-                    let reason = SshError::HostKeyPinned {
-                        host: target.display(),
-                        pinned: k.clone(),
-                        presented: fp,
-                    }
-                    .to_string();
-                    return self.conclude(run, State::Unknown, &reason);
-                }
-                None => run.host_key = Some(fp),
-                _ => {}
+    /// Carry out one of the machine's notes (before its next step).
+    fn carry_note(
+        &mut self,
+        note: Note,
+        target: &Target,
+        run: &mut Run,
+        ci: &mut Option<usize>,
+        last: Option<&(Reply, Probe)>,
+    ) -> Result<(), ExecError> {
+        match note {
+            Note::Reconnected { after } => {
+                run.reconnects += 1;
+                tracing::info!(
+                    "cairn: reconnected to {} after {:.1}s",
+                    target.display(),
+                    after.as_secs_f64()
+                );
+                run.held.push((
+                    "reconnected".into(),
+                    None,
+                    json!({"reconnects": run.reconnects}),
+                ));
+                run.held_since.get_or_insert_with(Instant::now);
             }
-
-            // 2. One exec: the dispatch, or the probe that is also the reattach stream.
-            let nonce = marker::new_nonce();
-            let reply = if next_dispatch {
-                if run.prior == Prior::NotDispatched {
-                    // Settled by another process while this one prepared it (a `cancel` of an
-                    // execution waiting for its approval): it is not sent.
-                    let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
-                    if let Some(s) =
-                        now.filter(|s| !matches!(s, State::Accepted | State::Authorized))
-                    {
-                        // Its approval stays on record, as a note: a transition now would move
-                        // the settled state back.
-                        let held = std::mem::take(&mut run.held);
-                        let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
-                        self.journal.append(
-                            &run.rec.id,
-                            "dispatch-withheld",
-                            None,
-                            json!({"by": crate::journal::client_identity(), "state": s,
-                                   "withheld": kinds,
-                                   "reason": "settled by another process before this one dispatched it; nothing was sent"}),
-                        )?;
-                        run.prior = Prior::Settled;
-                        return self.outcome_from_journal(run);
-                    }
-                }
-                // A new execution whose request's caller is gone sends nothing (src/gate.rs).
-                let gate = (run.prior == Prior::NotDispatched)
-                    .then(crate::gate::current)
-                    .flatten();
-                let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
-                    Some(Err(why)) => return self.conclude(run, State::Failed, &why),
-                    Some(Ok(c)) => Some(c),
-                    None => None,
-                };
-                let secrets = self.secrets_for(&run.rec.id)?;
-                let epoch = run.dispatch_epoch.clone();
-                self.record(
-                    run,
-                    "dispatched",
-                    Some(State::Dispatched),
-                    json!({"epoch": epoch, "host_key": run.host_key, "attempt": run.reconnects,
-                           "detach": detach, "timeout_secs": run.rec.timeout_secs}),
-                )?;
-                drop(crossing);
-                if run.prior == Prior::NotDispatched {
-                    run.prior = Prior::Dispatched;
-                }
-                let idc = run.rec.id.clone();
-                let digest_c = run.rec.command_digest.clone();
-                let op = if secrets.is_empty() {
-                    Op::Dispatch {
-                        id: &idc,
-                        len: run.rec.command.len(),
-                        digest: &digest_c,
-                        timeout_secs: run.rec.timeout_secs,
-                        attach: !detach,
-                    }
-                } else {
-                    Op::DispatchWithSecrets {
-                        id: &idc,
-                        len: run.rec.command.len(),
-                        digest: &digest_c,
-                        timeout_secs: run.rec.timeout_secs,
-                        attach: !detach,
-                        secrets_len: secrets.len(),
-                    }
-                };
-                // Through the connection's host session when it can carry this dispatch.
-                let side = if self.host_session {
-                    self.side_for(ci, &run.rec.remote_dir).await?
-                } else {
-                    Side::Script
-                };
-                let session = match &self.conns[ci].2 {
-                    Some(lease)
-                        if self.host_session
-                            && secrets.is_empty()
-                            && !detach
-                            && run.rec.command.len() <= crate::session::MAX_COMMAND
-                            && marker::session_can_carry(&run.rec.command) =>
-                    {
-                        Some(lease.session(
-                            &self.conns[ci].1,
-                            &run.rec.remote_dir,
-                            side == Side::Helper,
-                        ))
-                    }
-                    _ => None,
-                };
-                let via_session = match session {
-                    Some(s) => self.session_op(&s, run, sink).await?,
-                    None => None,
-                };
-                match via_session {
-                    Some(reply) => reply,
-                    None => {
-                        let mut command = run.rec.command.clone();
-                        command.extend_from_slice(&secrets);
-                        self.exec_op(ci, &op, &nonce, Some(&command), run, sink)
-                            .await?
-                    }
-                }
-            } else {
-                let idc = run.rec.id.clone();
-                let op = Op::Watch {
-                    id: &idc,
-                    out_off: run.out_off,
-                    err_off: run.err_off,
-                    wait: !detach,
-                };
-                self.exec_op(ci, &op, &nonce, None, run, sink).await?
-            };
-            let was_dispatch = std::mem::take(&mut next_dispatch);
-            if let Some(h) = &reply.hello {
-                if was_dispatch && run.dispatch_epoch.as_deref() != Some(h.epoch.as_str()) {
-                    // The host said, before its start guard, which epoch this dispatch ran
-                    // under: that is the one the execution is bound to.
-                    self.record(
-                        run,
-                        "dispatch-epoch",
-                        None,
-                        json!({"epoch": h.epoch, "recorded_before": run.dispatch_epoch,
-                               "evidence": "announced by the host in its reply to the dispatch, before the start guard"}),
-                    )?;
-                    run.dispatch_epoch = Some(h.epoch.clone());
-                }
-                let announced = h.epoch.clone();
-                self.note_epoch(run, &announced)?;
-            }
-
-            if let Some(why) = &reply.broken {
-                // Lost mid-reply. Whatever was streamed is kept (offsets advanced); ask the
-                // host again what happened.
+            Note::Pin(fp) => run.host_key = Some(fp),
+            Note::Lost(why) => {
+                // Whatever was streamed is kept (offsets advanced).
                 tracing::info!(
                     "cairn: connection to {} lost ({why}); reconnecting to ask the host what happened",
                     target.display()
@@ -2560,118 +2514,222 @@ impl Executor {
                     None,
                     json!({"error": why, "out_off": run.out_off, "err_off": run.err_off}),
                 )?;
-                self.drop_connection(ci);
-                lost_since.get_or_insert_with(Instant::now);
-                recovered = true;
-                continue;
-            }
-            backoff.reset();
-
-            // 3. What did the host say?
-            if let Some(v) = reply.verdict.as_deref() {
-                match v {
-                    "started" if detach => {
-                        let mut o = self.outcome_from_journal(run)?;
-                        o.state = State::Running;
-                        return Ok(o);
-                    }
-                    "started" => {}
-                    "exists" => {
-                        // An earlier attempt crossed the guard: watch it, never start another.
-                        self.record(
-                            run,
-                            "guard-exists",
-                            None,
-                            json!({"start_record": reply.start.as_ref().map(start_text)}),
-                        )?;
-                        if reply.start.as_ref().map(|s| &s.digest) != Some(&run.rec.command_digest)
-                        {
-                            return self.conclude(
-                                run,
-                                State::Unknown,
-                                "the start guard for this ID was crossed by a different command on the host",
-                            );
-                        }
-                        continue;
-                    }
-                    _ => {
-                        let why = if reply.errors.is_empty() {
-                            format!("the host refused the dispatch ({v})")
-                        } else {
-                            format!("the host refused the dispatch: {}", reply.errors.join("; "))
-                        };
-                        return self.conclude(run, State::Failed, &format!("never started: {why}"));
-                    }
+                if let Some(i) = ci.take() {
+                    self.drop_connection(i);
                 }
             }
-            let probe = self.probe_from(run, &reply);
-            tracing::debug!("probe: {probe:?}");
-            match decide(run.prior, &probe) {
-                Action::Dispatch => {
+            Note::GuardExists => {
+                let start = last.and_then(|(r, _)| r.start.as_ref()).map(start_text);
+                self.record(run, "guard-exists", None, json!({"start_record": start}))?;
+            }
+            Note::Redispatch => {
+                tracing::info!(
+                    "cairn: {} never started on the host (start guard not crossed); \
+                     dispatching it again under the same ID",
+                    run.rec.id
+                );
+                self.record(
+                    run,
+                    "probe",
+                    None,
+                    json!({"result": "absent", "decision": "dispatch again under the same ID"}),
+                )?;
+            }
+            Note::Collecting => {
+                if run.announce {
                     tracing::info!(
-                        "cairn: {} never started on the host (start guard not crossed); \
-                         dispatching it again under the same ID",
+                        "cairn: {} finished while disconnected; returning its stored result",
                         run.rec.id
                     );
-                    self.record(
-                        run,
-                        "probe",
-                        None,
-                        json!({"result": "absent", "decision": "dispatch again under the same ID"}),
-                    )?;
-                    next_dispatch = true;
-                }
-                Action::Reattach => {
-                    if detach {
-                        let mut o = self.outcome_from_journal(run)?;
-                        o.state = State::Running;
-                        o.recovered = recovered;
-                        return Ok(o);
-                    }
-                    // A watch ended while the supervisor is alive (it should not): look again,
-                    // without spinning.
-                    tokio::time::sleep(self.patience.backoff_min).await;
-                }
-                Action::Collect => {
-                    let Some(done) = reply.done.clone() else {
-                        return self.conclude(
-                            run,
-                            State::Unknown,
-                            "probe said finished without a record",
-                        );
-                    };
-                    if run.announce {
-                        tracing::info!(
-                            "cairn: {} finished while disconnected; returning its stored result",
-                            run.rec.id
-                        );
-                        run.announce = false;
-                    }
-                    if live
-                        && !reply.output_gone
-                        && short_reads < 3
-                        && (run.out_off < done.out || run.err_off < done.err)
-                    {
-                        // The finish record says there is more than we were sent: fetch it.
-                        short_reads += 1;
-                        continue;
-                    }
-                    return self.complete(run, done, recovered);
-                }
-                Action::Conclude { state, reason } => {
-                    let reason = with_evidence(&reason, run, &reply, &probe);
-                    return self.conclude(run, state, &reason);
-                }
-                Action::Retry { reason } => {
-                    tracing::info!("{reason}");
-                    tokio::time::sleep(backoff.pause()).await;
-                }
-                Action::Nothing => {
-                    let o = self.outcome_from_journal(run)?;
-                    return Ok(o);
+                    run.announce = false;
                 }
             }
         }
+        Ok(())
+    }
+
+    /// A settled execution is never touched again: report what the journal holds, plus the
+    /// stored output when asked to replay it.
+    async fn settled_outcome(
+        &mut self,
+        target: &Target,
+        run: &mut Run,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        if run.out_off < NO_BYTES && run.done.is_some() {
+            if let Ok(ci) = self.connection(target).await {
+                let nonce = marker::new_nonce();
+                let idc = run.rec.id.clone();
+                let op = Op::Watch {
+                    id: &idc,
+                    out_off: run.out_off,
+                    err_off: run.err_off,
+                    wait: false,
+                };
+                let _ = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
+            }
+        }
+        let mut o = self.outcome_from_journal(run)?;
+        o.recovered = true;
+        Ok(o)
+    }
+
+    /// Before the bytes of a dispatch leave: for a fresh one, the journal read again and the
+    /// request's gate crossed; then the `dispatched` event made durable. Returns what happened
+    /// for the machine, and the secrets to send.
+    fn prepare_dispatch(
+        &mut self,
+        run: &mut Run,
+        fresh: bool,
+        detach: bool,
+    ) -> Result<(Event, Vec<u8>), ExecError> {
+        if fresh {
+            // Settled by another process while this one prepared it (a `cancel` of an
+            // execution waiting for its approval): it is not sent.
+            let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
+            if now.is_some_and(|s| !matches!(s, State::Accepted | State::Authorized)) {
+                return Ok((Event::SettledElsewhere, Vec::new()));
+            }
+        }
+        // A new execution whose request's caller is gone sends nothing (src/gate.rs).
+        let gate = fresh.then(crate::gate::current).flatten();
+        let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
+            Some(Err(why)) => return Ok((Event::DispatchRefused(why), Vec::new())),
+            Some(Ok(c)) => Some(c),
+            None => None,
+        };
+        let secrets = self.secrets_for(&run.rec.id)?;
+        let epoch = run.dispatch_epoch.clone();
+        self.record(
+            run,
+            "dispatched",
+            Some(State::Dispatched),
+            json!({"epoch": epoch, "host_key": run.host_key, "attempt": run.reconnects,
+                   "detach": detach, "timeout_secs": run.rec.timeout_secs}),
+        )?;
+        drop(crossing);
+        Ok((Event::Dispatched, secrets))
+    }
+
+    /// Another process settled the execution before this one sent it: its approval stays on
+    /// record as a note (a transition now would move the settled state back).
+    fn withhold(&mut self, run: &mut Run) -> Result<Outcome, ExecError> {
+        let s = self.journal.status(&run.rec.id)?.map(|s| s.state);
+        let held = std::mem::take(&mut run.held);
+        let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
+        self.journal.append(
+            &run.rec.id,
+            "dispatch-withheld",
+            None,
+            json!({"by": crate::journal::client_identity(), "state": s,
+                   "withheld": kinds,
+                   "reason": "settled by another process before this one dispatched it; nothing was sent"}),
+        )?;
+        self.outcome_from_journal(run)
+    }
+
+    /// Send the dispatch (the `dispatched` event is durable) and stream its reply: through the
+    /// connection's host session when it can carry this dispatch, else one exec.
+    async fn send(
+        &mut self,
+        ci: usize,
+        run: &mut Run,
+        detach: bool,
+        secrets: &[u8],
+        sink: &mut dyn OutputSink,
+    ) -> Result<Reply, ExecError> {
+        let nonce = marker::new_nonce();
+        let idc = run.rec.id.clone();
+        let digest_c = run.rec.command_digest.clone();
+        let op = if secrets.is_empty() {
+            Op::Dispatch {
+                id: &idc,
+                len: run.rec.command.len(),
+                digest: &digest_c,
+                timeout_secs: run.rec.timeout_secs,
+                attach: !detach,
+            }
+        } else {
+            Op::DispatchWithSecrets {
+                id: &idc,
+                len: run.rec.command.len(),
+                digest: &digest_c,
+                timeout_secs: run.rec.timeout_secs,
+                attach: !detach,
+                secrets_len: secrets.len(),
+            }
+        };
+        let side = if self.host_session {
+            self.side_for(ci, &run.rec.remote_dir).await?
+        } else {
+            Side::Script
+        };
+        let session = match &self.conns[ci].2 {
+            Some(lease)
+                if self.host_session
+                    && secrets.is_empty()
+                    && !detach
+                    && run.rec.command.len() <= crate::session::MAX_COMMAND
+                    && marker::session_can_carry(&run.rec.command) =>
+            {
+                Some(lease.session(&self.conns[ci].1, &run.rec.remote_dir, side == Side::Helper))
+            }
+            _ => None,
+        };
+        let via_session = match session {
+            Some(s) => self.session_op(&s, run, sink).await?,
+            None => None,
+        };
+        match via_session {
+            Some(reply) => Ok(reply),
+            None => {
+                let mut command = run.rec.command.clone();
+                command.extend_from_slice(secrets);
+                self.exec_op(ci, &op, &nonce, Some(&command), run, sink)
+                    .await
+            }
+        }
+    }
+
+    /// What a reply's hello says about epochs, recorded: the epoch a dispatch ran under, and
+    /// the bookkeeping of the host's place.
+    fn heard(&mut self, run: &mut Run, reply: &Reply, was_dispatch: bool) -> Result<(), ExecError> {
+        let Some(h) = &reply.hello else {
+            return Ok(());
+        };
+        if was_dispatch && run.dispatch_epoch.as_deref() != Some(h.epoch.as_str()) {
+            // The host said, before its start guard, which epoch this dispatch ran under: that
+            // is the one the execution is bound to.
+            self.record(
+                run,
+                "dispatch-epoch",
+                None,
+                json!({"epoch": h.epoch, "recorded_before": run.dispatch_epoch,
+                       "evidence": "announced by the host in its reply to the dispatch, before the start guard"}),
+            )?;
+            run.dispatch_epoch = Some(h.epoch.clone());
+        }
+        self.note_epoch(run, &h.epoch)
+    }
+
+    /// A reply as the machine takes it, and its probe (kept for the evidence of a conclusion).
+    fn answer_of(&self, run: &Run, reply: &Reply) -> (Answer, Probe) {
+        let probe = self.probe_from(run, reply);
+        tracing::debug!("probe: {probe:?}");
+        let answer = Answer {
+            broken: reply.broken.clone(),
+            verdict: reply.verdict.clone(),
+            errors: reply.errors.clone(),
+            start_matches: reply
+                .start
+                .as_ref()
+                .map(|s| s.digest == run.rec.command_digest),
+            finish: reply.done.as_ref().map(|d| (d.out, d.err)),
+            output_gone: reply.output_gone,
+            received: (run.out_off, run.err_off),
+            probe: probe.clone(),
+        };
+        (answer, probe)
     }
 
     /// Append an event of `run`, in one transaction with the events it holds (see `Run::held`).
@@ -2702,14 +2760,6 @@ impl Executor {
         Ok(())
     }
 
-    fn give_up(&mut self, run: &mut Run, reason: &str) -> Result<Outcome, ExecError> {
-        if run.prior == Prior::NotDispatched {
-            self.conclude(run, State::Failed, reason)
-        } else {
-            self.conclude(run, State::Unknown, reason)
-        }
-    }
-
     fn complete(
         &mut self,
         run: &mut Run,
@@ -2728,7 +2778,7 @@ impl Executor {
             .is_some_and(|s| s.state.has_result());
         if already {
             run.done = Some(done);
-            run.prior = Prior::Settled;
+            run.m.set_prior(Prior::Settled);
             let mut o = self.outcome_from_journal(run)?;
             o.recovered = recovered;
             return Ok(o);
@@ -2741,7 +2791,7 @@ impl Executor {
                    "reconnects": run.reconnects}),
         )?;
         run.done = Some(done);
-        run.prior = Prior::Settled;
+        run.m.set_prior(Prior::Settled);
         let mut o = self.outcome_from_journal(run)?;
         o.recovered = recovered;
         Ok(o)
@@ -2780,7 +2830,7 @@ impl Executor {
             json!({"reason": reason, "reconnects": run.reconnects, "start_record": run.start.as_ref().map(start_text)}),
         )?;
         if state.is_settled() {
-            run.prior = Prior::Settled;
+            run.m.set_prior(Prior::Settled);
         }
         let mut o = self.outcome_from_journal(run)?;
         o.reason = Some(reason.to_owned());

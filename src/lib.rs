@@ -72,6 +72,7 @@ pub mod http;
 pub mod id;
 pub mod intent;
 pub mod journal;
+pub mod machine;
 pub mod marker;
 pub mod mcp;
 pub mod operations;
