@@ -20,9 +20,10 @@ use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::journal::Journal;
+use crate::machine::{Machine, Note, Step, Wait, Why};
 use crate::options::HostOptions;
 use crate::outcome::Capture;
-use crate::recovery::{decide, Action, Probe};
+use crate::recovery::Probe;
 use crate::ssh::ConnectOptions;
 use crate::state::State;
 
@@ -880,10 +881,12 @@ fn print_findings(report: &crate::audit::Report) {
 
 async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, ExecError> {
     let mut ex = common.executor()?;
-    let (o, probe) = ex.probe(id).await?;
-    let prior = ex.prior(id)?;
-    let probe_v = probe.clone().unwrap_or(Probe::Unreachable);
-    let action = decide(prior, &probe_v);
+    let crate::executor::Prediction {
+        outcome: o,
+        probe,
+        notes,
+        next,
+    } = ex.predict(id).await?;
     let host_says = match &probe {
         Ok(Probe::Absent { same_epoch: true }) => {
             "no started record (guard never crossed)".to_string()
@@ -899,14 +902,7 @@ async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, Ex
         Ok(Probe::Unreachable) => "unreachable".into(),
         Err(e) => format!("not probed: {e}"),
     };
-    let next = match &action {
-        Action::Dispatch => "dispatch again under the same ID (`cairn recover`)".to_string(),
-        Action::Reattach => "reattach (`cairn attach`)".into(),
-        Action::Collect => "collect the stored result (`cairn recover` or `cairn attach`)".into(),
-        Action::Conclude { state, reason } => format!("record {state}: {reason}"),
-        Action::Retry { reason } => reason.clone(),
-        Action::Nothing => "nothing: settled".into(),
-    };
+    let next = next_text(&notes, &next, &ex.patience.reconnect_for);
     if json {
         let mut v = outcome_json(&o, None);
         v["host_says"] = host_says.into();
@@ -949,6 +945,51 @@ async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, Ex
         }
     }
     Ok(0)
+}
+
+/// What `cairn recover` would do next, in words, from the machine's next step.
+fn next_text(notes: &[Note], next: &Step, window: &std::time::Duration) -> String {
+    if notes.contains(&Note::Redispatch) {
+        return "dispatch again under the same ID (`cairn recover`)".into();
+    }
+    match next {
+        Step::Held | Step::WaitForOwner => Machine::held_reason(),
+        Step::Settled | Step::Report => "nothing: settled".into(),
+        Step::Settle { state, why } => {
+            let reason = match why {
+                Why::Said(r) | Why::Table(r) => r.clone(),
+                Why::HostKeyChanged { pinned, presented } => {
+                    format!("the host key changed (pinned {pinned}, presented {presented})")
+                }
+            };
+            format!("record {state}: {reason}")
+        }
+        Step::Running { .. }
+        | Step::Wait {
+            why: Wait::Look, ..
+        } => "reattach (`cairn attach`)".into(),
+        Step::Complete { .. } => {
+            "collect the stored result (`cairn recover` or `cairn attach`)".into()
+        }
+        Step::Wait {
+            why: Wait::Reconnect { error, .. },
+            ..
+        } => format!(
+            "host unreachable ({error}); the outcome is not known yet: `cairn recover` keeps \
+             trying for up to {window:?}, then records unknown"
+        ),
+        Step::Wait {
+            why: Wait::Retry(reason),
+            ..
+        } => reason.clone(),
+        Step::Connect { .. } if notes.iter().any(|n| matches!(n, Note::Lost(_))) => {
+            "the probe did not complete; reconnect and probe again (`cairn recover`)".into()
+        }
+        Step::Connect { .. } | Step::Dispatch { .. } | Step::Send | Step::Watch { .. } => {
+            "probe again (`cairn recover`)".into()
+        }
+        Step::Withhold => "nothing: settled by another process before it was sent".into(),
+    }
 }
 
 #[cfg(unix)]
