@@ -25,7 +25,8 @@
 //! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
 //! - [`options`]: the plain option structs the library takes.
 //! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
-//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover.
+//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover; the driver of
+//!   [`machine`]: it does the SSH, journal and clock work and feeds the machine what happened.
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
@@ -34,7 +35,11 @@
 //!   PID), so that no other process concludes "never dispatched" while its owner sends it.
 //!
 //! Pure decisions (no I/O):
-//! - [`recovery`]: the recovery table (journal × probe → action).
+//! - [`machine`]: one drive of an execution as a state machine (events and `now` in, the next
+//!   step out): every final decision after connect, dispatch and probe, the reconnect window
+//!   and backoff. `recover`, `attach`, runs and `status` all ask it.
+//! - [`recovery`]: the recovery table (journal × probe → action), consulted by [`machine`];
+//!   the backoff arithmetic.
 //! - [`epoch`]: host epochs as evidence: which epoch an execution is bound to.
 //! - [`intent`]: the canonical operation record, its keyed fingerprint, operation classes.
 //! - [`state`], [`id`]: the lifecycle states of docs/DESIGN.md; execution IDs.
@@ -53,8 +58,8 @@
 //! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
 //!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
 //!
-//! The decision after a lost connection is [`recovery::decide`], a function anyone can read
-//! without knowing russh or SQLite.
+//! The decision after a lost connection is [`machine::Machine`] around the table
+//! [`recovery::decide`]: both can be read without knowing russh or SQLite.
 
 pub mod approve;
 pub mod audit;
