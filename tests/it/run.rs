@@ -333,6 +333,61 @@ fn a_dead_supervisor_without_reboot_is_interrupted_too() {
     }
 }
 
+/// `status` asks the machine `recover` runs, fed the same probe: what it says `recover` will
+/// record is what `recover` then records, and `status` itself records nothing.
+#[test]
+fn status_predicts_what_recover_then_records() {
+    let h = Host::new();
+    let out = h
+        .run_cmd(
+            &["--detach", "--id", "predicted"],
+            &format!("{}sleep 60", h.count()),
+        )
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let rec = h.start_record("predicted");
+    let sup: i32 = rec
+        .split_whitespace()
+        .find_map(|f| f.strip_prefix("sup_pid="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    sigkill(sup, false);
+    let events_before = h.kinds("predicted");
+    let s = h
+        .cairn("status")
+        .args(["predicted", "--json"])
+        .output()
+        .unwrap();
+    let sv: serde_json::Value = serde_json::from_slice(&s.stdout).unwrap();
+    let next = sv["next_action"].as_str().unwrap_or_default().to_owned();
+    assert!(next.starts_with("record interrupted: "), "{sv}");
+    assert_eq!(
+        h.kinds("predicted"),
+        events_before,
+        "status recorded nothing"
+    );
+    let r = h.cairn("recover").arg("--json").output().unwrap();
+    let rv: serde_json::Value = serde_json::from_slice(&r.stdout).unwrap();
+    assert_eq!(rv[0]["state"], "interrupted", "{rv}");
+    assert_eq!(
+        Some(format!(
+            "record interrupted: {}",
+            rv[0]["reason"].as_str().unwrap_or_default()
+        )),
+        Some(next),
+        "the evidence status showed is the evidence recover recorded"
+    );
+    assert_eq!(h.state("predicted"), State::Interrupted);
+    assert_eq!(h.runs(), 1);
+    if let Ok(p) = fs::read_to_string(h.x().join("predicted").join("pgid")) {
+        if let Some(Ok(pgid)) = p.split_whitespace().next().map(str::parse::<i32>) {
+            sigkill(pgid, true);
+        }
+    }
+}
+
 #[test]
 fn rerunning_a_finished_id_returns_the_stored_result_and_another_command_is_refused() {
     let h = Host::new();
