@@ -607,24 +607,7 @@ mod tests {
         live: true,
     };
 
-    fn all_probes() -> Vec<Probe> {
-        let mut v = vec![
-            Probe::Unreachable,
-            Probe::Absent { same_epoch: true },
-            Probe::Absent { same_epoch: false },
-            Probe::Finished,
-            Probe::Unreadable("v=2".into()),
-        ];
-        for l in [Alive, Dead, Rebooted] {
-            for e in [true, false] {
-                v.push(Probe::Started {
-                    liveness: l,
-                    same_epoch: e,
-                });
-            }
-        }
-        v
-    }
+    use crate::recovery::tests::all_probes;
 
     /// A complete, unbroken reply saying `probe` (a finish record when it says finished).
     fn answer(probe: Probe) -> Answer {

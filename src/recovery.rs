@@ -221,11 +221,12 @@ pub fn window_left(reconnect_for: Duration, lost_for: Duration) -> Option<Durati
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use Liveness::*;
 
-    fn all_probes() -> Vec<Probe> {
+    /// Every probe answer the table distinguishes (shared with the machine's tests).
+    pub(crate) fn all_probes() -> Vec<Probe> {
         let mut v = vec![
             Probe::Unreachable,
             Probe::Absent { same_epoch: true },

@@ -303,18 +303,14 @@ fn supervisor_gone_and_boot_changed_is_interrupted_never_rerun() {
     assert_eq!(h.runs(), 1);
 }
 
-#[test]
-fn a_dead_supervisor_without_reboot_is_interrupted_too() {
-    let h = Host::new();
+/// Dispatch `sleep 60` detached as `id`, then kill its host supervisor (not the command).
+fn detached_then_supervisor_killed(h: &Host, id: &str) {
     let out = h
-        .run_cmd(
-            &["--detach", "--id", "dead-sup"],
-            &format!("{}sleep 60", h.count()),
-        )
+        .run_cmd(&["--detach", "--id", id], &format!("{}sleep 60", h.count()))
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(0));
-    let rec = h.start_record("dead-sup");
+    let rec = h.start_record(id);
     let sup: i32 = rec
         .split_whitespace()
         .find_map(|f| f.strip_prefix("sup_pid="))
@@ -322,6 +318,12 @@ fn a_dead_supervisor_without_reboot_is_interrupted_too() {
         .parse()
         .unwrap();
     sigkill(sup, false);
+}
+
+#[test]
+fn a_dead_supervisor_without_reboot_is_interrupted_too() {
+    let h = Host::new();
+    detached_then_supervisor_killed(&h, "dead-sup");
     let a = h.cairn("attach").arg("dead-sup").output().unwrap();
     assert_eq!(a.status.code(), Some(254), "{a:?}");
     assert_eq!(h.state("dead-sup"), State::Interrupted);
@@ -338,22 +340,7 @@ fn a_dead_supervisor_without_reboot_is_interrupted_too() {
 #[test]
 fn status_predicts_what_recover_then_records() {
     let h = Host::new();
-    let out = h
-        .run_cmd(
-            &["--detach", "--id", "predicted"],
-            &format!("{}sleep 60", h.count()),
-        )
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(0));
-    let rec = h.start_record("predicted");
-    let sup: i32 = rec
-        .split_whitespace()
-        .find_map(|f| f.strip_prefix("sup_pid="))
-        .unwrap()
-        .parse()
-        .unwrap();
-    sigkill(sup, false);
+    detached_then_supervisor_killed(&h, "predicted");
     let events_before = h.kinds("predicted");
     let s = h
         .cairn("status")
