@@ -541,7 +541,9 @@ cmd_unfill_disk() {
 # existing files writable (running jobs keep appending) and only forbids new entries.
 markers_dir() {
   local mp; mp=$(home_mount)
-  priv mkdir -p "$mp/.cairn"
+  # a home cairn has not made yet is made as cairn makes it: private (0700), or the next hello
+  # refuses it for good ("accessible by other users")
+  [ -d "$mp/.cairn" ] || priv mkdir -m 700 "$mp/.cairn"
   echo "$mp/.cairn"
 }
 
