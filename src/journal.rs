@@ -1281,12 +1281,7 @@ fn wait_while_busy(count: i32) -> bool {
         }
         b.get().unwrap_or(now)
     });
-    let clock = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
-    let seed = u64::from(clock) ^ (u64::from(std::process::id()) << 32);
-    match busy_pause(count, now.duration_since(since), seed) {
+    match busy_pause(count, now.duration_since(since), rand::random()) {
         Some(pause) => {
             std::thread::sleep(pause);
             true
@@ -1297,21 +1292,13 @@ fn wait_while_busy(count: i32) -> bool {
 
 /// The pause before try `count` + 1 of a statement that has waited `waited` for the lock, or
 /// `None` once it has waited [`BUSY_WAIT`]: 1 ms growing to 8 ms over the first 70 tries, plus
-/// up to 1 ms of jitter drawn from `seed`.
-fn busy_pause(count: i32, waited: Duration, seed: u64) -> Option<Duration> {
+/// up to 1 ms of jitter taken from `random`.
+fn busy_pause(count: i32, waited: Duration, random: u64) -> Option<Duration> {
     if waited >= BUSY_WAIT {
         return None;
     }
     let base = 1 + (count.clamp(0, 70) as u64) / 10;
-    let jitter = splitmix(seed ^ count as u64) % 1000;
-    Some(Duration::from_micros(base * 1000 + jitter))
-}
-
-fn splitmix(mut z: u64) -> u64 {
-    z = z.wrapping_add(0x9e37_79b9_7f4a_7c15);
-    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    z ^ (z >> 31)
+    Some(Duration::from_micros(base * 1000 + random % 1000))
 }
 
 /// The journal file's (device, inode), to tell a file replaced at the same path from the one a
