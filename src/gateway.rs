@@ -535,17 +535,20 @@ pub fn recover(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
     let wait = params.get("wait").and_then(Value::as_bool).unwrap_or(false);
     let mut ex = cfg.executor()?;
     let mut out = Vec::new();
-    block_on(ex.recover_all(wait, |id, before, r| match r {
+    block_on(ex.recover_all(wait, |i, id, before, r| match r {
         Ok(o) => {
             let mut v = outcome_value(&o, None);
             v["state_before"] = before.as_str().into();
-            out.push(v);
+            out.push((i, v));
         }
-        Err(e) => {
-            out.push(json!({"execution_id": id, "state_before": before, "error": e.to_string()}))
-        }
+        Err(e) => out.push((
+            i,
+            json!({"execution_id": id, "state_before": before, "error": e.to_string()}),
+        )),
     }))?;
-    Ok(Value::Array(out))
+    // In the journal's order, whichever finished first.
+    out.sort_by_key(|(i, _)| *i);
+    Ok(Value::Array(out.into_iter().map(|(_, v)| v).collect()))
 }
 
 /// `review`: executions waiting for a human, with their original record.

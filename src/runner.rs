@@ -200,27 +200,80 @@ pub fn prepare(
     Ok(s)
 }
 
+/// How many executions `recover` works on at once. Recovering one can take as long as its
+/// reconnect window (a host that is cut off) or its command (`--wait`); one at a time, a journal
+/// with many unsettled executions (a shared one, or a fleet's) takes their sum, so a healthy
+/// host's execution waits behind every unreachable one.
+pub const RECOVER_PARALLEL: usize = 8;
+
 impl Executor {
-    /// `recover`: the recovery table applied to every execution that is not settled, in the
-    /// journal's order. `each` is told every execution's state before and what recovering it
-    /// gave, as soon as it is known.
+    /// `recover`: the recovery table applied to every execution that is not settled, up to
+    /// [`RECOVER_PARALLEL`] at once (each on its own journal handle and connection, on this
+    /// task). `each` is told every execution's place in the journal's order, its state before
+    /// and what recovering it gave, as soon as it is known (so not necessarily in that order).
     pub async fn recover_all(
         &mut self,
         wait: bool,
-        mut each: impl FnMut(&ExecutionId, State, Result<Outcome, ExecError>),
+        each: impl FnMut(usize, &ExecutionId, State, Result<Outcome, ExecError>),
     ) -> Result<(), ExecError> {
-        let todo: Vec<_> = self
+        let todo: std::collections::VecDeque<_> = self
             .journal
             .list()?
             .into_iter()
             .filter(|(_, st)| !st.state.is_settled())
-            .map(|(r, st)| (r.id, st.state))
+            .enumerate()
+            .map(|(i, (r, st))| (i, r.id, st.state))
             .collect();
-        for (id, before) in todo {
-            let r = self.recover_one(&id, wait).await;
-            each(&id, before, r);
+        let mut others = Vec::new();
+        for _ in 1..todo.len().min(RECOVER_PARALLEL) {
+            others.push(self.sibling()?);
         }
+        let todo = std::cell::RefCell::new(todo);
+        let each = std::cell::RefCell::new(each);
+        let mut workers = vec![recover_queue(self, &todo, &each, wait)];
+        workers.extend(
+            others
+                .iter_mut()
+                .map(|ex| recover_queue(ex, &todo, &each, wait)),
+        );
+        futures::future::join_all(workers).await;
         Ok(())
+    }
+
+    /// Another executor like this one, on its own handle of the same journal (it shares the
+    /// process's group commit or pool) and its own connections: for work side by side on one
+    /// task. It approves nothing (recovery never starts an execution: should it ever ask, the
+    /// answer is no) and holds no secrets.
+    fn sibling(&self) -> Result<Executor, ExecError> {
+        let journal = Journal::open(self.journal.path())?;
+        let mut ex = Executor::new(journal, self.connect.clone(), self.patience.clone());
+        ex.approver = Box::new(crate::approve::Deny);
+        ex.intent_key_path.clone_from(&self.intent_key_path);
+        ex.session_id.clone_from(&self.session_id);
+        ex.host_session = self.host_session;
+        ex.host_helper = self.host_helper;
+        ex.pool.clone_from(&self.pool);
+        Ok(ex)
+    }
+}
+
+/// One `recover` worker: take the next execution from the queue every worker shares, recover it
+/// and report it, until the queue is empty.
+async fn recover_queue<F>(
+    ex: &mut Executor,
+    todo: &std::cell::RefCell<std::collections::VecDeque<(usize, ExecutionId, State)>>,
+    each: &std::cell::RefCell<F>,
+    wait: bool,
+) where
+    F: FnMut(usize, &ExecutionId, State, Result<Outcome, ExecError>),
+{
+    loop {
+        // The borrow ends before the await: the queue is shared by every worker.
+        let Some((i, id, before)) = todo.borrow_mut().pop_front() else {
+            break;
+        };
+        let r = ex.recover_one(&id, wait).await;
+        (each.borrow_mut())(i, &id, before, r);
     }
 }
 

@@ -683,12 +683,12 @@ async fn recover(common: &Common, json: bool, wait: bool) -> Result<i32, ExecErr
     let mut ex = common.executor()?;
     let mut worst = 0;
     let mut results = Vec::new();
-    ex.recover_all(wait, |id, before, r| match r {
+    ex.recover_all(wait, |i, id, before, r| match r {
         Ok(o) => {
             if json {
                 let mut v = outcome_json(&o, None);
                 v["state_before"] = before.as_str().into();
-                results.push(v);
+                results.push((i, v));
             } else {
                 println!(
                     "{}  {} -> {}{}{}",
@@ -712,7 +712,7 @@ async fn recover(common: &Common, json: bool, wait: bool) -> Result<i32, ExecErr
         Err(e) => {
             worst = EXIT_UNKNOWN;
             if json {
-                results.push(serde_json::json!({"execution_id": id, "state_before": before, "error": e.to_string()}));
+                results.push((i, serde_json::json!({"execution_id": id, "state_before": before, "error": e.to_string()})));
             } else {
                 println!("{id}  {before} -> (not recovered): {e}");
             }
@@ -720,7 +720,11 @@ async fn recover(common: &Common, json: bool, wait: bool) -> Result<i32, ExecErr
     })
     .await?;
     if json {
-        print_json(&serde_json::Value::Array(results));
+        // In the journal's order, whichever finished first.
+        results.sort_by_key(|(i, _)| *i);
+        print_json(&serde_json::Value::Array(
+            results.into_iter().map(|(_, v)| v).collect(),
+        ));
     }
     Ok(worst)
 }

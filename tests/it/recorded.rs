@@ -206,3 +206,60 @@ fn the_host_key_verified_at_dispatch_pins_later_connections() {
         }
     }
 }
+
+/// A client killed after its host started the command: the execution is left `running` in the
+/// journal, its command done on the host.
+fn killed_after_start(h: &Host, id: &str, word: &str) {
+    let mut child = spawn(h.run_cmd(&["--id", id], &format!("{}sleep 1; echo {word}", h.count())));
+    assert_eq!(h.wait_started(), id);
+    assert!(sigkill(child.id() as i32, false));
+    let _ = child.wait();
+    h.wait_done(id);
+}
+
+/// `recover` works on unsettled executions side by side: one whose host refuses every
+/// connection for the whole reconnect window does not hold back one whose host answers, though
+/// it comes first in the journal. Nothing runs twice, and the cut one is recovered once its
+/// host is back.
+#[test]
+fn recover_does_not_hold_a_reachable_host_behind_an_unreachable_one() {
+    let cut = Host::new();
+    let mut up = Host::new();
+    up.journal.clone_from(&cut.journal);
+    // The journal lists the newest first: the cut one.
+    killed_after_start(&up, "reachable", "up-done");
+    killed_after_start(&cut, "behind-a-cut", "cut-done");
+    let home = tempfile::tempdir().unwrap();
+    cut.proxy.set_refuse(true);
+    let out = plain(&cut, "recover", home.path())
+        .args(["--reconnect-for", "6s"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    // The state before is `dispatched` or `running`, as far as each killed client got.
+    assert!(
+        lines[0].starts_with("reachable  ") && lines[0].ends_with(" -> completed (exit 0)"),
+        "the reachable host's result did not come first: {text}"
+    );
+    assert!(
+        lines[1].starts_with("behind-a-cut  ") && lines[1].contains(" -> unknown: "),
+        "{text}"
+    );
+    assert_eq!(up.state("reachable"), State::Completed);
+    assert!(!cut.state("behind-a-cut").has_result(), "{text}");
+
+    cut.proxy.set_refuse(false);
+    let again = plain(&cut, "recover", home.path())
+        .arg("--json")
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&again.stdout).unwrap();
+    assert_eq!(v.as_array().map(Vec::len), Some(1), "{v}");
+    assert_eq!(v[0]["execution_id"], "behind-a-cut");
+    assert_eq!(v[0]["state"], "completed", "{v}");
+    let o = cut.local("output").arg("behind-a-cut").output().unwrap();
+    assert_eq!(o.stdout, b"cut-done\n");
+    assert_eq!((cut.runs(), up.runs()), (1, 1));
+}
