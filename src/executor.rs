@@ -1620,13 +1620,16 @@ impl Executor {
     /// own acceptance, or it is settled; when its owner's lease expired, take it over (a
     /// `takeover` event, the epoch bumped: the old owner is fenced) and drive it as its new
     /// owner; while a live replica owns it, or another call of this process drives it after
-    /// a takeover, wait until it settles (or that lease expires), polling the journal.
+    /// a takeover, wait until it settles (or that lease expires): woken by the notification of
+    /// its settling append, reading the journal again without one every poll interval and when
+    /// the lease would expire (docs/REPLICAS.md: notifications are hints).
     /// [`Drive::Review`] when it was taken over [`crate::journal::MAX_TAKEOVERS`] times
     /// already: left for review, not driven again.
     async fn own_or_wait(&mut self, id: &ExecutionId) -> Result<Drive, ExecError> {
-        if !self.journal.is_shared() {
+        // Made before the first read, so that a settling notified after it wakes the wait.
+        let Some(mut watch) = self.journal.watch(id) else {
             return Ok(Drive::Go(None));
-        }
+        };
         let mut said = false;
         loop {
             let Some(o) = self.journal.ownership(id)? else {
@@ -1679,7 +1682,20 @@ impl Executor {
                 );
                 said = true;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Another replica's lease: read again when it would expire, if nothing comes first.
+            let within = match o.mine {
+                true => crate::journal::poll_every(),
+                false => Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50),
+            };
+            match watch.wait(within).await {
+                crate::journal::Woken::Notified => {
+                    tracing::debug!("cairn: {id}: woken by the notification of its settling")
+                }
+                crate::journal::Woken::Listening => tracing::debug!(
+                    "cairn: {id}: woken by the listener listening again; reading the journal"
+                ),
+                crate::journal::Woken::Timeout => {}
+            }
         }
     }
 

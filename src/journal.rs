@@ -52,6 +52,7 @@ mod postgres;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::audit as postgres_audit;
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
+pub use postgres::wake::{listener_name, poll_every, Watch, Woken};
 pub use postgres::{
     is_postgres_url, lease_for, replica_id, set_lease_for, Ownership, TakeOver, MAX_TAKEOVERS,
     PG_SCHEMA_VERSION,
@@ -1654,6 +1655,18 @@ impl Journal {
         false
     }
 
+    /// On a shared journal, a wake-up for a caller waiting until `id` settles on another
+    /// replica (or another call of this process): woken when a settling append of `id` is
+    /// notified, or when this process's listener starts listening again after its connection
+    /// broke; a hint only, to read the journal sooner (docs/REPLICAS.md). `None` on a SQLite
+    /// file. Make it before the first read of the journal that the wait depends on.
+    pub fn watch(&self, id: &ExecutionId) -> Option<Watch> {
+        match &self.backend {
+            Backend::Postgres(pg) => Some(pg.watch(id)),
+            Backend::Sqlite(_) => None,
+        }
+    }
+
     /// Whether this journal is shared by replicas (PostgreSQL).
     pub fn is_shared(&self) -> bool {
         matches!(self.backend, Backend::Postgres(_))
@@ -2685,6 +2698,92 @@ mod tests {
         assert!(e.contains("postgres://ops:***@127.0.0.1:1/x"), "{e}");
         assert!(!e.contains("s3cret"), "{e}");
     }
+    /// Waiting across replicas: a watcher of an execution is woken when the listener first
+    /// listens, by the notification of that execution's settling append (not by an append that
+    /// does not settle, nor by another execution's), and, when the listener's connection is
+    /// terminated, again once it listens again, with nothing appended: whatever was notified
+    /// while it was down is lost, so every waiter reads the journal once more.
+    #[test]
+    fn a_settling_append_wakes_its_watcher_and_a_listener_that_reconnects_wakes_every_waiter() {
+        use super::Woken;
+        let Some(server) = test_postgres::server("postgres_wake") else {
+            return;
+        };
+        let url = server.database("wake");
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        let mut j = Journal::open(Path::new(&url)).unwrap();
+        let (a, b) = (
+            ExecutionId::parse("wake-a").unwrap(),
+            ExecutionId::parse("wake-b").unwrap(),
+        );
+        for id in [&a, &b] {
+            j.accept(&rec(id.as_str()), serde_json::json!({})).unwrap();
+        }
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        // What comes next, skipping empty polls (bounded).
+        let next = |w: &mut super::Watch| {
+            for _ in 0..120 {
+                match rt.block_on(w.wait(Duration::from_secs(1))) {
+                    Woken::Timeout => continue,
+                    other => return other,
+                }
+            }
+            panic!("nothing woke the watcher");
+        };
+        let (mut wa, mut wb) = (j.watch(&a).unwrap(), j.watch(&b).unwrap());
+        assert_eq!(next(&mut wa), Woken::Listening);
+        assert_eq!(next(&mut wb), Woken::Listening);
+        // b's append that does not settle, then a's that does: notifications arrive in commit
+        // order, so once a's is here, one for b would have been handled already.
+        j.append(&b, "running", Some(State::Running), serde_json::json!({}))
+            .unwrap();
+        j.append(
+            &a,
+            "completed",
+            Some(State::Completed),
+            serde_json::json!({}),
+        )
+        .unwrap();
+        assert_eq!(next(&mut wa), Woken::Notified);
+        assert_eq!(
+            rt.block_on(wb.wait(Duration::ZERO)),
+            Woken::Timeout,
+            "b was not woken"
+        );
+        let killed = server
+            .psql(
+                &db,
+                &format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                     WHERE datname = '{db}' AND application_name = '{}'",
+                    super::listener_name()
+                ),
+            )
+            .unwrap();
+        assert_eq!(killed.trim(), "1", "one listener connection");
+        assert_eq!(
+            next(&mut wb),
+            Woken::Listening,
+            "woken with nothing appended"
+        );
+        assert_eq!(next(&mut wa), Woken::Listening);
+        j.append(
+            &b,
+            "completed",
+            Some(State::Completed),
+            serde_json::json!({}),
+        )
+        .unwrap();
+        assert_eq!(
+            next(&mut wb),
+            Woken::Notified,
+            "notified after it listens again"
+        );
+    }
+
     /// Leases and fencing on a shared journal, against the real server. The other replica is
     /// played by SQL on its own rows (one process is one replica): it takes over an execution
     /// this process owns, and this process's next append as owner is refused, with nothing

@@ -50,9 +50,10 @@ use crate::state::State;
 
 pub(crate) mod audit;
 pub(crate) mod checkpoint;
+pub(crate) mod wake;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 4;
+pub const PG_SCHEMA_VERSION: i32 = 5;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
@@ -60,6 +61,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (2, MIGRATION_2),
     (3, checkpoint::MIGRATION),
     (4, MIGRATION_4),
+    (5, wake::MIGRATION),
 ];
 
 const MIGRATION_1: &str = "
@@ -392,6 +394,8 @@ pub struct Ownership {
     pub settled: bool,
     /// The owner's lease is current (database time).
     pub live: bool,
+    /// How long the owner's lease lasts yet without a heartbeat (database time; 0 once expired).
+    pub lease_left_ms: i64,
     /// This process is the owner.
     pub mine: bool,
 }
@@ -437,6 +441,8 @@ pub(super) struct Pg {
     me: Weak<Pg>,
     /// Whether this process's replica row exists and its heartbeat runs.
     registered: tokio::sync::OnceCell<()>,
+    /// How to connect, for the listener's connection of its own (see `wake.rs`).
+    config: tokio_postgres::Config,
 }
 
 /// The store for `url`: the live one of this process, else a new pool with the schema checked
@@ -470,7 +476,7 @@ pub(super) fn open(url: &str) -> Result<Arc<Pg>> {
         config.application_name("cairn");
     }
     let mgr = Manager::from_config(
-        config,
+        config.clone(),
         NoTls,
         ManagerConfig {
             recycling_method: RecyclingMethod::Fast,
@@ -491,6 +497,7 @@ pub(super) fn open(url: &str) -> Result<Arc<Pg>> {
         location,
         me: me.clone(),
         registered: tokio::sync::OnceCell::new(),
+        config,
     });
     pg.migrate()?;
     reg.insert(url.to_owned(), Arc::downgrade(&pg));
@@ -1704,7 +1711,9 @@ impl Pg {
     pub(super) fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
         let rows = self.query(
             "SELECT o.replica, r.client, o.epoch, o.takeovers, o.settled,
-                    r.heartbeat_at + r.lease_ms * interval '1 millisecond' >= now()
+                    r.heartbeat_at + r.lease_ms * interval '1 millisecond' >= now(),
+                    GREATEST(0, extract(epoch FROM r.heartbeat_at
+                        + r.lease_ms * interval '1 millisecond' - now()) * 1000)::bigint
              FROM owners o JOIN replicas r ON r.id = o.replica WHERE o.execution_id = $1",
             &[&id.as_str()],
         )?;
@@ -1718,6 +1727,7 @@ impl Pg {
                 takeovers: r.get(3),
                 settled: r.get(4),
                 live: r.get(5),
+                lease_left_ms: r.get(6),
             }
         }))
     }
@@ -1823,6 +1833,11 @@ impl Pg {
             out.push((id.clone(), why));
         }
         Ok(out)
+    }
+
+    /// A wake-up for `id`'s settling (see `wake.rs`).
+    pub(super) fn watch(&self, id: &ExecutionId) -> wake::Watch {
+        wake::watch(self, id.as_str())
     }
 
     /// Run SQL as this journal's role (tests: what the role may and may not do).

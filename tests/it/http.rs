@@ -25,7 +25,13 @@ pub(crate) struct Server {
 
 impl Server {
     pub(crate) fn start(h: &Host, port: u16, extra: &[&str]) -> Server {
+        Server::start_env(h, port, extra, &[])
+    }
+
+    /// [`Server::start`] with these variables in the server's environment.
+    pub(crate) fn start_env(h: &Host, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let mut c = h.cairn("mcp");
+        c.envs(env.iter().copied());
         c.arg("--remote-dir")
             .arg(&h.remote_dir)
             .args(["--listen", &format!("127.0.0.1:{port}")])
@@ -173,7 +179,7 @@ fn initialize_body() -> String {
 }
 
 /// `/metrics` with a token: the value of each sample line, by its name and labels.
-fn metrics(port: u16, token: &str) -> std::collections::BTreeMap<String, f64> {
+pub(crate) fn metrics(port: u16, token: &str) -> std::collections::BTreeMap<String, f64> {
     let auth = format!("Bearer {token}");
     let (status, text) = request(port, "GET", "/metrics", &[("Authorization", &auth)], "");
     assert_eq!(status, 200, "{text}");

@@ -13,7 +13,7 @@ use crate::support::postgres;
 
 /// A test host whose journal is a fresh PostgreSQL database, and the intent key file every
 /// replica shares. `None` when PostgreSQL is missing outside CI (said loudly).
-fn replicated_host(test: &str) -> Option<(Host, PathBuf)> {
+pub(crate) fn replicated_host(test: &str) -> Option<(Host, PathBuf)> {
     let server = postgres::server(test)?;
     let mut h = Host::new();
     h.journal = PathBuf::from(server.database(test));
@@ -26,7 +26,7 @@ fn replica(h: &Host, key: &std::path::Path) -> Server {
 }
 
 /// `execute` over `/rpc` on `port` as `auth`: the result object (or the error, as JSON).
-fn execute(port: u16, auth: &str, id: u64, command: &str) -> Value {
+pub(crate) fn execute(port: u16, auth: &str, id: u64, command: &str) -> Value {
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
                       "params": {"destination": "127.0.0.1", "command": command}});
     let (status, text) = request(
@@ -144,7 +144,7 @@ fn a_replica_without_the_shared_intent_key_refuses_to_run_and_says_why() {
 
 /// `execute` over `/rpc` that may meet a dying server: the parsed answer, or `None` when the
 /// connection ended without one.
-fn execute_maybe(port: u16, auth: &str, id: u64, command: &str) -> Option<Value> {
+pub(crate) fn execute_maybe(port: u16, auth: &str, id: u64, command: &str) -> Option<Value> {
     use std::io::{Read, Write};
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
                       "params": {"destination": "127.0.0.1", "command": command}})
@@ -166,7 +166,7 @@ fn execute_maybe(port: u16, auth: &str, id: u64, command: &str) -> Option<Value>
 }
 
 /// A replica with a short lease (heartbeat every third of it), so a takeover comes soon.
-fn replica_with_lease(h: &Host, key: &std::path::Path) -> Server {
+pub(crate) fn replica_with_lease(h: &Host, key: &std::path::Path) -> Server {
     Server::start(
         h,
         0,
@@ -187,7 +187,7 @@ fn signal(pid: u32, sig: &str) {
 /// The takeover events of `id`, and the checks every takeover test makes of the journal:
 /// one dispatch, one takeover from A to B at epoch 2, one outcome recorded (by B), and B the
 /// owner of the settled execution.
-fn check_taken_over(h: &Host, id: &str, a: u32, b: u32) -> Vec<cairn::journal::Event> {
+pub(crate) fn check_taken_over(h: &Host, id: &str, a: u32, b: u32) -> Vec<cairn::journal::Event> {
     let j = h.journal();
     let xid = cairn::ExecutionId::parse(id).unwrap();
     let evs = j.events(&xid).unwrap();
