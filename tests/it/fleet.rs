@@ -85,7 +85,7 @@ fn lines(out: &[u8]) -> Vec<String> {
 }
 
 /// Every descendant of process `pid` (children first, then theirs).
-fn descendants(pid: u32) -> Vec<u32> {
+pub(crate) fn descendants(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     let mut todo = vec![pid];
     while let Some(p) = todo.pop() {

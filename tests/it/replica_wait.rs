@@ -27,7 +27,7 @@ const DEBUG: (&str, &str) = ("CAIRN_LOG", "cairn=debug,russh=warn");
 
 /// A command that counts its run, waits (at most two minutes) for `gate` to exist, and says
 /// `finished`.
-fn gated(h: &Host, gate: &Path) -> String {
+pub(crate) fn gated(h: &Host, gate: &Path) -> String {
     format!(
         "{}i=0; while [ ! -e '{}' ] && [ $i -lt 1200 ]; do sleep 0.1; i=$((i+1)); done; \
          echo finished",
