@@ -1667,8 +1667,13 @@ impl Executor {
                             );
                             return Ok(Drive::Review);
                         }
-                        crate::journal::TakeOver::NotNeeded => return Ok(Drive::Go(None)),
-                        crate::journal::TakeOver::Held => {}
+                        // Settled, or taken over a moment ago by this process's own sweep
+                        // (which drives it then): read again rather than drive it beside that.
+                        crate::journal::TakeOver::NotNeeded => {}
+                        // Another replica is taking it over right now: let it commit.
+                        crate::journal::TakeOver::Held => {
+                            tokio::time::sleep(Duration::from_millis(20)).await
+                        }
                     }
                 }
                 continue;

@@ -323,9 +323,18 @@ fn a_replica_paused_past_its_lease_is_fenced_when_it_resumes_and_the_command_run
         late.as_ref().is_none_or(|v| v.get("result").is_none()),
         "A answered as if it still owned it: {late:?}\n{logs}"
     );
+    // (A's stderr is read by a thread of its own: the line may come after the answer)
+    let fenced = (0..300).any(|_| {
+        let seen = a.log().contains("was taken over by replica");
+        if !seen {
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        seen
+    });
     assert!(
-        logs.contains("was taken over by replica"),
-        "A's late append was refused by the fence: {late:?}\n{logs}"
+        fenced,
+        "A's late append was refused by the fence: {late:?}\n{}",
+        a.log()
     );
     if let Some(v) = &late {
         assert!(
