@@ -145,13 +145,23 @@ fn a_replica_without_the_shared_intent_key_refuses_to_run_and_says_why() {
 /// `execute` over `/rpc` that may meet a dying server: the parsed answer, or `None` when the
 /// connection ended without one.
 pub(crate) fn execute_maybe(port: u16, auth: &str, id: u64, command: &str) -> Option<Value> {
+    execute_within(port, auth, id, command, std::time::Duration::from_secs(60))
+}
+
+/// [`execute_maybe`], reading for at most `patience` without a byte.
+fn execute_within(
+    port: u16,
+    auth: &str,
+    id: u64,
+    command: &str,
+    patience: std::time::Duration,
+) -> Option<Value> {
     use std::io::{Read, Write};
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
                       "params": {"destination": "127.0.0.1", "command": command}})
     .to_string();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
-    s.set_read_timeout(Some(std::time::Duration::from_secs(60)))
-        .ok()?;
+    s.set_read_timeout(Some(patience)).ok()?;
     let req = format!(
         "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n\
          Authorization: {auth}\r\nContent-Length: {}\r\n\r\n{body}",
@@ -396,4 +406,13 @@ fn postgres_restarted_mid_run_loses_nothing_and_the_command_runs_once() {
     );
     assert!(after.iter().any(|k| k == "completed"), "{after:?}");
     assert_eq!(after.iter().filter(|k| *k == "dispatched").count(), 1);
+}
+
+mod campaign;
+
+/// Seeded random trials of calls, faults and retries over three replicas on one PostgreSQL
+/// journal (see `replicas/campaign.rs`).
+#[test]
+fn randomized_replica_campaign() {
+    campaign::run();
 }
