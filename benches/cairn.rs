@@ -9,7 +9,8 @@
 //! Sections: 1 fresh dispatch (the `cairn` binary vs OpenSSH `ssh`), 2 marker overhead on a warm
 //! russh connection with a breakdown, 3 throughput with N in flight, 4 recovery latency through a
 //! cuttable proxy, 5 journal transitions per second (group-committed, and raw SQLite batches for
-//! comparison), 6 peak RSS, 7 the host side (native helper vs sh script), 8 384 commands through
+//! comparison; 5b intent matching across two replicas on PostgreSQL), 6 peak RSS, 7 the host
+//! side (native helper vs sh script), 8 384 commands through
 //! `cairn serve --host-session` vs `ssh` over an OpenSSH ControlMaster.
 
 #[path = "../tests/it/support/mod.rs"]
@@ -664,6 +665,11 @@ fn main() {
     if on("5") {
         journal(&mut t, work.path());
         timed_section("section 5", t0);
+    }
+    let t0 = Instant::now();
+    if on("5b") {
+        intent_match_replicas(&mut t, &bin, &sshd, work.path());
+        timed_section("section 5b", t0);
     }
     let t0 = Instant::now();
     if on("6") {
@@ -1457,6 +1463,158 @@ fn journal(t: &mut Table, work: &Path) {
             per(&["write", "pwrite64", "writev", "pwritev"])
         ));
     }
+}
+
+// ---------------------------------------------------------------- 5b. replicas
+
+/// A `cairn mcp --listen` replica on `url` (a PostgreSQL journal) and the port it listens on.
+fn start_replica(
+    bin: &Path,
+    sshd: &support::TestSshd,
+    url: &str,
+    key: &Path,
+    home: &Path,
+) -> (Child, u16) {
+    use std::io::BufRead;
+    let mut child = Command::new(bin)
+        .args(["mcp", "--listen", "127.0.0.1:0", "--journal", url])
+        .arg("--intent-key")
+        .arg(key)
+        .arg("-F")
+        .arg(sshd.ssh_config())
+        .arg("--remote-dir")
+        .arg(home)
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("RUST_LOG")
+        .env_remove("CAIRN_JOURNAL")
+        .env("CAIRN_LOG", "cairn=info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn cairn mcp --listen");
+    let err = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
+                let _ = tx.send(addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()));
+            }
+        }
+    });
+    let port = rx
+        .recv_timeout(Duration::from_secs(60))
+        .ok()
+        .flatten()
+        .expect("the replica did not say where it listens");
+    (child, port)
+}
+
+/// One `execute` over `/rpc` (waiting for the result): the moment the answer ended, and the
+/// answer's result.
+fn rpc_execute(port: u16, auth: &str, id: usize, command: &str) -> (Instant, serde_json::Value) {
+    use std::io::{Read, Write as _};
+    let body = serde_json::json!({"jsonrpc": "2.0", "id": id, "method": "execute",
+        "params": {"destination": "testhost", "command": command}})
+    .to_string();
+    let req = format!(
+        "POST /rpc HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\
+         Content-Type: application/json\r\nAuthorization: {auth}\r\n\
+         Content-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).expect("connect to the replica");
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(req.as_bytes()).unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    let end = Instant::now();
+    let text = String::from_utf8_lossy(&out);
+    let json = text
+        .find('{')
+        .zip(text.rfind('}'))
+        .and_then(|(a, b)| serde_json::from_str::<serde_json::Value>(&text[a..=b]).ok())
+        .unwrap_or_default();
+    (end, json["result"].clone())
+}
+
+/// Intent matching with two replicas on one PostgreSQL journal: a call goes to replica A, and
+/// 300 ms later (while it runs) the same call to replica B, which finds A's execution in the
+/// shared journal, attaches, and waits for A to record the result (woken by LISTEN/NOTIFY,
+/// polling behind it). Measured: how long after A's answer B's answer ends (the match, the
+/// wake-up and the read of the result). Baseline: the second call to A itself.
+fn intent_match_replicas(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
+    section("5b. intent match across two replicas on one PostgreSQL journal");
+    let Some(server) = support::postgres::server("bench section 5b") else {
+        t.note("5b intent match across replicas not measured: no PostgreSQL server".into());
+        return;
+    };
+    let url = server.database("bench_replicas");
+    // (created by the first replica that needs it; the other reads the same file)
+    let key = work.join("replicas-intent.key");
+    let home = work.join("replicas-home");
+    let out = Command::new(bin)
+        .args(["token", "add", "agent:bench", "--journal", &url])
+        .env_remove("CAIRN_JOURNAL")
+        .output()
+        .expect("cairn token add");
+    assert!(out.status.success(), "cairn token add: {out:?}");
+    let auth = format!("Bearer {}", String::from_utf8_lossy(&out.stdout).trim());
+    let (mut a, port_a) = start_replica(bin, sshd, &url, &key, &home);
+    let (mut b, port_b) = start_replica(bin, sshd, &url, &key, &home);
+    // Warm: each replica's connection to the host made, the helper uploaded.
+    for (i, port) in [port_a, port_b].into_iter().enumerate() {
+        let (_, r) = rpc_execute(port, &auth, i, &format!("echo warm {i}"));
+        assert_eq!(r["state"], "completed", "warm-up: {r}");
+    }
+    const ROUNDS: usize = 10;
+    let (mut cross, mut same) = (Vec::new(), Vec::new());
+    for i in 0..2 * ROUNDS {
+        // (each round its own intent; the two kinds interleaved)
+        let second = if i % 2 == 0 { port_b } else { port_a };
+        let cmd = format!("sleep 1; echo round {i}");
+        let (auth2, cmd2) = (auth.clone(), cmd.clone());
+        let first = std::thread::spawn(move || rpc_execute(port_a, &auth2, 100 + i, &cmd2));
+        std::thread::sleep(Duration::from_millis(300));
+        let (end_b, r) = rpc_execute(second, &auth, 200 + i, &cmd);
+        let (end_a, r_a) = first.join().unwrap();
+        assert_eq!(
+            r["execution_id"], r_a["execution_id"],
+            "round {i}: {r} / {r_a}"
+        );
+        assert_eq!(r["attached"], true, "round {i}: {r}");
+        assert_eq!(r["stdout"], format!("round {i}\n"), "round {i}: {r}");
+        let lag = end_b.saturating_duration_since(end_a);
+        if second == port_b {
+            cross.push(lag)
+        } else {
+            same.push(lag)
+        }
+    }
+    let (c, s) = (median(&cross), median(&same));
+    t.row(
+        "5b intent match with two replicas: the same call to B while A runs it; B's answer \
+         after A's (baseline: the second call to A)",
+        ms(c),
+        ms(s),
+        format!("{:.2}×", ratio(c.as_secs_f64(), s.as_secs_f64())),
+        "—",
+        "—",
+    );
+    cross.sort();
+    t.note(format!(
+        "5b {ROUNDS} rounds each way, interleaved, over loopback HTTP to two `cairn mcp --listen` \
+         replicas on one PostgreSQL journal (fsync on); B after A: median {}, fastest {}, \
+         slowest {}",
+        ms(c),
+        ms(cross[0]),
+        ms(cross[cross.len() - 1])
+    ));
+    let _ = a.kill();
+    let _ = b.kill();
+    let _ = a.wait();
+    let _ = b.wait();
 }
 
 // ---------------------------------------------------------------- 6. memory
