@@ -507,6 +507,49 @@ fn journal_threads(path: &Path, threads: usize, per_thread: usize) -> Duration {
     t0.elapsed()
 }
 
+/// Commits per second of raw single-row INSERTs on the PostgreSQL at `url`, each in its own
+/// transaction, `per` from each of `conns` connections at once: the server's commit floor.
+fn pg_raw_commits_per_sec(url: &str, conns: usize, per: usize) -> f64 {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let mut clients = Vec::new();
+        for _ in 0..conns {
+            let (c, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+                .await
+                .expect("connect");
+            tokio::spawn(conn);
+            clients.push(c);
+        }
+        clients[0]
+            .batch_execute("CREATE TABLE raw_commits (n BIGSERIAL PRIMARY KEY, v TEXT NOT NULL)")
+            .await
+            .expect("create");
+        let t0 = Instant::now();
+        let tasks: Vec<_> = clients
+            .into_iter()
+            .map(|c| {
+                tokio::spawn(async move {
+                    let stmt = c
+                        .prepare("INSERT INTO raw_commits (v) VALUES ($1)")
+                        .await
+                        .expect("prepare");
+                    for i in 0..per {
+                        c.execute(&stmt, &[&i.to_string()]).await.expect("insert");
+                    }
+                })
+            })
+            .collect();
+        for task in tasks {
+            task.await.expect("raw commits");
+        }
+        (conns * per) as f64 / t0.elapsed().as_secs_f64()
+    })
+}
+
 /// The same per-event work as the journal (read the chain head, hash, insert) in raw SQLite with
 /// the journal's pragmas, committing every `batch` events: the ceiling for group commit.
 fn group_commit_events_per_sec(path: &Path, batch: usize, total: usize) -> f64 {
@@ -1387,26 +1430,49 @@ fn journal(t: &mut Table, work: &Path) {
         );
     }
     // The same work on a PostgreSQL journal (a private server from the test harness, fsync and
-    // synchronous_commit on), in the same run: each thread its own handle, as replicas' executions
-    // are; no group commit of cairn's own (the server's WAL flushes are shared by concurrent
-    // commits), one round trip per append (`cairn_append`).
+    // synchronous_commit on, loopback TCP), in the same run: each thread its own handle, as
+    // replicas' executions are; appends and accepts from all handles of the process are
+    // group-committed (`journal/postgres/group.rs`: one `cairn_append_batch` call per
+    // transaction). Beside it, the server's own floor on this disk: raw single-row INSERTs, one
+    // commit (one WAL flush) each, from 1 and 32 connections at once.
     match support::postgres::server("bench section 5") {
         Some(server) => {
             for (threads, per_thread) in [(8usize, 40usize), (32, 12)] {
                 let url = PathBuf::from(server.database(&format!("bench_{threads}")));
-                drop(Journal::open(&url).expect("open the PostgreSQL journal"));
+                let j = Journal::open(&url).expect("open the PostgreSQL journal");
+                let before = j.group_commit_stats();
                 let wall = journal_threads(&url, threads, per_thread);
+                let after = j.group_commit_stats();
                 let rate = (threads * per_thread * 6) as f64 / wall.as_secs_f64();
                 t.row(
                     &format!(
-                        "5 journal on PostgreSQL, {threads} thread(s) with own handles, \
-                         one transaction per event"
+                        "5 journal on PostgreSQL, {threads} thread(s) with own handles, group \
+                         commit ({:.1} events per transaction)",
+                        ratio(
+                            (after.events - before.events) as f64,
+                            (after.transactions - before.transactions) as f64
+                        )
                     ),
                     format!("{rate:.0} transitions/s"),
                     "—".into(),
                     "—".into(),
                     "≥ 5,000/s at 32",
                     yes(rate >= 5000.0),
+                );
+            }
+            for conns in [1usize, 32] {
+                let url = server.database(&format!("bench_raw_{conns}"));
+                let rate = pg_raw_commits_per_sec(&url, conns, (640 / conns).max(20));
+                t.row(
+                    &format!(
+                        "5 raw PostgreSQL, one single-row INSERT per transaction, {conns} \
+                         connection(s) at once"
+                    ),
+                    format!("{rate:.0} commits/s"),
+                    "—".into(),
+                    "—".into(),
+                    "—",
+                    "—",
                 );
             }
         }

@@ -637,6 +637,7 @@ impl Journal {
     /// How many transactions and events group commit has written to this journal in this
     /// process (every handle on the file counts).
     pub fn group_commit_stats(&self) -> GroupCommitStats {
+        on_postgres!(self, pg => pg.group_commit_stats());
         self.file().map(|f| f.group.stats()).unwrap_or_default()
     }
 

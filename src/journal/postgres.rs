@@ -16,6 +16,9 @@
 //!   accepts; every other one finds the key held, with the row locked by that same statement, and
 //!   chooses among the live candidates under the lock, exactly as the SQLite file does under
 //!   `BEGIN IMMEDIATE`. Windows are measured in database time, not replica clocks.
+//! - **Group commit.** Appends and accepts from every handle of this process on one database
+//!   share transactions (`postgres/group.rs`): many executions in flight pay one commit between
+//!   them, each request still fenced, chained and refused on its own.
 //! - **Versioned migrations** applied on first use, under an advisory lock (replicas starting
 //!   together migrate once); a database whose schema is newer than this binary is refused.
 //!
@@ -50,10 +53,11 @@ use crate::state::State;
 
 pub(crate) mod audit;
 pub(crate) mod checkpoint;
+mod group;
 pub(crate) mod wake;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 5;
+pub const PG_SCHEMA_VERSION: i32 = 6;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
@@ -62,6 +66,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (3, checkpoint::MIGRATION),
     (4, MIGRATION_4),
     (5, wake::MIGRATION),
+    (6, group::MIGRATION),
 ];
 
 const MIGRATION_1: &str = "
@@ -443,6 +448,8 @@ pub(super) struct Pg {
     registered: tokio::sync::OnceCell<()>,
     /// How to connect, for the listener's connection of its own (see `wake.rs`).
     config: tokio_postgres::Config,
+    /// Appends and accepts of every handle on this database, committed in batches.
+    group: group::Group,
 }
 
 /// The store for `url`: the live one of this process, else a new pool with the schema checked
@@ -498,6 +505,7 @@ pub(super) fn open(url: &str) -> Result<Arc<Pg>> {
         me: me.clone(),
         registered: tokio::sync::OnceCell::new(),
         config,
+        group: group::Group::default(),
     });
     pg.migrate()?;
     reg.insert(url.to_owned(), Arc::downgrade(&pg));
@@ -760,21 +768,25 @@ impl Pg {
         .await
     }
 
+    /// Accept `rec` (group-committed with other handles' writes): its row, chain head, owner
+    /// row and `accepted` event in one transaction.
     pub(super) fn accept(
         &self,
         rec: &ExecutionRecord,
         evidence: &serde_json::Value,
     ) -> Result<Event> {
-        self.block(async {
-            let mut c = self.client().await?;
-            let tx = c.transaction().await.map_err(|e| self.err(e))?;
-            let ev = self.insert_accepted(&tx, rec, None, evidence).await?;
-            tx.commit().await.map_err(|e| self.err(e))?;
-            own(&rec.id, 1, false);
-            Ok(ev)
-        })
+        let evs = self.submit(group::Request::Accept {
+            rec: Box::new(rec.clone()),
+            evidence: evidence.clone(),
+        })?;
+        own(&rec.id, 1, false);
+        evs.into_iter()
+            .next()
+            .ok_or_else(|| self.fail("the accept returned no event"))
     }
 
+    /// Append `events` to `id`'s chain, in order, in one transaction (group-committed with
+    /// other handles' writes); the last as stored.
     pub(super) fn append_all(
         &self,
         id: &ExecutionId,
@@ -783,26 +795,16 @@ impl Pg {
         if events.is_empty() {
             return Ok(None);
         }
-        self.block(async {
-            let mut c = self.client().await?;
-            if let [(kind, state, evidence)] = events {
-                // one event: one call, its own transaction
-                return self
-                    .append_in(&c, id.as_str(), kind, *state, evidence)
-                    .await
-                    .map(Some);
-            }
-            let tx = c.transaction().await.map_err(|e| self.err(e))?;
-            let mut last = None;
-            for (kind, state, evidence) in events {
-                last = Some(
-                    self.append_in(&tx, id.as_str(), kind, *state, evidence)
-                        .await?,
-                );
-            }
-            tx.commit().await.map_err(|e| self.err(e))?;
-            Ok(last)
-        })
+        let evs = self.submit(group::Request::Append {
+            id: id.as_str().to_owned(),
+            events: events.to_vec(),
+        })?;
+        Ok(evs.into_iter().last())
+    }
+
+    /// How many transactions and events group commit has written in this process.
+    pub(super) fn group_commit_stats(&self) -> super::GroupCommitStats {
+        self.group.stats()
     }
 
     pub(super) fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {

@@ -1,0 +1,766 @@
+//! Group commit on PostgreSQL: appends and accepts from every handle of this process on one
+//! database share transactions, so that many executions in flight pay for one commit (one WAL
+//! flush, one round trip) between them instead of one each. The model is the SQLite file's
+//! group commit (`journal/group.rs`); what differs is said here.
+//!
+//! Each [`Pg`] (one per database URL in this process) has one [`Group`]. A write enqueues its
+//! request with a ticket. While fewer than [`LEADERS`] leaders are active and requests are
+//! queued, a caller becomes a leader: it takes a pooled connection, then up to [`MAX_BATCH`]
+//! queued requests, and writes them all with one call of `cairn_append_batch` inside an explicit
+//! transaction (`BEGIN`, the call and `COMMIT` are pipelined: one round trip), publishes each
+//! request's result and steps down. Everyone else waits on a condition variable for its ticket;
+//! a waiter whose request another leader took may lead the next batch, so no caller leads for
+//! ever under sustained load. Two leaders at once keep the server busy while the other batch
+//! waits for its commit; the server shares a WAL flush among commits that arrive together.
+//!
+//! The guarantees are those of a lone append:
+//!
+//! - **Committed before returning.** A caller returns only once the transaction holding its
+//!   request has committed (the `COMMIT`'s reply, not the call's rows), with the seq and hash
+//!   stored, checked against the hash cairn computes itself.
+//! - **The chain.** `cairn_append_batch` calls `cairn_append_as` once per event, in order, so
+//!   each event reads and moves its execution's head inside the transaction; several events of
+//!   one execution in one batch chain in the order they were submitted.
+//! - **The fence.** Each append is fenced by the lease epoch this process holds, read when the
+//!   batch is written, as a lone append's is; a fenced request gets SQLSTATE CA001.
+//! - **One request's failure is its own.** Each request runs in a block of its own with an
+//!   exception handler (a savepoint): a request refused (fenced, an unknown execution, an ID
+//!   already accepted) is rolled back alone and gets that error, its neighbours commit. If the
+//!   call fails as a whole with the database's error (nothing was committed), each request is
+//!   written again in a transaction of its own, each getting what its own attempt gives. A lost
+//!   connection or a failed `COMMIT` is reported to every request of the batch and not retried:
+//!   whether it committed is not known, and a retry could append twice.
+//! - **No deadlock between batches.** A batch takes the row locks of its executions (owner row,
+//!   chain head) in the order of their IDs (requests are sorted by execution ID, keeping each
+//!   execution's own order), as every other batch does, so two batches (two leaders, or two
+//!   replicas) sharing executions wait for each other but never in a cycle.
+//!
+//! A batch holds at most [`MAX_BATCH`] requests: each is a subtransaction, and past 64 in one
+//! transaction the server's snapshots of it overflow to disk. A leader that panics publishes
+//! "outcome unknown" to the requests it had taken and steps down (a drop guard).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+
+use tokio_postgres::types::ToSql;
+
+use super::{owned, replica_id, Obj, Pg};
+use crate::journal::{
+    chain_hash, client_identity, now_rfc3339, ChainFields, Event, ExecutionRecord,
+    GroupCommitStats, JournalError, Result,
+};
+use crate::state::State;
+
+/// Version 6 of the schema: many requests in one call, each in a subtransaction of its own.
+/// Per request: how many events it has (`p_counts`) and, for an accept, the execution record as
+/// JSON (`p_records`; its row, chain head and owner row are inserted before its events). Per
+/// event: execution, time, kind, state, evidence and the lease epoch it is fenced by (`NULL`:
+/// not fenced). One row per committed event, in order, or one row with the error of a request
+/// that was rolled back.
+pub(in crate::journal) const MIGRATION: &str = "
+CREATE FUNCTION cairn_append_batch(p_counts int[], p_records text[], p_replica text,
+        p_client text, p_ids text[], p_ats text[], p_kinds text[], p_states text[],
+        p_evidence text[], p_epochs bigint[],
+        OUT o_request int, OUT o_seq bigint, OUT o_hash text, OUT o_prev text,
+        OUT o_code text, OUT o_message text, OUT o_constraint text)
+RETURNS SETOF record LANGUAGE plpgsql AS $$
+DECLARE
+    r int;
+    i int;
+    e int := 0;
+    failed boolean;
+    seqs bigint[];
+    hashes text[];
+    prevs text[];
+BEGIN
+    FOR r IN 1 .. COALESCE(array_length(p_counts, 1), 0) LOOP
+        seqs := '{}';
+        hashes := '{}';
+        prevs := '{}';
+        failed := false;
+        BEGIN
+            IF p_records[r] IS NOT NULL THEN
+                INSERT INTO executions
+                    SELECT * FROM jsonb_populate_record(NULL::executions, p_records[r]::jsonb);
+                INSERT INTO chain_heads (execution_id, seq, hash) VALUES (p_ids[e + 1], 0, '');
+                INSERT INTO owners (execution_id, replica, epoch)
+                    VALUES (p_ids[e + 1], p_replica, 1);
+            END IF;
+            FOR i IN e + 1 .. e + p_counts[r] LOOP
+                SELECT a.o_seq, a.o_hash, a.o_prev INTO o_seq, o_hash, o_prev
+                    FROM cairn_append_as(p_ids[i], p_ats[i], p_kinds[i], p_states[i],
+                        p_evidence[i], p_client,
+                        CASE WHEN p_epochs[i] IS NULL THEN NULL ELSE p_replica END,
+                        p_epochs[i]) a;
+                seqs := seqs || o_seq;
+                hashes := hashes || o_hash;
+                prevs := prevs || o_prev;
+            END LOOP;
+        EXCEPTION WHEN OTHERS THEN
+            GET STACKED DIAGNOSTICS o_code = RETURNED_SQLSTATE, o_message = MESSAGE_TEXT,
+                o_constraint = CONSTRAINT_NAME;
+            failed := true;
+        END;
+        o_request := r;
+        IF failed THEN
+            o_seq := NULL;
+            o_hash := NULL;
+            o_prev := NULL;
+            RETURN NEXT;
+        ELSE
+            o_code := NULL;
+            o_message := NULL;
+            o_constraint := NULL;
+            FOR i IN 1 .. COALESCE(array_length(seqs, 1), 0) LOOP
+                o_seq := seqs[i];
+                o_hash := hashes[i];
+                o_prev := prevs[i];
+                RETURN NEXT;
+            END LOOP;
+        END IF;
+        e := e + p_counts[r];
+    END LOOP;
+END $$;
+";
+
+/// Most leaders writing a batch at once (each on its own pooled connection).
+const LEADERS: usize = 2;
+
+/// Most requests in one batch (see the module comment).
+const MAX_BATCH: usize = 64;
+
+/// One write a caller wants committed.
+pub(super) enum Request {
+    /// Events of one execution, in order (one for [`Journal::append`](crate::journal::Journal::append)).
+    Append {
+        id: String,
+        events: Vec<(String, Option<State>, serde_json::Value)>,
+    },
+    /// The execution row (with its chain head and owner row) and its `accepted` event.
+    Accept {
+        rec: Box<ExecutionRecord>,
+        evidence: serde_json::Value,
+    },
+}
+
+impl Request {
+    fn execution_id(&self) -> &str {
+        match self {
+            Request::Append { id, .. } => id,
+            Request::Accept { rec, .. } => rec.id.as_str(),
+        }
+    }
+}
+
+/// The events a request committed, in order; or why it has none.
+pub(super) type Outcome = Result<Vec<Event>>;
+
+#[derive(Default)]
+struct Queue {
+    next_ticket: u64,
+    /// Requests no leader has taken yet.
+    waiting: VecDeque<(u64, Request)>,
+    /// Leaders that have taken requests and not yet published their outcomes.
+    leaders: usize,
+    /// Outcomes not yet collected by their callers.
+    done: HashMap<u64, Outcome>,
+}
+
+/// The group commit of one database in this process.
+#[derive(Default)]
+pub(super) struct Group {
+    queue: Mutex<Queue>,
+    changed: Condvar,
+    transactions: AtomicU64,
+    events: AtomicU64,
+}
+
+impl Group {
+    fn lock(&self) -> MutexGuard<'_, Queue> {
+        // Nothing runs under this lock that could panic half-way through a change.
+        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(super) fn stats(&self) -> GroupCommitStats {
+        GroupCommitStats {
+            transactions: self.transactions.load(Ordering::Relaxed),
+            events: self.events.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// A copy of a PostgreSQL journal error, for each request of a batch that failed as one.
+fn dup(e: &JournalError) -> JournalError {
+    match e {
+        JournalError::Postgres {
+            location,
+            message,
+            code,
+            constraint,
+        } => JournalError::Postgres {
+            location: location.clone(),
+            message: message.clone(),
+            code: code.clone(),
+            constraint: constraint.clone(),
+        },
+        other => JournalError::Io {
+            path: Default::default(),
+            message: other.to_string(),
+        },
+    }
+}
+
+/// Why a batch has no outcomes of its own.
+enum Failed {
+    /// The call was refused as a whole: the transaction was rolled back, nothing committed.
+    Rolled(JournalError),
+    /// The connection or the commit failed: whether the batch committed is not known.
+    Unknown(JournalError),
+}
+
+impl Pg {
+    /// Commit `req` together with whatever else is queued; return once it is committed (or has
+    /// failed).
+    pub(super) fn submit(&self, req: Request) -> Outcome {
+        let g = &self.group;
+        let mut q = g.lock();
+        let ticket = q.next_ticket;
+        q.next_ticket += 1;
+        q.waiting.push_back((ticket, req));
+        loop {
+            if let Some(out) = q.done.remove(&ticket) {
+                return out;
+            }
+            if q.leaders < LEADERS && !q.waiting.is_empty() {
+                q.leaders += 1;
+                drop(q);
+                let conn = self.block(self.client());
+                q = g.lock();
+                let conn = match conn {
+                    Ok(c) => c,
+                    Err(e) => {
+                        // Without a connection this caller cannot lead: its own request fails
+                        // if no leader took it, the rest stay queued for their owners.
+                        q.leaders -= 1;
+                        let before = q.waiting.len();
+                        q.waiting.retain(|(t, _)| *t != ticket);
+                        let mine = q.waiting.len() < before;
+                        drop(q);
+                        g.changed.notify_all();
+                        if mine {
+                            return Err(e);
+                        }
+                        q = g.lock();
+                        continue;
+                    }
+                };
+                let n = q.waiting.len().min(MAX_BATCH);
+                let mut taken: Vec<(u64, Request)> = q.waiting.drain(..n).collect();
+                drop(q);
+                // Lock order: by execution ID, each execution's requests in their own order.
+                taken.sort_by(|a, b| a.1.execution_id().cmp(b.1.execution_id()));
+                let (tickets, reqs): (Vec<u64>, Vec<Request>) = taken.into_iter().unzip();
+                let leading = Leading { group: g, tickets };
+                let outcomes = self.block(async { Ok(self.write_batch(&conn, &reqs).await) });
+                let outcomes =
+                    outcomes.unwrap_or_else(|e| reqs.iter().map(|_| Err(dup(&e))).collect());
+                leading.publish(outcomes);
+                drop(conn);
+                q = g.lock();
+                continue;
+            }
+            q = g.changed.wait(q).unwrap_or_else(PoisonError::into_inner);
+        }
+    }
+
+    /// Write `reqs` in one transaction, or, if the database refuses the call as a whole, one
+    /// transaction each; one outcome per request, in order.
+    async fn write_batch(&self, c: &Obj, reqs: &[Request]) -> Vec<Outcome> {
+        let all: Vec<&Request> = reqs.iter().collect();
+        match self.transaction(c, &all).await {
+            Ok(out) => out,
+            Err(Failed::Unknown(e)) => reqs.iter().map(|_| Err(dup(&e))).collect(),
+            Err(Failed::Rolled(e)) if reqs.len() == 1 => vec![Err(e)],
+            Err(Failed::Rolled(_)) => {
+                let mut out = Vec::with_capacity(reqs.len());
+                for r in reqs {
+                    out.push(match self.transaction(c, &[r]).await {
+                        Ok(mut o) => o.remove(0),
+                        Err(Failed::Rolled(e) | Failed::Unknown(e)) => Err(e),
+                    });
+                }
+                out
+            }
+        }
+    }
+
+    /// One transaction holding `reqs`: `BEGIN`, one call of `cairn_append_batch` and `COMMIT`,
+    /// pipelined.
+    async fn transaction(
+        &self,
+        c: &Obj,
+        reqs: &[&Request],
+    ) -> std::result::Result<Vec<Outcome>, Failed> {
+        if reqs.iter().any(|r| matches!(r, Request::Accept { .. })) {
+            // The owner rows of accepts name this replica, whose row must exist.
+            self.register().await.map_err(Failed::Unknown)?;
+        }
+        let call = Call::new(reqs);
+        let stmt = c
+            .prepare_cached(
+                "SELECT o_request, o_seq, o_hash, o_prev, o_code, o_message, o_constraint
+                 FROM cairn_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+            )
+            .await
+            .map_err(|e| Failed::Unknown(self.err(e)))?;
+        let params = call.params();
+        let (begin, rows, commit) = futures::join!(
+            c.batch_execute("BEGIN"),
+            c.query(&stmt, &params),
+            c.batch_execute("COMMIT")
+        );
+        begin.map_err(|e| Failed::Unknown(self.err(e)))?;
+        let rows = rows.map_err(|e| match e.as_db_error() {
+            // Refused by the database: the COMMIT after it rolled the transaction back.
+            Some(_) if commit.is_ok() => Failed::Rolled(self.err(e)),
+            _ => Failed::Unknown(self.err(e)),
+        })?;
+        commit.map_err(|e| Failed::Unknown(self.err(e)))?;
+        let out = self.outcomes(&call, reqs, &rows);
+        let events: usize = out.iter().map(|o| o.as_ref().map_or(0, Vec::len)).sum();
+        self.group.transactions.fetch_add(1, Ordering::Relaxed);
+        self.group
+            .events
+            .fetch_add(events as u64, Ordering::Relaxed);
+        Ok(out)
+    }
+
+    /// Each request's outcome from the rows of its call: its events as stored (each hash checked
+    /// against cairn's own), or the error that rolled it back.
+    fn outcomes(
+        &self,
+        call: &Call,
+        reqs: &[&Request],
+        rows: &[tokio_postgres::Row],
+    ) -> Vec<Outcome> {
+        let mut out: Vec<Outcome> = reqs.iter().map(|_| Ok(Vec::new())).collect();
+        for row in rows {
+            let r = usize::try_from(row.get::<_, i32>(0) - 1).unwrap_or(usize::MAX);
+            let Some(slot) = out.get_mut(r) else { continue };
+            let Ok(events) = slot else { continue };
+            if let Some(code) = row.get::<_, Option<String>>(4) {
+                let e = JournalError::Postgres {
+                    location: self.location.clone(),
+                    message: row.get::<_, Option<String>>(5).unwrap_or_default(),
+                    code: Some(code),
+                    constraint: row.get::<_, Option<String>>(6).filter(|c| !c.is_empty()),
+                };
+                if e.is_fenced() {
+                    owned().remove(reqs[r].execution_id());
+                    tracing::warn!("cairn: {e}");
+                }
+                *slot = Err(e);
+                continue;
+            }
+            let k = call.first[r] + events.len();
+            if k >= call.first[r] + call.counts[r] as usize {
+                *slot = Err(self.fail(format!(
+                    "the database returned more events than were appended to {}",
+                    reqs[r].execution_id()
+                )));
+                continue;
+            }
+            *slot = self.stored(call, k, row).map(|ev| {
+                events.push(ev);
+                std::mem::take(events)
+            });
+        }
+        for (r, o) in out.iter_mut().enumerate() {
+            if matches!(o, Ok(evs) if evs.len() != call.counts[r] as usize) {
+                *o = Err(self.fail(format!(
+                    "the database returned no outcome for every event appended to {}",
+                    reqs[r].execution_id()
+                )));
+            }
+        }
+        out
+    }
+
+    /// Event `k` of `call` as stored, per `row`: checked against the hash cairn computes.
+    fn stored(&self, call: &Call, k: usize, row: &tokio_postgres::Row) -> Result<Event> {
+        let (seq, hash, prev_hash): (i64, String, String) = (row.get(1), row.get(2), row.get(3));
+        let id = &call.ids[k];
+        let client = client_identity();
+        let ours = chain_hash(&ChainFields {
+            prev_hash: &prev_hash,
+            seq,
+            execution_id: id,
+            at: &call.ats[k],
+            kind: &call.kinds[k],
+            state: call.states[k].unwrap_or(""),
+            evidence: &call.evidence[k],
+            client,
+        });
+        if ours != hash {
+            return Err(self.fail(format!(
+                "the database hashed event {seq} of {id} as {hash}, cairn as {ours}: \
+                 its cairn_append function is not the one this cairn installed"
+            )));
+        }
+        Ok(Event {
+            seq,
+            execution_id: id.clone(),
+            at: call.ats[k].clone(),
+            kind: call.kinds[k].clone(),
+            state: call.values[k].0,
+            evidence: call.values[k].1.clone(),
+            client: client.to_owned(),
+            hash,
+        })
+    }
+}
+
+/// The arguments of one `cairn_append_batch` call (see [`MIGRATION`]).
+struct Call<'a> {
+    counts: Vec<i32>,
+    /// Index of each request's first event.
+    first: Vec<usize>,
+    records: Vec<Option<String>>,
+    ids: Vec<String>,
+    ats: Vec<String>,
+    kinds: Vec<String>,
+    states: Vec<Option<&'static str>>,
+    evidence: Vec<String>,
+    epochs: Vec<Option<i64>>,
+    values: Vec<(Option<State>, &'a serde_json::Value)>,
+    replica: &'static str,
+    client: &'static str,
+}
+
+impl<'a> Call<'a> {
+    fn new(reqs: &[&'a Request]) -> Self {
+        let mut c = Call {
+            counts: Vec::new(),
+            first: Vec::new(),
+            records: Vec::new(),
+            ids: Vec::new(),
+            ats: Vec::new(),
+            kinds: Vec::new(),
+            states: Vec::new(),
+            evidence: Vec::new(),
+            epochs: Vec::new(),
+            values: Vec::new(),
+            replica: replica_id(),
+            client: client_identity(),
+        };
+        for r in reqs {
+            c.first.push(c.ids.len());
+            match r {
+                Request::Append { id, events } => {
+                    // An owner's append is fenced by its lease epoch; anyone else's (a caller
+                    // attached to another replica's execution noting that it matched) is not.
+                    let epoch = owned().get(id.as_str()).map(|h| h.epoch);
+                    c.counts.push(events.len() as i32);
+                    c.records.push(None);
+                    for (kind, state, evidence) in events {
+                        c.event(id, kind, *state, evidence, epoch);
+                    }
+                }
+                Request::Accept { rec, evidence } => {
+                    c.counts.push(1);
+                    c.records.push(Some(record_json(rec)));
+                    let id = rec.id.as_str();
+                    c.event(id, "accepted", Some(State::Accepted), evidence, None);
+                }
+            }
+        }
+        c
+    }
+
+    fn event(
+        &mut self,
+        id: &str,
+        kind: &str,
+        state: Option<State>,
+        evidence: &'a serde_json::Value,
+        epoch: Option<i64>,
+    ) {
+        self.ids.push(id.to_owned());
+        self.ats.push(now_rfc3339());
+        self.kinds.push(kind.to_owned());
+        self.states.push(state.map(|s| s.as_str()));
+        self.evidence.push(evidence.to_string());
+        self.epochs.push(epoch);
+        self.values.push((state, evidence));
+    }
+
+    fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.counts,
+            &self.records,
+            &self.replica,
+            &self.client,
+            &self.ids,
+            &self.ats,
+            &self.kinds,
+            &self.states,
+            &self.evidence,
+            &self.epochs,
+        ]
+    }
+}
+
+/// The `executions` row of an accept, as `jsonb_populate_record` reads it (the command as
+/// `bytea`'s hex input).
+fn record_json(rec: &ExecutionRecord) -> String {
+    serde_json::json!({
+        "id": rec.id.as_str(),
+        "created_at": rec.created_at,
+        "destination": rec.destination,
+        "host": rec.host,
+        "port": rec.port,
+        "user": rec.user,
+        "command": format!("\\x{}", hex::encode(&rec.command)),
+        "command_digest": rec.command_digest,
+        "remote_dir": rec.remote_dir,
+        "timeout_secs": rec.timeout_secs,
+        "client": rec.client,
+    })
+    .to_string()
+}
+
+/// The leader's duty to publish outcomes and step down, done by [`Leading::publish`] or, if the
+/// leader unwinds first, by its drop.
+struct Leading<'a> {
+    group: &'a Group,
+    /// Taken and not yet published.
+    tickets: Vec<u64>,
+}
+
+impl Leading<'_> {
+    /// Publish the outcomes (in the order of the tickets), step down and wake everyone.
+    fn publish(mut self, outcomes: Vec<Outcome>) {
+        let mut q = self.group.lock();
+        for (t, o) in self.tickets.drain(..).zip(outcomes) {
+            q.done.insert(t, o);
+        }
+        drop(q);
+        // Dropping `self` steps down.
+    }
+}
+
+impl Drop for Leading<'_> {
+    fn drop(&mut self) {
+        let mut q = self.group.lock();
+        for t in self.tickets.drain(..) {
+            q.done.insert(
+                t,
+                Err(JournalError::Io {
+                    path: Default::default(),
+                    message: "the thread committing this write panicked, so whether it was \
+                              committed is unknown; read the execution's events to find out"
+                        .into(),
+                }),
+            );
+        }
+        q.leaders -= 1;
+        drop(q);
+        self.group.changed.notify_all();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::id::ExecutionId;
+    use crate::journal::test_postgres;
+    use crate::journal::tests::rec;
+    use crate::journal::{accepted_evidence, Backend, Journal};
+    use std::path::Path;
+
+    fn note(id: &str, n: u32) -> Request {
+        Request::Append {
+            id: id.to_owned(),
+            events: vec![("note".into(), None, serde_json::json!({ "n": n }))],
+        }
+    }
+
+    fn pg_of(j: &Journal) -> &Pg {
+        match &j.backend {
+            Backend::Postgres(pg) => pg,
+            Backend::Sqlite(_) => unreachable!("a postgres:// journal"),
+        }
+    }
+
+    /// One batch written by hand (as a leader writes it): a fenced request, a request to an
+    /// unknown execution and an accept of an ID already accepted each get their own error;
+    /// everything else commits in one transaction, several events of one execution chained in
+    /// the order submitted, with the seq and hash stored returned to each caller, and the
+    /// journal verifies.
+    #[test]
+    fn a_fenced_request_fails_alone_and_its_neighbours_commit_in_one_transaction() {
+        let Some(server) = test_postgres::server("pg_group_fenced") else {
+            return;
+        };
+        let url = server.database("group_fenced");
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        let mut j = Journal::open(Path::new(&url)).unwrap();
+        for id in ["gb-mine", "gb-fenced"] {
+            j.accept(&rec(id), accepted_evidence(&rec(id))).unwrap();
+        }
+        let psql = |sql: &str| server.psql(&db, sql).unwrap();
+        psql(
+            "INSERT INTO replicas (id, client, lease_ms) VALUES ('other/r', '9@elsewhere', 60000)",
+        );
+        psql("UPDATE owners SET replica = 'other/r', epoch = 2 WHERE execution_id = 'gb-fenced'");
+        let pg = pg_of(&j);
+        let before = pg.group_commit_stats();
+        let reqs = vec![
+            note("gb-mine", 1),
+            note("gb-fenced", 2),
+            Request::Accept {
+                rec: Box::new(rec("gb-new")),
+                evidence: accepted_evidence(&rec("gb-new")),
+            },
+            note("gb-missing", 3),
+            Request::Append {
+                id: "gb-mine".into(),
+                events: vec![
+                    (
+                        "dispatched".into(),
+                        Some(State::Dispatched),
+                        serde_json::json!({"n": 4}),
+                    ),
+                    (
+                        "running".into(),
+                        Some(State::Running),
+                        serde_json::json!({"n": 5}),
+                    ),
+                ],
+            },
+            Request::Accept {
+                rec: Box::new(rec("gb-mine")),
+                evidence: serde_json::json!({}),
+            },
+            note("gb-new", 6),
+            note("gb-mine", 7),
+        ];
+        let out = pg.block(async {
+            let c = pg.client().await?;
+            Ok(pg.write_batch(&c, &reqs).await)
+        });
+        let out = out.unwrap();
+        let ok: Vec<bool> = out.iter().map(Result::is_ok).collect();
+        assert_eq!(ok, [true, false, true, false, true, false, true, true]);
+        let fenced = out[1].as_ref().unwrap_err();
+        assert!(fenced.is_fenced(), "{fenced}");
+        assert!(!out[3].as_ref().unwrap_err().is_fenced());
+        match out[5].as_ref().unwrap_err() {
+            JournalError::Postgres { constraint, .. } => {
+                assert_eq!(constraint.as_deref(), Some("executions_pkey"))
+            }
+            e => panic!("{e}"),
+        }
+        let after = pg.group_commit_stats();
+        assert_eq!(
+            after.transactions - before.transactions,
+            1,
+            "one transaction"
+        );
+        assert_eq!(after.events - before.events, 6);
+
+        let mine = ExecutionId::parse("gb-mine").unwrap();
+        let evs = j.events(&mine).unwrap();
+        let ns: Vec<_> = evs[1..].iter().map(|e| e.evidence["n"].clone()).collect();
+        assert_eq!(ns, [1, 4, 5, 7], "chained in the order submitted");
+        let stored: Vec<(i64, String)> = evs[1..].iter().map(|e| (e.seq, e.hash.clone())).collect();
+        let returned: Vec<(i64, String)> = [&out[0], &out[4], &out[7]]
+            .into_iter()
+            .flat_map(|o| o.as_ref().unwrap().iter().map(|e| (e.seq, e.hash.clone())))
+            .collect();
+        assert_eq!(returned, stored, "callers get the seq and hash stored");
+        let fenced_id = ExecutionId::parse("gb-fenced").unwrap();
+        assert_eq!(
+            j.events(&fenced_id).unwrap().len(),
+            1,
+            "nothing written as the fenced owner"
+        );
+        let new = ExecutionId::parse("gb-new").unwrap();
+        assert_eq!(j.execution(&new).unwrap().unwrap().command, b"echo hi");
+        let kinds: Vec<_> = j
+            .events(&new)
+            .unwrap()
+            .into_iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, ["accepted", "note"]);
+        let o = j.ownership(&new).unwrap().unwrap();
+        assert!(o.mine && o.epoch == 1, "{o:?}");
+        let report = crate::audit::verify_postgres(&url, None).unwrap();
+        assert!(report.ok(), "{:?}", report.findings);
+        assert_eq!((report.events, report.executions), (8, 3));
+    }
+
+    /// Many threads, each with its own handle, accepting and appending at once: every event is
+    /// committed exactly once (counted in the database), each execution's events in its own
+    /// order, every one by group commit, and the journal verifies.
+    #[test]
+    fn concurrent_appends_from_many_threads_all_commit_exactly_once() {
+        let Some(server) = test_postgres::server("pg_group_concurrent") else {
+            return;
+        };
+        let url = server.database("group_concurrent");
+        let db = url.rsplit('/').next().unwrap().to_owned();
+        let (threads, per_thread, notes) = (16, 4, 5);
+        // Held for the whole test, so that every thread's handle shares its group.
+        let keep = Journal::open(Path::new(&url)).unwrap();
+        let before = pg_of(&keep).group_commit_stats();
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                let url = url.clone();
+                std::thread::spawn(move || {
+                    let mut j = Journal::open(Path::new(&url)).unwrap();
+                    for x in 0..per_thread {
+                        let id = ExecutionId::parse(&format!("gc-{t}-{x}")).unwrap();
+                        let r = rec(id.as_str());
+                        j.accept(&r, accepted_evidence(&r)).unwrap();
+                        for n in 0..notes {
+                            j.append(&id, "note", None, serde_json::json!({ "n": n }))
+                                .unwrap();
+                        }
+                    }
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+        let count = |sql: &str| server.psql(&db, sql).unwrap().trim().to_owned();
+        let execs = threads * per_thread;
+        assert_eq!(count("SELECT count(*) FROM executions"), execs.to_string());
+        assert_eq!(
+            count("SELECT count(*) FROM events"),
+            (execs * (1 + notes)).to_string()
+        );
+        assert_eq!(
+            count("SELECT count(*) FROM (SELECT DISTINCT execution_id, evidence FROM events) d"),
+            (execs * (1 + notes)).to_string(),
+            "no event twice"
+        );
+        for t in 0..threads {
+            let id = ExecutionId::parse(&format!("gc-{t}-0")).unwrap();
+            let ns: Vec<_> = keep.events(&id).unwrap()[1..]
+                .iter()
+                .map(|e| e.evidence["n"].as_u64().unwrap())
+                .collect();
+            assert_eq!(ns, [0, 1, 2, 3, 4]);
+        }
+        let after = pg_of(&keep).group_commit_stats();
+        assert_eq!(after.events - before.events, (execs * (1 + notes)) as u64);
+        assert!(after.transactions - before.transactions <= after.events - before.events);
+        let report = crate::audit::verify_postgres(&url, None).unwrap();
+        assert!(report.ok(), "{:?}", report.findings);
+        assert_eq!(report.events, execs * (1 + notes));
+    }
+}
