@@ -473,7 +473,7 @@ fn journal_execution(j: &mut Journal) {
             serde_json::json!({"how": "streamed"}),
         ),
     ] {
-        j.append(&id, kind, Some(st), ev).expect("append");
+        j.append(&id, kind.into(), Some(st), ev).expect("append");
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use cairn::journal::{ExecutionRecord, Journal};
 use cairn::marker::{self, Op, StderrDemux};
-use cairn::{ExecutionId, State};
+use cairn::{EventKind, ExecutionId, State};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 
 fn record(id: &ExecutionId) -> ExecutionRecord {
@@ -45,7 +45,7 @@ fn journal(c: &mut Criterion) {
         b.iter(|| {
             j.append(
                 &id,
-                "running",
+                EventKind::Running,
                 Some(State::Running),
                 serde_json::json!({"start_record": "v=1 id=x len=4 digest=d epoch=e boot=b"}),
             )
@@ -56,14 +56,15 @@ fn journal(c: &mut Criterion) {
         b.iter(|| {
             let id = ExecutionId::generate();
             j.accept(&record(&id), serde_json::json!({})).unwrap();
-            for (k, s) in [
-                ("authorized", State::Authorized),
-                ("dispatched", State::Dispatched),
-                ("running", State::Running),
-                ("completed", State::Completed),
-                ("delivered", State::Delivered),
+            for s in [
+                State::Authorized,
+                State::Dispatched,
+                State::Running,
+                State::Completed,
+                State::Delivered,
             ] {
-                j.append(&id, k, Some(s), serde_json::json!({})).unwrap();
+                j.append(&id, EventKind::of_state(s), Some(s), serde_json::json!({}))
+                    .unwrap();
             }
         })
     });

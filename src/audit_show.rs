@@ -3,6 +3,7 @@
 
 use std::fmt::Write as _;
 
+use crate::event::EventKind;
 use crate::journal::{Event, ExecutionRecord};
 use crate::state::State;
 
@@ -172,17 +173,17 @@ pub fn render(rec: &ExecutionRecord, events: &[Event], t: &Timeline) -> String {
 fn later_requests(events: &[Event]) -> String {
     let owner = events
         .iter()
-        .find(|e| e.kind == "accepted")
+        .find(|e| e.kind == EventKind::Accepted)
         .and_then(|e| e.evidence["actor"].as_str())
         .map(str::to_owned);
     let mut lines = Vec::new();
     for e in events {
-        let how = match e.kind.as_str() {
-            "request-reused" => "by ID (the same execution ID)",
-            "intent-matched" => "by intent (same fingerprint, actor and scope)",
+        let how = match e.kind {
+            EventKind::RequestReused => "by ID (the same execution ID)",
+            EventKind::IntentMatched => "by intent (same fingerprint, actor and scope)",
             // The first correlation is the request that created the execution; later ones
             // with `method: attach` named it by ID.
-            "correlation" if e.evidence["method"] == "attach" => "by ID (an attach)",
+            EventKind::Correlation if e.evidence["method"] == "attach" => "by ID (an attach)",
             _ => continue,
         };
         let corr = e.evidence["correlation_id"].as_str();
@@ -192,7 +193,7 @@ fn later_requests(events: &[Event]) -> String {
             .and_then(|c| c.split(' ').next())
             .map(str::to_owned)
             .or_else(|| {
-                (e.kind == "intent-matched")
+                (e.kind == EventKind::IntentMatched)
                     .then(|| owner.clone())
                     .flatten()
             });

@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 
 use crate::approve::{Allow, ApprovalRequest, Approver};
 use crate::epoch::{self, HostPlace};
+use crate::event::EventKind;
 use crate::host_helper::{self, HostHelper, Side};
 use crate::id::ExecutionId;
 use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
@@ -199,7 +200,7 @@ struct Run {
     /// Only events nothing is acted on before that: `authorized` (committed with `dispatched`,
     /// before anything is sent), `running` (with the outcome when the same reply carries it,
     /// else within [`HOLD_RUNNING`]) and the `reconnected` note.
-    held: Vec<(String, Option<State>, serde_json::Value)>,
+    held: Vec<(EventKind, Option<State>, serde_json::Value)>,
     /// When a `running` or `reconnected` event was put among the held ones: from then, they
     /// wait at most [`HOLD_RUNNING`] while a reply streams.
     held_since: Option<Instant>,
@@ -248,7 +249,10 @@ fn hold_left(run: &Run) -> Option<Duration> {
 /// they waited, another process (an `attach` of the same execution) recorded its result. A
 /// `running` after `completed` would make the journal say it is running again. Notes stay;
 /// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
-fn drop_overtaken(held: &mut Vec<(String, Option<State>, serde_json::Value)>, now: Option<State>) {
+fn drop_overtaken(
+    held: &mut Vec<(EventKind, Option<State>, serde_json::Value)>,
+    now: Option<State>,
+) {
     if now.is_some_and(State::has_result) {
         held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
     }
@@ -591,7 +595,7 @@ impl Executor {
                 tracing::Span::current().record("execution_id", tracing::field::display(id));
                 self.journal.append(
                     id,
-                    "request-reused",
+                    EventKind::RequestReused,
                     None,
                     json!({"by": crate::journal::client_identity(),
                            "correlation_id": intent.correlation_id,
@@ -772,7 +776,7 @@ impl Executor {
         let mut run = self.load(id)?;
         self.journal.append(
             id,
-            "resumed",
+            EventKind::Resumed,
             None,
             json!({"by": crate::journal::client_identity(),
                    "why": "accepted, never authorized or dispatched: its client stopped; asking for authorization now"}),
@@ -841,7 +845,7 @@ impl Executor {
                              "at": now_rfc3339(), "host_key": fp, "actor": asked.actor});
         if !decision.allow {
             self.journal
-                .append(&id, "rejected", Some(State::Rejected), decided)?;
+                .append(&id, EventKind::Rejected, Some(State::Rejected), decided)?;
             run.m.set_prior(Prior::Settled);
             let mut o = self.outcome_from_journal(run)?;
             o.reason = Some(format!(
@@ -851,7 +855,7 @@ impl Executor {
             return Ok(o);
         }
         run.held
-            .push(("authorized".into(), Some(State::Authorized), decided));
+            .push((EventKind::Authorized, Some(State::Authorized), decided));
         // The epoch last seen at this host; on first contact, the one it announces now. The
         // reply to the dispatch says which epoch it really ran under (see `drive`).
         let place = place_of(&run.rec, &fp);
@@ -931,7 +935,7 @@ impl Executor {
         if let Some(c) = &intent.correlation_id {
             self.journal.append(
                 id,
-                "correlation",
+                EventKind::Correlation,
                 None,
                 json!({"correlation_id": c, "session_id": self.session_id, "new_execution": new}),
             )?;
@@ -1001,7 +1005,7 @@ impl Executor {
                         // execution ID (the start guard still holds where the marker exists).
                         self.journal.append(
                             &c.id,
-                            "retry-same-id",
+                            EventKind::RetrySameId,
                             None,
                             json!({"class": class, "reason": "idempotent operation with an unknown outcome: dispatching again under the same execution ID"}),
                         )?;
@@ -1069,7 +1073,7 @@ impl Executor {
         let target = self.target_for(&run)?;
         self.journal.append(
             id,
-            "retry",
+            EventKind::Retry,
             None,
             json!({"why": why, "by": crate::journal::client_identity()}),
         )?;
@@ -1077,7 +1081,7 @@ impl Executor {
             .journal
             .events(id)?
             .iter()
-            .any(|e| e.kind == "authorized");
+            .any(|e| e.kind == EventKind::Authorized);
         if !authorized {
             run.m.set_prior(Prior::Dispatched);
             return self
@@ -1134,7 +1138,7 @@ impl Executor {
                 };
                 self.journal.append(
                     id,
-                    "resolved",
+                    EventKind::Resolved,
                     Some(state),
                     evidence(state.as_str(), json!(null)),
                 )?;
@@ -1152,12 +1156,16 @@ impl Executor {
                 let (_, probe) = self.probe(id).await?;
                 let run = self.load(id)?;
                 let seen_start = run.start.is_some()
-                    || self.journal.events(id)?.iter().any(|e| e.kind == "running");
+                    || self
+                        .journal
+                        .events(id)?
+                        .iter()
+                        .any(|e| e.kind == EventKind::Running);
                 match probe {
                     Ok(Probe::Absent { same_epoch: true }) if !seen_start => {
                         self.journal.append(
                             id,
-                            "resolved",
+                            EventKind::Resolved,
                             None,
                             evidence("retry", json!({"probe": "absent, same epoch: the start guard was never crossed"})),
                         )?;
@@ -1459,7 +1467,7 @@ impl Executor {
         let nonce = marker::new_nonce();
         self.journal.append(
             id,
-            "cancel-requested",
+            EventKind::CancelRequested,
             None,
             json!({"grace_secs": grace_secs}),
         )?;
@@ -1547,10 +1555,10 @@ impl Executor {
         let mut run = Run::new(rec);
         run.m.set_prior(prior);
         for ev in &events {
-            if ev.kind == "accepted" {
+            if ev.kind == EventKind::Accepted {
                 run.reach = crate::reach::Reach::from_accepted(&ev.evidence);
             }
-            if ev.kind == "dispatched" || ev.kind == "dispatch-epoch" {
+            if ev.kind == EventKind::Dispatched || ev.kind == EventKind::DispatchEpoch {
                 // (a dispatch without a recorded epoch resets it: it runs wherever it lands)
                 run.dispatch_epoch = ev
                     .evidence
@@ -2244,7 +2252,7 @@ impl Executor {
                 let ours = s.id == run.rec.id.as_str() && s.digest == run.rec.command_digest;
                 if run.m.start_seen(ours) {
                     run.held.push((
-                        "running".into(),
+                        EventKind::Running,
                         Some(State::Running),
                         json!({"start_record": start_text(&s), "host_key": run.host_key,
                                "host_side": run.host_side.map(Side::as_str),
@@ -2515,7 +2523,7 @@ impl Executor {
                     after.as_secs_f64()
                 );
                 run.held.push((
-                    "reconnected".into(),
+                    EventKind::Reconnected,
                     None,
                     json!({"reconnects": run.reconnects}),
                 ));
@@ -2531,7 +2539,7 @@ impl Executor {
                 run.announce = true;
                 self.record(
                     run,
-                    "connection-lost",
+                    EventKind::ConnectionLost,
                     None,
                     json!({"error": why, "out_off": run.out_off, "err_off": run.err_off}),
                 )?;
@@ -2541,7 +2549,12 @@ impl Executor {
             }
             Note::GuardExists => {
                 let start = last.and_then(|(r, _)| r.start.as_ref()).map(start_text);
-                self.record(run, "guard-exists", None, json!({"start_record": start}))?;
+                self.record(
+                    run,
+                    EventKind::GuardExists,
+                    None,
+                    json!({"start_record": start}),
+                )?;
             }
             Note::Redispatch => {
                 tracing::info!(
@@ -2551,7 +2564,7 @@ impl Executor {
                 );
                 self.record(
                     run,
-                    "probe",
+                    EventKind::Probe,
                     None,
                     json!({"result": "absent", "decision": "dispatch again under the same ID"}),
                 )?;
@@ -2623,7 +2636,7 @@ impl Executor {
         let epoch = run.dispatch_epoch.clone();
         self.record(
             run,
-            "dispatched",
+            EventKind::Dispatched,
             Some(State::Dispatched),
             json!({"epoch": epoch, "host_key": run.host_key, "attempt": run.reconnects,
                    "detach": detach, "timeout_secs": run.rec.timeout_secs}),
@@ -2640,7 +2653,7 @@ impl Executor {
         let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
         self.journal.append(
             &run.rec.id,
-            "dispatch-withheld",
+            EventKind::DispatchWithheld,
             None,
             json!({"by": crate::journal::client_identity(), "state": s,
                    "withheld": kinds,
@@ -2723,7 +2736,7 @@ impl Executor {
             // is the one the execution is bound to.
             self.record(
                 run,
-                "dispatch-epoch",
+                EventKind::DispatchEpoch,
                 None,
                 json!({"epoch": h.epoch, "recorded_before": run.dispatch_epoch,
                        "evidence": "announced by the host in its reply to the dispatch, before the start guard"}),
@@ -2757,11 +2770,11 @@ impl Executor {
     fn record(
         &mut self,
         run: &mut Run,
-        kind: &str,
+        kind: EventKind,
         state: Option<State>,
         evidence: serde_json::Value,
     ) -> Result<(), ExecError> {
-        run.held.push((kind.to_owned(), state, evidence));
+        run.held.push((kind, state, evidence));
         self.flush_held(run)
     }
 
@@ -2806,7 +2819,7 @@ impl Executor {
         }
         self.record(
             run,
-            state.as_str(),
+            EventKind::of_state(state),
             Some(state),
             json!({"finish_record": finish_text(&done), "recovered": recovered,
                    "reconnects": run.reconnects}),
@@ -2846,7 +2859,7 @@ impl Executor {
         }
         self.record(
             run,
-            state.as_str(),
+            EventKind::of_state(state),
             Some(state),
             json!({"reason": reason, "reconnects": run.reconnects, "start_record": run.start.as_ref().map(start_text)}),
         )?;
@@ -2862,8 +2875,12 @@ impl Executor {
     pub fn mark_delivered(&mut self, id: &ExecutionId, how: &str) -> Result<(), ExecError> {
         if let Some(st) = self.journal.status(id)? {
             if st.state.has_result() && st.state != State::Delivered {
-                self.journal
-                    .append(id, "delivered", Some(State::Delivered), json!({"to": how}))?;
+                self.journal.append(
+                    id,
+                    EventKind::Delivered,
+                    Some(State::Delivered),
+                    json!({"to": how}),
+                )?;
             }
         }
         Ok(())
@@ -2957,14 +2974,16 @@ fn finish_text(f: &FinishRecord) -> String {
 mod tests {
     use super::*;
 
-    fn held(states: &[(&str, Option<State>)]) -> Vec<(String, Option<State>, serde_json::Value)> {
+    fn held(
+        states: &[(&str, Option<State>)],
+    ) -> Vec<(EventKind, Option<State>, serde_json::Value)> {
         states
             .iter()
-            .map(|(k, s)| (k.to_string(), *s, json!({})))
+            .map(|(k, s)| (EventKind::parse(k), *s, json!({})))
             .collect()
     }
 
-    fn kinds(h: &[(String, Option<State>, serde_json::Value)]) -> Vec<&str> {
+    fn kinds(h: &[(EventKind, Option<State>, serde_json::Value)]) -> Vec<&str> {
         h.iter().map(|(k, _, _)| k.as_str()).collect()
     }
 

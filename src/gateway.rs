@@ -17,6 +17,7 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::event::EventKind;
 use crate::executor::{ExecError, Executor, Outcome, Patience, RunRequest};
 use crate::id::ExecutionId;
 use crate::intent::{OpClass, OperationSpec};
@@ -515,7 +516,7 @@ pub async fn attach(
         ex.journal
             .append(
                 &id,
-                "correlation",
+                EventKind::Correlation,
                 None,
                 json!({"correlation_id": c, "session_id": cfg.session_id, "method": "attach"}),
             )

@@ -23,6 +23,7 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
+pub use crate::event::EventKind;
 use crate::id::ExecutionId;
 use crate::state::State;
 
@@ -171,7 +172,7 @@ pub struct Event {
     pub seq: i64,
     pub execution_id: String,
     pub at: String,
-    pub kind: String,
+    pub kind: EventKind,
     pub state: Option<State>,
     pub evidence: serde_json::Value,
     /// The process that appended it (`pid@hostname`).
@@ -570,10 +571,11 @@ impl Journal {
     pub fn append(
         &mut self,
         id: &ExecutionId,
-        kind: &str,
+        kind: EventKind,
         state: Option<State>,
         evidence: serde_json::Value,
     ) -> Result<Event> {
+        let kind = kind.as_str();
         on_postgres!(self, pg => pg
             .append_all(id, &[(kind.to_owned(), state, evidence)])
             .and_then(|e| e.ok_or_else(|| pg_missing_event(pg))));
@@ -734,7 +736,7 @@ impl Journal {
                 seq,
                 execution_id: eid.clone(),
                 at,
-                kind,
+                kind: kind.into(),
                 state,
                 evidence,
                 client,
@@ -1477,7 +1479,7 @@ fn append_in(
         seq,
         execution_id: id.to_owned(),
         at,
-        kind: kind.to_owned(),
+        kind: EventKind::parse(kind),
         state,
         evidence: evidence.clone(),
         client: client.to_owned(),
@@ -1679,8 +1681,13 @@ impl Journal {
     pub fn append_all(
         &mut self,
         id: &ExecutionId,
-        events: Vec<(String, Option<State>, serde_json::Value)>,
+        events: Vec<(EventKind, Option<State>, serde_json::Value)>,
     ) -> Result<Option<Event>> {
+        // The stores keep a kind as its name.
+        let events: Vec<_> = events
+            .into_iter()
+            .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
+            .collect();
         on_postgres!(self, pg => pg.append_all(id, &events));
         if events.is_empty() {
             return Ok(None);
@@ -1810,7 +1817,7 @@ mod tests {
             let e2 = j
                 .append(
                     &r.id,
-                    "dispatched",
+                    EventKind::Dispatched,
                     Some(State::Dispatched),
                     serde_json::json!({"x": 1}),
                 )
@@ -1874,7 +1881,7 @@ mod tests {
                 .events(&r.id)
                 .unwrap()
                 .into_iter()
-                .map(|e| e.kind)
+                .map(|e| e.kind.to_string())
                 .collect();
             assert_eq!(kinds, ["accepted", "authorized", "dispatched", "running"]);
             assert_eq!(last.kind, "running");
@@ -1974,8 +1981,13 @@ mod tests {
                 let r = rec(id);
                 j.accept(&r, serde_json::json!({})).unwrap();
                 for s in [State::Dispatched, State::Running, settled, State::Unknown] {
-                    j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
-                        .unwrap();
+                    j.append(
+                        &r.id,
+                        EventKind::of_state(s),
+                        Some(s),
+                        serde_json::json!({}),
+                    )
+                    .unwrap();
                 }
                 let st = j.status(&r.id).unwrap().unwrap();
                 assert_eq!(st.state, settled, "{id}");
@@ -1985,8 +1997,13 @@ mod tests {
             let r = rec("s5");
             j.accept(&r, serde_json::json!({})).unwrap();
             for s in [State::Running, State::Unknown, State::Completed] {
-                j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
-                    .unwrap();
+                j.append(
+                    &r.id,
+                    EventKind::of_state(s),
+                    Some(s),
+                    serde_json::json!({}),
+                )
+                .unwrap();
             }
             assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Completed);
             let _ = backend;
@@ -2003,8 +2020,13 @@ mod tests {
             let r = rec("a2");
             j.accept(&r, serde_json::json!({})).unwrap();
             for s in [State::Dispatched, State::Running, State::Unknown] {
-                j.append(&r.id, s.as_str(), Some(s), serde_json::json!({}))
-                    .unwrap();
+                j.append(
+                    &r.id,
+                    EventKind::of_state(s),
+                    Some(s),
+                    serde_json::json!({}),
+                )
+                .unwrap();
             }
             let st = j.status(&r.id).unwrap().unwrap();
             assert_eq!(st.state, State::Unknown);
@@ -2035,7 +2057,8 @@ mod tests {
         let id = r.id.clone();
         handles[0].accept(&r, serde_json::json!({})).unwrap();
         for j in handles.iter_mut().take(50) {
-            j.append(&id, "note", None, serde_json::json!({})).unwrap();
+            j.append(&id, EventKind::Note, None, serde_json::json!({}))
+                .unwrap();
             assert!(j.status(&id).unwrap().is_some());
         }
         // One connection served every handle, one operation at a time.
@@ -2081,7 +2104,8 @@ mod tests {
                     std::thread::spawn(move || {
                         let mut j = Journal::open(&path).unwrap();
                         for _ in 0..50 {
-                            j.append(&id, "note", None, serde_json::json!({})).unwrap();
+                            j.append(&id, EventKind::Note, None, serde_json::json!({}))
+                                .unwrap();
                         }
                     })
                 })
@@ -2145,7 +2169,7 @@ mod tests {
                             } else {
                                 None
                             };
-                            j.append(target, "step", st, serde_json::json!({ "i": i }))
+                            j.append(target, EventKind::Step, st, serde_json::json!({ "i": i }))
                         })
                         .collect::<Vec<_>>()
                 })
@@ -2226,7 +2250,12 @@ mod tests {
         let (p, id) = (path.clone(), r.id.clone());
         let panicked = std::thread::spawn(move || {
             let mut j = Journal::open(&p).unwrap();
-            let _ = j.append(&id, group::tests::PANIC_KIND, None, serde_json::json!({}));
+            let _ = j.append(
+                &id,
+                group::tests::PANIC_KIND.into(),
+                None,
+                serde_json::json!({}),
+            );
         })
         .join();
         assert!(panicked.is_err(), "the leader thread panicked");
@@ -2236,14 +2265,15 @@ mod tests {
                 let (p, id) = (path.clone(), r.id.clone());
                 std::thread::spawn(move || {
                     let mut j = Journal::open(&p).unwrap();
-                    j.append(&id, "note", None, serde_json::json!({})).unwrap();
+                    j.append(&id, EventKind::Note, None, serde_json::json!({}))
+                        .unwrap();
                 })
             })
             .collect();
         for t in threads {
             t.join().unwrap();
         }
-        j.append(&r.id, "note", None, serde_json::json!({}))
+        j.append(&r.id, EventKind::Note, None, serde_json::json!({}))
             .unwrap();
         assert_eq!(j.events(&r.id).unwrap().len(), 6);
     }
@@ -2312,7 +2342,7 @@ mod tests {
                 .events(&ExecutionId::parse("m1").unwrap())
                 .unwrap()
                 .into_iter()
-                .map(|e| e.kind)
+                .map(|e| e.kind.to_string())
                 .collect();
             assert_eq!(kinds, ["accepted", "intent-matched"], "{backend}");
             // The caller declines every candidate (a failed one, say): a new execution.
@@ -2517,7 +2547,7 @@ mod tests {
             assert_eq!(j.cursor(&id).unwrap(), (12, 3), "{backend}");
             j.append(
                 &id,
-                "delivered",
+                EventKind::Delivered,
                 Some(State::Delivered),
                 serde_json::json!({}),
             )
@@ -2547,7 +2577,7 @@ mod tests {
             assert!(j.http_session("hs").unwrap().is_none());
             j.append(
                 &id,
-                "correlation",
+                EventKind::Correlation,
                 None,
                 serde_json::json!({"correlation_id": "c-1"}),
             )
@@ -2577,7 +2607,7 @@ mod tests {
             let e = j
                 .append(
                     &ExecutionId::parse("d2").unwrap(),
-                    "note",
+                    EventKind::Note,
                     None,
                     serde_json::json!({}),
                 )
@@ -2675,7 +2705,7 @@ mod tests {
         let mut old = Journal::open(Path::new(&old_url)).unwrap();
         let id = ExecutionId::parse("v1x").unwrap();
         let e = old
-            .append(&id, "note", None, serde_json::json!({}))
+            .append(&id, EventKind::Note, None, serde_json::json!({}))
             .unwrap();
         assert_eq!(old.events(&id).unwrap()[0].hash, e.hash);
         assert_eq!(
@@ -2806,7 +2836,7 @@ mod tests {
         assert!(o.mine && o.live && !o.settled, "{o:?}");
         assert_eq!((o.epoch, o.takeovers), (1, 0));
         assert_eq!(o.replica, replica_id());
-        j.append(&mine, "note", None, serde_json::json!({}))
+        j.append(&mine, EventKind::Note, None, serde_json::json!({}))
             .unwrap();
 
         // Another replica takes it over (as its takeover does: the epoch bumped).
@@ -2822,7 +2852,7 @@ mod tests {
         let e = j
             .append(
                 &mine,
-                "dispatched",
+                EventKind::Dispatched,
                 Some(State::Dispatched),
                 serde_json::json!({}),
             )
@@ -2864,7 +2894,7 @@ mod tests {
         // Its appends are fenced at the new epoch and go through.
         j.append(
             &mine,
-            "completed",
+            EventKind::Completed,
             Some(State::Completed),
             serde_json::json!({}),
         )

@@ -42,7 +42,8 @@
 //!   the backoff arithmetic.
 //! - [`epoch`]: host epochs as evidence: which epoch an execution is bound to.
 //! - [`intent`]: the canonical operation record, its keyed fingerprint, operation classes.
-//! - [`state`], [`id`]: the lifecycle states of docs/DESIGN.md; execution IDs.
+//! - [`state`], [`id`], [`event`]: the lifecycle states of docs/DESIGN.md; execution IDs; the
+//!   kinds of journal events as typed values.
 //!
 //! Storage and evidence:
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, the anchor,
@@ -68,6 +69,7 @@ pub mod caller;
 pub mod cli;
 pub mod epoch;
 pub mod error;
+pub mod event;
 pub mod executor;
 pub mod fleet;
 pub mod gate;
@@ -97,6 +99,7 @@ pub mod tasks;
 pub mod token;
 pub mod tool_result;
 
+pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
 pub use id::ExecutionId;
 pub use runner::ExecutorBuilder;

@@ -19,6 +19,7 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
+use crate::event::EventKind;
 use crate::id::ExecutionId;
 use crate::journal::Event;
 
@@ -64,7 +65,7 @@ pub fn owner_of<'a>(accepted_by: &'a str, events: &'a [Event]) -> &'a str {
     events
         .iter()
         .rev()
-        .find(|e| e.kind == "resumed")
+        .find(|e| e.kind == EventKind::Resumed)
         .and_then(|e| e.evidence.get("by").and_then(|v| v.as_str()))
         .unwrap_or(accepted_by)
 }

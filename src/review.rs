@@ -10,6 +10,7 @@
 use serde::Serialize;
 
 use crate::error::ExecError;
+use crate::event::EventKind;
 use crate::id::ExecutionId;
 use crate::journal::Journal;
 use crate::state::State;
@@ -62,7 +63,10 @@ pub fn record(j: &Journal, id: &ExecutionId) -> Result<ReviewRecord, ExecError> 
     let intent = j.intent_of(id)?;
     let state = status.as_ref().map(|s| s.state).unwrap_or(State::Accepted);
     let before = status.as_ref().and_then(|s| s.before_unknown);
-    let dispatched: Vec<_> = events.iter().filter(|e| e.kind == "dispatched").collect();
+    let dispatched: Vec<_> = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Dispatched)
+        .collect();
     let host_key = events
         .iter()
         .rev()
@@ -74,12 +78,16 @@ pub fn record(j: &Journal, id: &ExecutionId) -> Result<ReviewRecord, ExecError> 
             .and_then(|r| r.as_str())
             .map(str::to_owned)
     });
-    let started = events.iter().any(|e| e.kind == "running");
-    let resolution = events.iter().rev().find(|e| e.kind == "resolved").map(|e| {
-        let mut v = e.evidence.clone();
-        v["at"] = e.at.clone().into();
-        v
-    });
+    let started = events.iter().any(|e| e.kind == EventKind::Running);
+    let resolution = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == EventKind::Resolved)
+        .map(|e| {
+            let mut v = e.evidence.clone();
+            v["at"] = e.at.clone().into();
+            v
+        });
     let class = intent
         .as_ref()
         .map(|i| i.class.clone())

@@ -23,6 +23,7 @@ use std::sync::{Arc, Mutex};
 use rmcp::model::{DetailedTask, ErrorData, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::{json, Value};
 
+use crate::event::EventKind;
 use crate::executor::ExecError;
 use crate::gateway::{self, GatewayConfig, GatewayError, Workers};
 use crate::id::ExecutionId;
@@ -381,7 +382,7 @@ pub async fn stream_closed(
                 class.is_some_and(|class| cancel_classes.iter().any(|c| c.as_str() == class));
             let _ = j.append(
                 &id,
-                "delivery-abandoned",
+                EventKind::DeliveryAbandoned,
                 None,
                 json!({"correlation_id": corr2, "session_id": c2.session_id,
                        "reason": "the caller's response stream closed before the result",

@@ -275,7 +275,7 @@ mod tests {
             .events(&r.id)
             .unwrap()
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect();
         assert_eq!(
             kinds,

@@ -48,6 +48,7 @@ use super::{
     Result, SessionRecord, SessionView, StoredEvent, StreamRecord, TokenRecord,
 };
 use crate::epoch::{self, Announced, HostPlace};
+use crate::event::EventKind;
 use crate::id::ExecutionId;
 use crate::state::State;
 
@@ -703,7 +704,7 @@ impl Pg {
             seq,
             execution_id: id.to_owned(),
             at,
-            kind: kind.to_owned(),
+            kind: EventKind::parse(kind),
             state,
             evidence: evidence.clone(),
             client: client.to_owned(),
@@ -878,7 +879,7 @@ impl Pg {
                     seq,
                     execution_id: eid.clone(),
                     at: r.get(2),
-                    kind: r.get(3),
+                    kind: EventKind::parse(r.get(3)),
                     state,
                     evidence,
                     client: r.get(7),

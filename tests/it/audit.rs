@@ -9,7 +9,7 @@ use std::process::Command;
 use cairn::journal::{
     accepted_evidence, chain_hash, now_rfc3339, ChainFields, ExecutionRecord, Journal,
 };
-use cairn::{ExecutionId, State};
+use cairn::{EventKind, ExecutionId, State};
 
 use crate::support::postgres::{self, PgServer};
 
@@ -142,8 +142,13 @@ fn journal(s: &Store) {
         let r = record(id);
         j.accept(&r, accepted_evidence(&r)).unwrap();
         for st in [State::Authorized, State::Dispatched, State::Running] {
-            j.append(&r.id, st.as_str(), Some(st), serde_json::json!({"n": id}))
-                .unwrap();
+            j.append(
+                &r.id,
+                EventKind::of_state(st),
+                Some(st),
+                serde_json::json!({"n": id}),
+            )
+            .unwrap();
         }
     }
 }
@@ -365,8 +370,13 @@ fn concurrent_writers_never_cause_a_false_alarm() {
                     let mut j = Journal::open(&p).unwrap();
                     let id = ExecutionId::parse(if t % 2 == 0 { "ex_a" } else { "ex_b" }).unwrap();
                     for i in 0..40 {
-                        j.append(&id, "note", None, serde_json::json!({"t": t, "i": i}))
-                            .unwrap();
+                        j.append(
+                            &id,
+                            EventKind::Note,
+                            None,
+                            serde_json::json!({"t": t, "i": i}),
+                        )
+                        .unwrap();
                     }
                 })
             })
@@ -701,7 +711,7 @@ fn a_postgres_gap_in_the_numbers_is_not_damage_but_an_event_forged_into_it_is() 
     let mut j = s.open();
     let a = ExecutionId::parse("ex_a").unwrap();
     for n in 0..2 {
-        j.append(&a, "note", None, serde_json::json!({ "n": n }))
+        j.append(&a, EventKind::Note, None, serde_json::json!({ "n": n }))
             .unwrap();
     }
     let (code, v) = verify(&s.location());
@@ -827,7 +837,7 @@ fn a_postgres_append_after_the_newest_checkpoint_is_not_yet_sealed_not_damage() 
     let mut j = s.open();
     let a = ExecutionId::parse("ex_a").unwrap();
     for n in 0..2 {
-        j.append(&a, "note", None, serde_json::json!({ "n": n }))
+        j.append(&a, EventKind::Note, None, serde_json::json!({ "n": n }))
             .unwrap();
     }
     let key_arg = ["--seal-key", key.to_str().unwrap()];
@@ -860,7 +870,8 @@ fn a_postgres_checkpoint_forged_or_deleted_is_detected() {
     seal(&s, &key);
     let mut j = s.open();
     let a = ExecutionId::parse("ex_a").unwrap();
-    j.append(&a, "note", None, serde_json::json!({})).unwrap();
+    j.append(&a, EventKind::Note, None, serde_json::json!({}))
+        .unwrap();
     seal(&s, &key);
     let key_arg = ["--seal-key", key.to_str().unwrap()];
     assert_eq!(verify_with(&s.location(), &key_arg).0, 0);
@@ -868,7 +879,8 @@ fn a_postgres_checkpoint_forged_or_deleted_is_detected() {
     // Sealed under another key: the MAC does not verify (without the key it is not checked).
     let (_k2, other) = seal_key();
     std::fs::write(&other, [9u8; 32]).unwrap();
-    j.append(&a, "note", None, serde_json::json!({})).unwrap();
+    j.append(&a, EventKind::Note, None, serde_json::json!({}))
+        .unwrap();
     seal(&s, &other);
     let (code, v) = verify_with(&s.location(), &key_arg);
     assert_eq!(code, 1, "{v}");

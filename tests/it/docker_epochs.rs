@@ -78,7 +78,7 @@ fn events(journal: &std::path::Path) -> Vec<(String, String, serde_json::Value)>
     let mut v = Vec::new();
     for (rec, _) in j.list().expect("list").into_iter().rev() {
         for e in j.events(&rec.id).expect("events") {
-            v.push((rec.id.to_string(), e.kind, e.evidence));
+            v.push((rec.id.to_string(), e.kind.to_string(), e.evidence));
         }
     }
     v

@@ -47,7 +47,7 @@ fn all_events(h: &Host) -> Vec<(String, String, serde_json::Value)> {
     let mut v = Vec::new();
     for (rec, _) in j.list().unwrap() {
         for e in j.events(&rec.id).unwrap() {
-            v.push((rec.id.to_string(), e.kind, e.evidence));
+            v.push((rec.id.to_string(), e.kind.to_string(), e.evidence));
         }
     }
     v

@@ -499,7 +499,7 @@ impl Client {
         j.events(&ExecutionId::parse(id).expect("id"))
             .expect("events")
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect()
     }
 }

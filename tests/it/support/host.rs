@@ -132,7 +132,7 @@ impl Host {
             .events(&ExecutionId::parse(id).unwrap())
             .expect("events")
             .into_iter()
-            .map(|e| e.kind)
+            .map(|e| e.kind.to_string())
             .collect()
     }
 
