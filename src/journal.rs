@@ -2769,11 +2769,16 @@ mod tests {
         assert_eq!(next(&mut wb), Woken::Listening);
         // b's append that does not settle, then a's that does: notifications arrive in commit
         // order, so once a's is here, one for b would have been handled already.
-        j.append(&b, "running", Some(State::Running), serde_json::json!({}))
-            .unwrap();
+        j.append(
+            &b,
+            EventKind::Running,
+            Some(State::Running),
+            serde_json::json!({}),
+        )
+        .unwrap();
         j.append(
             &a,
-            "completed",
+            EventKind::Completed,
             Some(State::Completed),
             serde_json::json!({}),
         )
@@ -2803,7 +2808,7 @@ mod tests {
         assert_eq!(next(&mut wa), Woken::Listening);
         j.append(
             &b,
-            "completed",
+            EventKind::Completed,
             Some(State::Completed),
             serde_json::json!({}),
         )
