@@ -1812,12 +1812,26 @@ fn run_batch(
                 match moved {
                     Ok(()) => won.push((q, rec)),
                     Err(e) => {
-                        // nothing ran: give the guard back
-                        let _ = fs::remove_dir_all(x.join(&q.id));
-                        let _ = fs::remove_file(x.join(format!("{}.cmd", q.id)));
-                        let _ = fs::remove_file(&guard);
+                        // nothing ran: give the guard back (a home made read-only for a
+                        // moment gets up to 20 tries, a second apart: a "refused" while the
+                        // guard stays would let the client record "never started" beside a
+                        // started record)
                         let _ = fs::remove_file(&cf);
-                        answer(cx, &q.id, "refused", &format!("mv: {e}"), None);
+                        let mut m = format!("mv: {e}");
+                        for i in 0..20 {
+                            let _ = fs::remove_dir_all(x.join(&q.id));
+                            let _ = fs::remove_file(x.join(format!("{}.cmd", q.id)));
+                            let _ = fs::remove_file(&guard);
+                            if !exists(&guard) {
+                                break;
+                            }
+                            if i == 19 {
+                                m.push_str("; the start guard could not be given back");
+                            } else {
+                                std::thread::sleep(Duration::from_secs(1));
+                            }
+                        }
+                        answer(cx, &q.id, "refused", &m, None);
                     }
                 }
             }

@@ -961,6 +961,18 @@ session)
 	# shell, which rebuilds them from a short report instead of reading them back (the shells
 	# read a byte per system call). NOW: started_at, finished_at.
 	# srec ID LEN DIGEST TIMEOUT: sets SR, the started record
+	# unguard ID: remove a guard this batch crossed whose command could not be put in place,
+	# with its stage and command; a home made read-only for a moment gets up to 20 tries, a
+	# second apart (a "refused" while the guard stays would let the client record "never
+	# started" beside a started record). False if the guard is still there.
+	unguard() {
+		n_=0
+		until rm -rf "${X:?}/$1" "$X/$1.cmd" "$X/$1.start" 2>/dev/null && [ ! -e "$X/$1.start" ]; do
+			n_=$((n_ + 1))
+			[ "$n_" -ge 20 ] && return 1
+			sleep 1
+		done
+	}
 	srec() { SR="v=1 id=$1 len=$2 digest=$3 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$SST started_at=$NOW timeout=$4"; }
 	# drec ID STATUS OUT ERR TIMED_OUT CANCELLED: sets DR, the finish record
 	drec() { DR="v=1 id=$1 status=$2 finished_at=$NOW out=$3 err=$4 timed_out=$5 cancelled=$6"; }
@@ -1048,7 +1060,8 @@ session)
 				set -- "$@" "$X/$i.start"
 			else
 				# nothing ran: give the guard back rather than leave a start we cannot honour
-				rm -rf "${X:?}/$i" "$X/$i.cmd" "$X/$i.start" "$I/$i.cmd"
+				rm -f "$I/$i.cmd"
+				unguard "$i" || m="$m; the start guard could not be given back"
 				tell "$i" refused "$m"
 			fi
 		done
@@ -1279,7 +1292,10 @@ session)
 					set -- "$@" "$X/$i.start"
 					continue
 				fi
-				rm -rf "${X:?}/$i" "$X/$i.cmd" "$X/$i.start"
+				if ! unguard "$i"; then
+					answer "$i" refused "the host's batch helper was killed; nothing ran; the start guard could not be given back"
+					continue
+				fi
 			elif [ -e "$X/$i.start" ]; then
 				answer "$i" exists
 				continue
