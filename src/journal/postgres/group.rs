@@ -412,7 +412,7 @@ impl Pg {
             seq,
             execution_id: id.clone(),
             at: call.ats[k].clone(),
-            kind: call.kinds[k].clone(),
+            kind: crate::event::EventKind::parse(&call.kinds[k]),
             state: call.values[k].0,
             evidence: call.values[k].1.clone(),
             client: client.to_owned(),
@@ -726,8 +726,13 @@ mod tests {
                         let r = rec(id.as_str());
                         j.accept(&r, accepted_evidence(&r)).unwrap();
                         for n in 0..notes {
-                            j.append(&id, "note", None, serde_json::json!({ "n": n }))
-                                .unwrap();
+                            j.append(
+                                &id,
+                                crate::event::EventKind::Note,
+                                None,
+                                serde_json::json!({ "n": n }),
+                            )
+                            .unwrap();
                         }
                     }
                 })
