@@ -811,6 +811,11 @@ fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialR
                 .push(format!("injection: wipe-markers failed: {e}"));
         }
     }
+    // The host's epoch as the trial begins, to tell afterwards whether a dispatch went out
+    // under an epoch the host no longer had (see `stale_dispatch`).
+    let epoch_at_start = std::fs::read_to_string(home.join(".cairn/epoch"))
+        .ok()
+        .and_then(|s| s.split_whitespace().next().map(str::to_owned));
     let mut clients = Clients::spawn(&plan, &c_dispatch, host, &ids, dir);
     aim(&plan, &mut clients, &home, &ids);
     let mut began = vec![];
@@ -835,7 +840,16 @@ fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialR
     let killed = clients.killed.iter().any(|k| *k);
     res.killed_recovery = recover(&plan, &c, &ids, killed, dir, &mut res.anomalies);
     for id in &ids {
-        let (e, mut a) = judge(&plan, slot, &c, id, &answers, &clients, &began);
+        let (e, mut a) = judge(
+            &plan,
+            slot,
+            &c,
+            id,
+            &answers,
+            &clients,
+            &began,
+            epoch_at_start.as_deref(),
+        );
         res.execs.push(e);
         res.anomalies.append(&mut a);
     }
@@ -867,6 +881,8 @@ fn host_sides(seed: u64, i: usize) -> (&'static str, &'static str) {
 // ------------------------------------------------------------------------------ judgement
 
 /// One execution against the host's evidence and the table of allowed answers.
+// Each argument is one piece of the trial's evidence; a struct holding them would only rename it.
+#[allow(clippy::too_many_arguments)]
 fn judge(
     plan: &Plan,
     slot: &Slot,
@@ -875,6 +891,7 @@ fn judge(
     answers: &BTreeMap<String, Vec<Answer>>,
     clients: &Clients,
     began: &[(SystemTime, SystemTime)],
+    epoch_at_start: Option<&str>,
 ) -> (Exec, Vec<String>) {
     let (h, host) = (slot.hosts, slot.host.as_str());
     let mut bad = Vec::new();
@@ -954,7 +971,10 @@ fn judge(
         ),
         // A dispatch cut off before the host answered it, after the host's marker home was
         // wiped, leaves no evidence on the host (see `allowed`): `unknown` is the truth.
-        Some(State::Unknown) if no_evidence(plan, landings[0], &facts) => {
+        Some(State::Unknown)
+            if no_evidence(plan, landings[0], &facts)
+                || stale_dispatch(c, id, epoch_at_start, landings[0], &facts) =>
+        {
             e.final_state = "unknown-without-evidence".into();
         }
         Some(s) => {
@@ -1018,6 +1038,39 @@ fn no_evidence(plan: &Plan, landing: Landing, facts: &HostFacts) -> bool {
         && facts.started.is_none()
         && facts.done.is_none()
         && facts.count == 0
+}
+
+/// Whether the execution was dispatched under an epoch its host no longer had when the trial
+/// began (an earlier trial's wipe that the journal never saw), and the fault cut the dispatch
+/// off before the host answered, with nothing of it on the host: the client cannot tell "never
+/// arrived" from "arrived, then the home was wiped", so `unknown` is the truth.
+fn stale_dispatch(
+    c: &Client,
+    id: &str,
+    epoch_at_start: Option<&str>,
+    landing: Landing,
+    facts: &HostFacts,
+) -> bool {
+    let (Some(now), Ok(j), Ok(eid)) = (
+        epoch_at_start,
+        cairn::journal::Journal::open(&c.journal),
+        cairn::ExecutionId::parse(id),
+    ) else {
+        return false;
+    };
+    let dispatched_under: Vec<String> = j
+        .events(&eid)
+        .unwrap_or_default()
+        .iter()
+        .filter(|e| e.kind == cairn::EventKind::Dispatched)
+        .filter_map(|e| e.evidence["epoch"].as_str().map(str::to_owned))
+        .collect();
+    landing == Landing::BeforeStart
+        && facts.started.is_none()
+        && facts.done.is_none()
+        && facts.count == 0
+        && !dispatched_under.is_empty()
+        && dispatched_under.iter().all(|e| e != now)
 }
 
 /// The bytes a completed execution must return: the plan's lines, or the host's files where
