@@ -684,7 +684,7 @@ impl Pg {
                 e
             })?;
         let (seq, hash, prev_hash): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
-        let ours = chain_hash(&ChainFields {
+        let f = ChainFields {
             prev_hash: &prev_hash,
             seq,
             execution_id: id,
@@ -693,21 +693,36 @@ impl Pg {
             state: st.unwrap_or(""),
             evidence: &evidence_text,
             client,
-        });
+        };
+        self.checked_event(&f, hash, state, evidence.clone())
+    }
+
+    /// The event the database stored with `hash`, once checked against the hash cairn computes
+    /// over the same fields: a database whose append function is not the one this cairn
+    /// installed is refused, not trusted.
+    pub(super) fn checked_event(
+        &self,
+        f: &ChainFields<'_>,
+        hash: String,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<Event> {
+        let ours = chain_hash(f);
         if ours != hash {
             return Err(self.fail(format!(
-                "the database hashed event {seq} of {id} as {hash}, cairn as {ours}: \
-                 its cairn_append function is not the one this cairn installed"
+                "the database hashed event {} of {} as {hash}, cairn as {ours}: \
+                 its cairn_append function is not the one this cairn installed",
+                f.seq, f.execution_id
             )));
         }
         Ok(Event {
-            seq,
-            execution_id: id.to_owned(),
-            at,
-            kind: EventKind::parse(kind),
+            seq: f.seq,
+            execution_id: f.execution_id.to_owned(),
+            at: f.at.to_owned(),
+            kind: EventKind::parse(f.kind),
             state,
-            evidence: evidence.clone(),
-            client: client.to_owned(),
+            evidence,
+            client: f.client.to_owned(),
             hash,
         })
     }

@@ -47,8 +47,8 @@ use tokio_postgres::types::ToSql;
 
 use super::{owned, replica_id, Obj, Pg};
 use crate::journal::{
-    chain_hash, client_identity, now_rfc3339, ChainFields, Event, ExecutionRecord,
-    GroupCommitStats, JournalError, Result,
+    client_identity, now_rfc3339, ChainFields, Event, ExecutionRecord, GroupCommitStats,
+    JournalError, Result,
 };
 use crate::state::State;
 
@@ -392,7 +392,7 @@ impl Pg {
         let (seq, hash, prev_hash): (i64, String, String) = (row.get(1), row.get(2), row.get(3));
         let id = &call.ids[k];
         let client = client_identity();
-        let ours = chain_hash(&ChainFields {
+        let f = ChainFields {
             prev_hash: &prev_hash,
             seq,
             execution_id: id,
@@ -401,23 +401,8 @@ impl Pg {
             state: call.states[k].unwrap_or(""),
             evidence: &call.evidence[k],
             client,
-        });
-        if ours != hash {
-            return Err(self.fail(format!(
-                "the database hashed event {seq} of {id} as {hash}, cairn as {ours}: \
-                 its cairn_append function is not the one this cairn installed"
-            )));
-        }
-        Ok(Event {
-            seq,
-            execution_id: id.clone(),
-            at: call.ats[k].clone(),
-            kind: crate::event::EventKind::parse(&call.kinds[k]),
-            state: call.values[k].0,
-            evidence: call.values[k].1.clone(),
-            client: client.to_owned(),
-            hash,
-        })
+        };
+        self.checked_event(&f, hash, call.values[k].0, call.values[k].1.clone())
     }
 }
 
