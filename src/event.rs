@@ -62,6 +62,12 @@ kinds! {
     Rejected = "rejected",
     /// The host's boot identity and epoch a dispatch is bound to.
     DispatchEpoch = "dispatch-epoch",
+    /// A host's place (destination, host key, remote dir) announced another epoch than the one
+    /// last seen there: its cairn state was wiped. Said once per change.
+    HostEpochChanged = "host-epoch-changed",
+    /// Another destination presents the same host key with a different epoch (a cloned image):
+    /// the two are kept apart. Said once per pair.
+    HostKeyShared = "host-key-shared",
     /// The dispatch is durable; its bytes may have left.
     Dispatched = "dispatched",
     /// The host refused the dispatch before the start guard: nothing ran.
@@ -176,6 +182,8 @@ mod tests {
             "dispatched",
             "running",
             "takeover",
+            "host-epoch-changed",
+            "host-key-shared",
         ] {
             assert!(names.contains(&name), "{name}");
         }

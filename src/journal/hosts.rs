@@ -11,6 +11,7 @@ use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use super::{append_in, now_rfc3339, Backend, Journal, JournalError, Result};
 use crate::epoch::{self, Announced, HostPlace};
+use crate::event::EventKind;
 use crate::id::ExecutionId;
 
 impl Journal {
@@ -133,8 +134,16 @@ impl Journal {
         let mut last_ev = None;
         if let Some(old) = &a.changed_from {
             let ev = host_epoch_changed_evidence(place, old, epoch, &now);
-            last_ev =
-                Some(append_in(&tx, id.as_str(), "host-epoch-changed", None, &ev).map_err(sq)?);
+            last_ev = Some(
+                append_in(
+                    &tx,
+                    id.as_str(),
+                    EventKind::HostEpochChanged.as_str(),
+                    None,
+                    &ev,
+                )
+                .map_err(sq)?,
+            );
         }
         for (other, other_epoch) in &a.shared_with {
             let (x, y) = epoch::pair(other, &place.destination);
@@ -146,7 +155,16 @@ impl Journal {
             )
             .map_err(sq)?;
             let ev = host_key_shared_evidence(place, epoch, other, other_epoch, &now);
-            last_ev = Some(append_in(&tx, id.as_str(), "host-key-shared", None, &ev).map_err(sq)?);
+            last_ev = Some(
+                append_in(
+                    &tx,
+                    id.as_str(),
+                    EventKind::HostKeyShared.as_str(),
+                    None,
+                    &ev,
+                )
+                .map_err(sq)?,
+            );
         }
         tx.commit().map_err(sq)?;
         drop(lease);
@@ -271,14 +289,23 @@ mod tests {
         assert!(j.observe_host_epoch(&r.id, &a, "e3").unwrap() == Announced::default());
         assert_eq!(j.host_epoch_at(&a).unwrap().as_deref(), Some("e3"));
         assert_eq!(j.host_epoch_at(&b).unwrap().as_deref(), Some("eb"));
-        let kinds: Vec<String> = j
+        let kinds: Vec<EventKind> = j
             .events(&r.id)
             .unwrap()
             .into_iter()
-            .map(|e| e.kind.to_string())
+            .map(|e| e.kind)
             .collect();
         assert_eq!(
             kinds,
+            [
+                EventKind::Accepted,
+                EventKind::HostEpochChanged,
+                EventKind::HostEpochChanged,
+                EventKind::HostKeyShared
+            ]
+        );
+        assert_eq!(
+            kinds.iter().map(EventKind::as_str).collect::<Vec<_>>(),
             [
                 "accepted",
                 "host-epoch-changed",

@@ -1411,8 +1411,14 @@ impl Pg {
             }
             if let Some(old) = &a.changed_from {
                 let ev = super::hosts::host_epoch_changed_evidence(place, old, epoch, &now);
-                self.append_in(&tx, id.as_str(), "host-epoch-changed", None, &ev)
-                    .await?;
+                self.append_in(
+                    &tx,
+                    id.as_str(),
+                    EventKind::HostEpochChanged.as_str(),
+                    None,
+                    &ev,
+                )
+                .await?;
             }
             for (other, other_epoch) in &a.shared_with {
                 let (x, y) = epoch::pair(other, &place.destination);
@@ -1426,8 +1432,14 @@ impl Pg {
                 .map_err(|e| self.err(e))?;
                 let ev =
                     super::hosts::host_key_shared_evidence(place, epoch, other, other_epoch, &now);
-                self.append_in(&tx, id.as_str(), "host-key-shared", None, &ev)
-                    .await?;
+                self.append_in(
+                    &tx,
+                    id.as_str(),
+                    EventKind::HostKeyShared.as_str(),
+                    None,
+                    &ev,
+                )
+                .await?;
             }
             tx.commit().await.map_err(|e| self.err(e))?;
             Ok(a)
