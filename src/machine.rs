@@ -458,6 +458,15 @@ impl Machine {
 
     fn replied(&mut self, now: Instant, a: Answer) -> Step {
         self.next_dispatch = false;
+        // What the reply showed before it ended (or broke) is evidence either way: a start
+        // guard verdict, a started record of this command or a finish record each say the
+        // guard was crossed, and then this drive never dispatches again.
+        if a.start_matches == Some(true)
+            || a.finish.is_some()
+            || matches!(a.verdict.as_deref(), Some("started" | "exists"))
+        {
+            self.guard_crossed = true;
+        }
         if let Some(why) = a.broken {
             // Lost mid-reply. Whatever was streamed is kept; ask the host again.
             self.notes.push_back(Note::Lost(why));
@@ -466,9 +475,6 @@ impl Machine {
             return self.connect(now);
         }
         self.backoff.reset();
-        if a.start_matches == Some(true) || a.finish.is_some() {
-            self.guard_crossed = true;
-        }
 
         if let Some(v) = a.verdict.as_deref() {
             match v {
@@ -829,6 +835,39 @@ mod tests {
         assert_eq!(settled_as(&step), Some(State::Unknown));
     }
 
+    /// A dispatch reply that breaks right after the guard's verdict, before the started record
+    /// line, has shown the guard crossed all the same: a marker found absent afterwards is
+    /// `unknown`, never a second dispatch.
+    #[test]
+    fn a_verdict_that_arrived_before_a_break_counts_as_the_guard_crossed() {
+        let t = Instant::now();
+        let mut m = Machine::new(Prior::NotDispatched);
+        m.start(RUN, &patience(), t);
+        m.handle(t, connected(None));
+        assert_eq!(m.handle(t, Event::Dispatched), Step::Send);
+        for verdict in ["started", "exists"] {
+            let mut m = m.clone();
+            let mut a = answer(Probe::Unreadable("no hello line".into()));
+            a.verdict = Some(verdict.into());
+            a.broken = Some("reset".into());
+            assert_eq!(
+                m.handle(t, Event::Replied(a)),
+                Step::Connect {
+                    within: Some(ms(2_000))
+                }
+            );
+            assert_eq!(
+                m.handle(t, connected(Some(KEY))),
+                Step::Watch { wait: true }
+            );
+            let s = m.handle(
+                t,
+                Event::Replied(answer(Probe::Absent { same_epoch: true })),
+            );
+            assert_eq!(settled_as(&s), Some(State::Unknown), "{verdict}: {s:?}");
+        }
+    }
+
     #[test]
     fn finished_without_a_finish_record_is_unknown() {
         let mut a = answer(Probe::Finished);
@@ -1164,15 +1203,16 @@ mod tests {
                             a.verdict = Some(r.pick(&["started", "exists", "refused"]).into());
                         }
                         now += ms(r.below(50));
+                        // (what arrived before a break is seen all the same)
+                        crossed |= a.start_matches == Some(true)
+                            || a.finish.is_some()
+                            || matches!(a.verdict.as_deref(), Some("started" | "exists"));
                         if r.chance(25) {
                             a.broken = Some("reset".into());
                             lost_at.get_or_insert(now);
                             last_finish = false;
                         } else {
                             last_finish = a.finish.is_some();
-                            crossed |= a.start_matches == Some(true)
-                                || a.finish.is_some()
-                                || matches!(a.verdict.as_deref(), Some("started" | "exists"));
                         }
                         Event::Replied(a)
                     }
