@@ -441,6 +441,18 @@ impl Machine {
         let since = *self.lost_since.get_or_insert(now);
         let lost_for = now.saturating_duration_since(since);
         if window_left(self.patience.reconnect_for, lost_for).is_none() {
+            // Before the `dispatched` event no byte was sent: that is proof it never started,
+            // as for an error that will not go away (and what `recover` concludes from the
+            // same journal).
+            if self.prior == Prior::NotDispatched {
+                return Step::Settle {
+                    state: State::Failed,
+                    why: Why::Said(format!(
+                        "never dispatched: the host was unreachable for {lost_for:?} \
+                         (last error: {error}) before any byte of the command was sent"
+                    )),
+                };
+            }
             return Step::Settle {
                 state: State::Unknown,
                 why: Why::Said(format!(
@@ -833,6 +845,17 @@ mod tests {
         assert_eq!(settled_as(&step), Some(State::Failed));
         let (step, _) = one(Prior::Dispatched, RUN, Conn::Permanent, None);
         assert_eq!(settled_as(&step), Some(State::Unknown));
+    }
+
+    /// Unreachable for the whole reconnect window: before the `dispatched` event nothing was
+    /// sent, which proves it never started (as `recover` concludes from the same journal);
+    /// after it, the outcome is unknown.
+    #[test]
+    fn a_host_unreachable_for_the_whole_window_before_any_dispatch_is_failed() {
+        let (step, _) = one(Prior::NotDispatched, RUN, Conn::TransientWindowOut, None);
+        assert_eq!(settled_as(&step), Some(State::Failed), "{step:?}");
+        let (step, _) = one(Prior::Dispatched, RUN, Conn::TransientWindowOut, None);
+        assert_eq!(settled_as(&step), Some(State::Unknown), "{step:?}");
     }
 
     /// A dispatch reply that breaks right after the guard's verdict, before the started record
