@@ -2397,7 +2397,12 @@ impl Executor {
         let mut secrets = Vec::new();
         loop {
             while let Some(note) = run.m.poll_note() {
+                let barrier = note.is_barrier();
                 self.carry_note(note, target, run, &mut ci, last.as_ref())?;
+                debug_assert!(
+                    !barrier || run.held.is_empty(),
+                    "a barrier note is durable before the next step"
+                );
             }
             step = match step {
                 Step::WaitForOwner => {

@@ -198,6 +198,15 @@ impl Step {
 }
 
 /// Journal notes and log lines that go before the next step, in order.
+///
+/// The driver carries out every note the machine queued before it carries out the step that
+/// came with them. Those for which [`Note::is_barrier`] holds are journal events the driver
+/// makes durable before that step (a later step, or a recovery after a crash there, relies on
+/// them); the others may be held to share a later event's transaction (`reconnected`), live in
+/// memory ([`Note::Pin`]: the key goes into the next `dispatched` event) or are log lines. The
+/// barrier before any byte of a dispatch leaves is a step of its own: [`Step::Dispatch`], whose
+/// `dispatched` event the driver makes durable before it feeds [`Event::Dispatched`], the only
+/// event that leads to [`Step::Send`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Note {
     /// Reached the host again after an outage of `after`.
@@ -214,6 +223,15 @@ pub enum Note {
     Redispatch,
     /// The command finished; its stored result is collected.
     Collecting,
+}
+
+impl Note {
+    /// Whether the driver makes this note durable in the journal before it carries out the next
+    /// step: a lost connection (with the offsets streamed so far), a start guard found crossed,
+    /// and the probe that decided a dispatch again (recorded before that dispatch).
+    pub fn is_barrier(&self) -> bool {
+        matches!(self, Note::Lost(_) | Note::GuardExists | Note::Redispatch)
+    }
 }
 
 /// One drive of one execution.
