@@ -613,17 +613,20 @@ impl Machine {
 }
 
 #[cfg(test)]
+mod disconnect_points;
+
+#[cfg(test)]
 mod tests {
     use super::*;
     use crate::recovery::Liveness::*;
 
-    const KEY: &str = "SHA256:key";
+    pub(super) const KEY: &str = "SHA256:key";
 
-    fn ms(n: u64) -> Duration {
+    pub(super) fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
     }
 
-    fn patience() -> Patience {
+    pub(super) fn patience() -> Patience {
         Patience {
             reconnect_for: ms(2_000),
             backoff_min: ms(100),
@@ -632,12 +635,12 @@ mod tests {
         }
     }
 
-    const ATTACH: Mode = Mode {
+    pub(super) const ATTACH: Mode = Mode {
         dispatch_first: false,
         detach: false,
         live: true,
     };
-    const RUN: Mode = Mode {
+    pub(super) const RUN: Mode = Mode {
         dispatch_first: true,
         detach: false,
         live: true,
@@ -646,7 +649,7 @@ mod tests {
     use crate::recovery::tests::all_probes;
 
     /// A complete, unbroken reply saying `probe` (a finish record when it says finished).
-    fn answer(probe: Probe) -> Answer {
+    pub(super) fn answer(probe: Probe) -> Answer {
         let finished = probe == Probe::Finished;
         let started = matches!(probe, Probe::Started { .. });
         Answer {
@@ -661,14 +664,14 @@ mod tests {
         }
     }
 
-    fn connected(pinned: Option<&str>) -> Event {
+    pub(super) fn connected(pinned: Option<&str>) -> Event {
         Event::Connected {
             presented: KEY.into(),
             pinned: pinned.map(str::to_owned),
         }
     }
 
-    fn failed(transient: bool) -> Event {
+    pub(super) fn failed(transient: bool) -> Event {
         Event::ConnectFailed {
             transient,
             error: "connection refused".into(),
