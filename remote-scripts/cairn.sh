@@ -696,22 +696,22 @@ cancel)
 	run touch "$F.cancel"
 	if [ ! -e "$F.start" ]; then
 		say absent
-		R=absent
+		CANCEL_RESULT=absent
 	else
 		read -r l <"$F.start"
 		say start "$l"
 		parse_start "$l" || die "unsupported started record version '$R_v'"
 		alive
 		if [ -e "$F.done" ]; then
-			R=finished
+			CANCEL_RESULT=finished
 		elif [ "$L" = rebooted ]; then
-			R=dead
+			CANCEL_RESULT=dead
 		elif ! read -r g gs 2>/dev/null <"$F/pgid"; then
-			R=prevented
-			[ "$L" = alive ] || R=dead
+			CANCEL_RESULT=prevented
+			[ "$L" = alive ] || CANCEL_RESULT=dead
 		elif lead; then
 			kill_group TERM
-			R=signalled
+			CANCEL_RESULT=signalled
 			i=$(($5 * 10))
 			while [ $i -gt 0 ] && [ ! -e "$F.done" ] && lead; do
 				tick
@@ -721,8 +721,8 @@ cancel)
 				kill_group KILL
 			fi
 		else
-			R=finished
-			[ "$L" = alive ] || R=dead
+			CANCEL_RESULT=finished
+			[ "$L" = alive ] || CANCEL_RESULT=dead
 		fi
 		# an alive supervisor records the outcome within moments
 		i=30
@@ -736,7 +736,7 @@ cancel)
 			say 'done' "$d"
 		fi
 	fi
-	say cancel "$R"
+	say cancel "$CANCEL_RESULT"
 	;;
 gc)
 	# Finished executions only (a finish record exists): past OUTPUT_AGE seconds their output
@@ -920,14 +920,18 @@ session)
 		printf '%s' "$OB"
 		OB=''
 	}
-	# R: requests read since the last "g" (ID:LEN:DIGEST:TIMEOUT), RN of them; RC: requests
-	# confirmed by a "g" and waiting for the next batch helper, PN of them; KW: the reader waits
-	# for its go-on; BH: a batch helper is running, BL: its requests not reported on yet; W:
-	# finished commands (ID:STATUS); FL: those of the running finish helper not reported yet; FH: a
-	# finish helper is running; N: commands started and not yet answered; P: helpers running
-	# beside this shell; READER_GONE: the reader has stopped
-	R='' RN=0 RC='' PN=0 KW='' W='' N=0 P=0 READER_GONE='' SN='' nb=0 nf=0 nw=0 WL='' p_='' FH='' BH=''
-	BL='' FL=''
+	# REQUESTS: requests read since the last "g" (ID:LEN:DIGEST:TIMEOUT), REQUESTS_COUNT of
+	# them; CONFIRMED: requests confirmed by a "g" and waiting for the next batch helper,
+	# CONFIRMED_COUNT of them; READER_WAITS: the reader waits for its go-on; BATCH_RUNNING: a
+	# batch helper is running, BATCH_UNREPORTED: its requests not reported on yet; W: finished
+	# commands (ID:STATUS); FINISH_UNREPORTED: those of the running finish helper not reported
+	# yet; FINISH_RUNNING: a finish helper is running; N: commands started and not yet answered;
+	# P: helpers running beside this shell; READER_GONE: the reader has stopped;
+	# SENTINEL_QUEUED: this shell's sentinel is in the queue; WAITERS: the waiters running
+	# (see start)
+	REQUESTS='' REQUESTS_COUNT=0 CONFIRMED='' CONFIRMED_COUNT=0 READER_WAITS='' W='' N=0 P=0
+	READER_GONE='' SENTINEL_QUEUED='' nb=0 nf=0 nw=0 WAITERS='' p_='' FINISH_RUNNING=''
+	BATCH_RUNNING='' BATCH_UNREPORTED='' FINISH_UNREPORTED=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
 	# flushes, and a finish group's count, records, links and flushes, each run in a helper
 	# subshell beside it, which reports back through the same queue, one short line per
@@ -990,24 +994,25 @@ session)
 	}
 	# (the batch helper) refuse the whole batch with the tool's message
 	refuse() {
-		for r in $R; do
+		for r in $REQUESTS; do
 			i=${r%%:*}
 			rm -f "$I/$i.cmd"
 			tell "$i" refused "$1"
 		done
 	}
-	# (the batch helper) the batch in R: stage, cross the guards with one ln, move into place
-	# with one mv, one flush; then "a" for each winner
+	# (the batch helper) the batch in REQUESTS: stage (in BATCH_STAGE), cross the guards with
+	# one ln, move into place with one mv, one flush; then "a" for each winner (GUARDED: the
+	# requests whose guard this batch crossed)
 	batch() {
 		# stages live under I/b, cleared every 64 batches (one rm, not one a batch; one batch
 		# helper runs at a time)
 		if [ $((nb % 64)) = 0 ]; then
 			rm -rf "$I/b"
 		fi
-		SB=$I/b/$nb
+		BATCH_STAGE=$I/b/$nb
 		set --
-		for r in $R; do set -- "$@" "$SB/${r%%:*}"; done
-		m=$(mkdir -p "$SB" "$@" 2>&1) || {
+		for r in $REQUESTS; do set -- "$@" "$BATCH_STAGE/${r%%:*}"; done
+		m=$(mkdir -p "$BATCH_STAGE" "$@" 2>&1) || {
 			refuse "$m"
 			return
 		}
@@ -1021,27 +1026,27 @@ session)
 		done
 		now
 		set --
-		for r in $R; do
+		for r in $REQUESTS; do
 			i=${r%%:*} v=${r#*:}
 			l=${v%%:*} v=${v#*:}
 			srec "$i" "$l" "${v%%:*}" "${v#*:}"
-			put "$SB/$i.start" "$SR" 2>/dev/null || {
-				refuse "cannot write $SB/$i.start"
+			put "$BATCH_STAGE/$i.start" "$SR" 2>/dev/null || {
+				refuse "cannot write $BATCH_STAGE/$i.start"
 				return
 			}
-			set -- "$@" "$SB/$i.start"
+			set -- "$@" "$BATCH_STAGE/$i.start"
 		done
 		# THE start guards: exclusive links of the complete started records; a name that
 		# exists fails and the others still go in (each is checked below)
 		m=$(ln "$@" "$X/" 2>&1)
 		set --
-		S_=''
-		for r in $R; do
+		GUARDED=''
+		for r in $REQUESTS; do
 			i=${r%%:*}
 			# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
-			if [ "$SB/$i.start" -ef "$X/$i.start" ]; then
-				S_="$S_ $r"
-				set -- "$@" "$SB/$i" "$I/$i.cmd"
+			if [ "$BATCH_STAGE/$i.start" -ef "$X/$i.start" ]; then
+				GUARDED="$GUARDED $r"
+				set -- "$@" "$BATCH_STAGE/$i" "$I/$i.cmd"
 			elif [ -e "$X/$i.start" ]; then
 				rm -f "$I/$i.cmd"
 				tell "$i" exists
@@ -1052,11 +1057,11 @@ session)
 		done
 		[ $# -gt 0 ] && m=$(mv "$@" "$X/" 2>&1)
 		set --
-		R=''
-		for r in $S_; do
+		REQUESTS=''
+		for r in $GUARDED; do
 			i=${r%%:*}
 			if [ -d "$X/$i" ] && [ -e "$X/$i.cmd" ]; then
-				R="$R $r"
+				REQUESTS="$REQUESTS $r"
 				set -- "$@" "$X/$i.start"
 			else
 				# nothing ran: give the guard back rather than leave a start we cannot honour
@@ -1068,17 +1073,17 @@ session)
 		[ $# -gt 0 ] || return 0
 		# one flush for every record and name before anything runs
 		fsync "$X" "$@"
-		for r in $R; do
+		for r in $REQUESTS; do
 			echo "a ${r%%:*} ${r##*:} $NOW" >&4
 		done
 	}
 	# start ID (timeout TO) under waiter number nw (this shell keeps its PID in Pw<nw> for the
-	# reaping: the waiter reads nothing from /proc; WL lists the waiters running, as nw:ID)
+	# reaping: the waiter reads nothing from /proc; WAITERS lists the waiters running, as nw:ID)
 	start() {
 		ID=$1 TO=$2
 		F=$X/$ID CF=$X/$ID.cmd SEC=''
 		nw=$((nw + 1))
-		WL="$WL $nw:$ID"
+		WAITERS="$WAITERS $nw:$ID"
 		(
 			# the waiter: the command's exit status
 			w=
@@ -1224,8 +1229,8 @@ session)
 	}
 	# wl N ID: waiter N of ID is no longer running (only an entry that is there is taken out)
 	wl() {
-		case $WL in
-		*" $1:$2 "* | *" $1:$2") WL="${WL%%" $1:$2"*}${WL#*" $1:$2"}" ;;
+		case $WAITERS in
+		*" $1:$2 "* | *" $1:$2") WAITERS="${WAITERS%%" $1:$2"*}${WAITERS#*" $1:$2"}" ;;
 		esac
 	}
 	# waiter number $1 (PID p_) of execution $2 ended without reporting (killed): the exit status
@@ -1270,25 +1275,28 @@ session)
 		fi
 	}
 	# The batch helper N ended without its "y" (killed: someone's kill, the OOM killer). Its
-	# requests not reported on (BL) are settled here. First a fence: its stage is renamed, and
-	# each request's command file removed from the session directory, so that a link or move
-	# it had begun (its child may outlive it) can no longer put anything in place. Then, for
-	# each: this batch's guard (the very file it staged: an earlier execution of the same ID,
-	# even in this session, is another's) with its stage and command in place is flushed and
-	# started, as the helper would have; this batch's guard without them is given back
-	# (nothing ran); another's guard is "exists"; no guard, nothing ran.
+	# requests not reported on (BATCH_UNREPORTED) are settled here. First a fence: its stage
+	# is renamed, and each request's command file removed from the session directory, so that
+	# a link or move it had begun (its child may outlive it) can no longer put anything in
+	# place. Then, for each: this batch's guard (the very file it staged: an earlier
+	# execution of the same ID, even in this session, is another's) with its stage and
+	# command in place is flushed and started (REQUESTS_TO_START), as the helper would have;
+	# this batch's guard without them is given back (nothing ran); another's guard is
+	# "exists"; no guard, nothing ran.
 	rebatch() {
-		SB=$I/b/$1
-		[ -d "$SB" ] && mv "$SB" "$SB.x" 2>/dev/null && SB=$SB.x
-		G_=''
+		BATCH_STAGE=$I/b/$1
+		if [ -d "$BATCH_STAGE" ] && mv "$BATCH_STAGE" "$BATCH_STAGE.x" 2>/dev/null; then
+			BATCH_STAGE=$BATCH_STAGE.x
+		fi
+		REQUESTS_TO_START=''
 		set --
-		for r in $BL; do
+		for r in $BATCH_UNREPORTED; do
 			i=${r%%:*}
 			rm -f "$I/$i.cmd"
 			# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
-			if [ "$SB/$i.start" -ef "$X/$i.start" ]; then
+			if [ "$BATCH_STAGE/$i.start" -ef "$X/$i.start" ]; then
 				if [ -d "$X/$i" ] && [ -e "$X/$i.cmd" ]; then
-					G_="$G_ $r"
+					REQUESTS_TO_START="$REQUESTS_TO_START $r"
 					set -- "$@" "$X/$i.start"
 					continue
 				fi
@@ -1302,9 +1310,9 @@ session)
 			fi
 			answer "$i" refused "the host's batch helper was killed; nothing ran"
 		done
-		BL=''
+		BATCH_UNREPORTED=''
 		[ $# -gt 0 ] && fsync "$X" "$@"
-		for r in $G_; do
+		for r in $REQUESTS_TO_START; do
 			answer "${r%%:*}" started
 			start "${r%%:*}" "${r##*:}"
 		done
@@ -1317,25 +1325,25 @@ session)
 		P=$((P - 1))
 	}
 	while :; do
-		if [ -n "$READER_GONE" ] && [ "$N" -eq 0 ] && [ "$P" -eq 0 ] && [ -z "$SN" ]; then
+		if [ -n "$READER_GONE" ] && [ "$N" -eq 0 ] && [ "$P" -eq 0 ] && [ -z "$SENTINEL_QUEUED" ]; then
 			break
 		fi
 		read -r k a b c d <&4 || break
 		case $k in
 		r)
-			R="$R $a:$b:$c:$d"
-			RN=$((RN + 1))
+			REQUESTS="$REQUESTS $a:$b:$c:$d"
+			REQUESTS_COUNT=$((REQUESTS_COUNT + 1))
 			;;
 		w) answer "$a" refused "cannot store the command in $I (disk full?)" ;;
 		g)
 			# confirmed: these go with the next batch helper; the reader may read on
 			# while fewer than 64 wait here
-			RC="$RC$R" R=''
-			PN=$((PN + RN)) RN=0
-			if [ "$PN" -lt 64 ]; then
+			CONFIRMED="$CONFIRMED$REQUESTS" REQUESTS=''
+			CONFIRMED_COUNT=$((CONFIRMED_COUNT + REQUESTS_COUNT)) REQUESTS_COUNT=0
+			if [ "$CONFIRMED_COUNT" -lt 64 ]; then
 				echo k >&5
 			else
-				KW=1
+				READER_WAITS=1
 			fi
 			;;
 		f)
@@ -1348,15 +1356,15 @@ session)
 		t)
 			# a waiter that has ended (a zombie) or is gone: ask again behind whatever it
 			# may have written (a "u" comes after its "f", if it wrote one)
-			for r in $WL; do
+			for r in $WAITERS; do
 				eval "p_=\$Pw${r%%:*}"
 				if ! pst "$p_" || [ "$STATE" = Z ]; then
 					echo "u ${r%%:*} ${r#*:}" >&4
 				fi
 			done
-			[ -n "$BH" ] && hl b "$nb"
+			[ -n "$BATCH_RUNNING" ] && hl b "$nb"
 			[ -z "$READER_GONE" ] && hl r 0
-			[ -n "$FH" ] && hl f "$nf"
+			[ -n "$FINISH_RUNNING" ] && hl f "$nf"
 			;;
 		u)
 			eval "p_=\${Pw$a:-}"
@@ -1366,14 +1374,14 @@ session)
 			READER_GONE=1
 			[ -n "$a" ] && say_error "$a $b $c $d"
 			;;
-		s) SN='' ;;
+		s) SENTINEL_QUEUED='' ;;
 		v)
-			drop BL "$a"
+			drop BATCH_UNREPORTED "$a"
 			answer "$a" "$b" "$c${d:+ $d}"
 			;;
 		a)
 			# (x_: LEN:DIGEST:TIMEOUT of the request; c: the batch's NOW)
-			drop BL "$a"
+			drop BATCH_UNREPORTED "$a"
 			SR=''
 			if [ -n "$x_" ]; then
 				NOW=$c
@@ -1384,17 +1392,17 @@ session)
 			start "$a" "$b"
 			;;
 		o)
-			drop FL "$a"
+			drop FINISH_UNREPORTED "$a"
 			finished "$a" "$b" "$c" "$d"
 			;;
 		y)
 			reap "b$a"
-			BH='' BL=''
+			BATCH_RUNNING='' BATCH_UNREPORTED=''
 			;;
 		z)
 			reap "f$a"
 			# (what it did not report, a record the home refused, goes to the next one)
-			FH='' W="$W$FL" FL=''
+			FINISH_RUNNING='' W="$W$FINISH_UNREPORTED" FINISH_UNREPORTED=''
 			;;
 		x)
 			# a helper ended without its last report: settle what it left (a finish group
@@ -1409,11 +1417,11 @@ session)
 			if [ -n "$p_" ]; then
 				reap "$a$b"
 				if [ "$a" = b ]; then
-					BH=''
+					BATCH_RUNNING=''
 					rebatch "$b"
 				else
-					FH=''
-					W="$W$FL" FL=''
+					FINISH_RUNNING=''
+					W="$W$FINISH_UNREPORTED" FINISH_UNREPORTED=''
 				fi
 			fi
 			;;
@@ -1421,16 +1429,16 @@ session)
 		# Take what is queued now as one batch: a sentinel through our own queue comes back
 		# after every line written before it. Then write what was gathered.
 		if [ "$k" != s ]; then
-			[ -n "$SN" ] || {
+			[ -n "$SENTINEL_QUEUED" ] || {
 				echo s >&4
-				SN=1
+				SENTINEL_QUEUED=1
 			}
 			continue
 		fi
 		fl
 		# (one finish helper at a time: what ends meanwhile waits for the next)
-		if [ -n "$W" ] && [ -z "$FH" ]; then
-			FH=1
+		if [ -n "$W" ] && [ -z "$FINISH_RUNNING" ]; then
+			FINISH_RUNNING=1
 			nf=$((nf + 1))
 			(
 				exec 5>&-
@@ -1439,14 +1447,15 @@ session)
 			) </dev/null >/dev/null 2>&1 &
 			eval "Pf$nf=\$!"
 			P=$((P + 1))
-			FL=$W W=''
+			FINISH_UNREPORTED=$W W=''
 		fi
 		# (one batch helper at a time: what is confirmed meanwhile goes into the next)
-		if [ -n "$RC" ] && [ -z "$BH" ]; then
-			BH=1
+		if [ -n "$CONFIRMED" ] && [ -z "$BATCH_RUNNING" ]; then
+			BATCH_RUNNING=1
 			nb=$((nb + 1))
-			# (batch takes R; what R holds now is not confirmed yet and stays)
-			U_=$R R=$RC
+			# (batch takes REQUESTS; what REQUESTS holds now is not confirmed yet and stays:
+			# UNCONFIRMED keeps it meanwhile)
+			UNCONFIRMED=$REQUESTS REQUESTS=$CONFIRMED
 			(
 				exec 5>&-
 				batch
@@ -1454,9 +1463,9 @@ session)
 			) </dev/null >/dev/null 2>&1 &
 			eval "Pb$nb=\$!"
 			P=$((P + 1))
-			BL=$RC R=$U_ RC='' PN=0
-			if [ -n "$KW" ]; then
-				KW=''
+			BATCH_UNREPORTED=$CONFIRMED REQUESTS=$UNCONFIRMED CONFIRMED='' CONFIRMED_COUNT=0
+			if [ -n "$READER_WAITS" ]; then
+				READER_WAITS=''
 				echo k >&5
 			fi
 		fi
