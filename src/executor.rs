@@ -162,7 +162,7 @@ impl Reply {
             return Err(SshError::Disconnected(b).into());
         }
         if let Some(e) = self.errors.first() {
-            return Err(ExecError::Input(format!("the host reported: {e}")));
+            return Err(ExecError::HostReported(format!("the host reported: {e}")));
         }
         Ok(self)
     }
@@ -333,7 +333,7 @@ fn reason_text(why: Why, target: &Target, run: &Run, last: Option<&(Reply, Probe
 
 /// A step that needs the connection came without one (the machine always connects first).
 fn not_connected(run: &Run) -> ExecError {
-    ExecError::Input(format!(
+    ExecError::Internal(format!(
         "internal: {} had no connection for its next exec",
         run.rec.id
     ))
@@ -433,7 +433,7 @@ struct Asked<'a> {
 /// dispatched, which reads as "never dispatched".)
 fn lost_id_race(e: crate::journal::JournalError, id: &ExecutionId) -> ExecError {
     if e.is_duplicate_id() {
-        ExecError::Input(format!(
+        ExecError::Refused(format!(
             "execution {id} was accepted by another process at the same moment; it runs there, \
              once. Follow it with `cairn attach {id}` or `cairn status {id}`"
         ))
@@ -453,7 +453,7 @@ fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
     let mut blob = Vec::new();
     for name in &intent.secret_env {
         let v = std::env::var_os(name).ok_or_else(|| {
-            ExecError::Input(format!(
+            ExecError::Setup(format!(
                 "secret variable {name} is not set in cairn's environment"
             ))
         })?;
@@ -465,7 +465,7 @@ fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
         #[cfg(not(unix))]
         let bytes = v.to_string_lossy().into_owned().into_bytes();
         if bytes.contains(&0) {
-            return Err(ExecError::Input(format!(
+            return Err(ExecError::Setup(format!(
                 "secret {name} contains a NUL byte"
             )));
         }
@@ -559,8 +559,8 @@ impl Executor {
         intent: Intent,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        marker::validate_remote_dir(&req.remote_dir).map_err(ExecError::Input)?;
-        intent.validate().map_err(ExecError::Input)?;
+        marker::validate_remote_dir(&req.remote_dir).map_err(ExecError::InvalidRequest)?;
+        intent.validate().map_err(ExecError::InvalidRequest)?;
         let secret_blob = secret_blob(&intent)?;
         let target = crate::ssh::resolve(&req.destination, &self.connect)?;
         let command = intent.wrap_command(&req.command);
@@ -729,7 +729,7 @@ impl Executor {
             }
         }
         if !accepted {
-            return Err(ExecError::Input(
+            return Err(ExecError::Internal(
                 "intent matching did not settle after 5 attempts".into(),
             ));
         }
@@ -903,7 +903,7 @@ impl Executor {
             ..Intent::default()
         };
         let blob = secret_blob(&intent)
-            .map_err(|e| ExecError::Input(format!("cannot dispatch {id}: {e}; nothing was sent")))?
+            .map_err(|e| ExecError::Setup(format!("cannot dispatch {id}: {e}; nothing was sent")))?
             .unwrap_or_default();
         self.secrets.insert(id.to_string(), blob.clone());
         Ok(blob)
@@ -917,7 +917,7 @@ impl Executor {
         let path = match self.intent_key_path.clone() {
             Some(p) => p,
             None => IntentKey::default_path(self.journal.path()).ok_or_else(|| {
-                ExecError::Input(
+                ExecError::Setup(
                     "a PostgreSQL journal is shared by replicas, and they match one intent only \
                      under one intent key: give every replica the same key file with \
                      --intent-key FILE or CAIRN_INTENT_KEY"
@@ -925,7 +925,7 @@ impl Executor {
                 )
             })?,
         };
-        let k = IntentKey::load_or_create(&path).map_err(ExecError::Input)?;
+        let k = IntentKey::load_or_create(&path).map_err(ExecError::Setup)?;
         self.intent_key = Some(k.clone());
         Ok(k)
     }
@@ -1114,13 +1114,13 @@ impl Executor {
         use crate::review::Resolution;
         let r = crate::review::record(&self.journal, id)?;
         if !matches!(r.state, State::Unknown | State::Interrupted) {
-            return Err(ExecError::Input(format!(
+            return Err(ExecError::Refused(format!(
                 "{id} is {}, not under review (only unknown or interrupted executions are resolved)",
                 r.state
             )));
         }
         if reason.trim().is_empty() {
-            return Err(ExecError::Input(
+            return Err(ExecError::InvalidRequest(
                 "--reason is required: say what you checked".into(),
             ));
         }
@@ -1149,7 +1149,7 @@ impl Executor {
             }
             Resolution::Retry => {
                 if r.state == State::Interrupted {
-                    return Err(ExecError::Input(format!(
+                    return Err(ExecError::Refused(format!(
                         "refusing to retry {id}: it started on the host (interrupted); resolve it as completed or failed"
                     )));
                 }
@@ -1176,7 +1176,7 @@ impl Executor {
                             Ok(p) => format!("{p:?}"),
                             Err(e) => e,
                         };
-                        Err(ExecError::Input(format!(
+                        Err(ExecError::Refused(format!(
                             "refusing to retry {id}: the marker does not prove it never started (the host says: {found}{})",
                             if seen_start { "; and the journal saw it start" } else { "" }
                         )))
@@ -1425,19 +1425,19 @@ impl Executor {
             return Err(SshError::Disconnected(b).into());
         }
         if reply.absent {
-            return Err(ExecError::Input(format!(
+            return Err(ExecError::HostReported(format!(
                 "the host has no record of {id}: it never started there"
             )));
         }
         if reply.output_gone {
-            return Err(ExecError::Input(format!(
+            return Err(ExecError::HostReported(format!(
                 "the output of {id} was removed by `cairn gc` (output retention); its finish \
                  record is kept: {}",
                 reply.done.as_ref().map(finish_text).unwrap_or_default()
             )));
         }
         if let Some(e) = reply.errors.first() {
-            return Err(ExecError::Input(format!("the host reported: {e}")));
+            return Err(ExecError::HostReported(format!("the host reported: {e}")));
         }
         Ok(reply.done)
     }
@@ -1893,7 +1893,7 @@ impl Executor {
                     tracing::info!("cairn: {why}; using the sh script");
                     self.decide_side(ci, &dir, Err(why.clone()));
                     if self.host_helper == HostHelper::Always {
-                        return Err(ExecError::Input(format!("--host-helper always: {why}")));
+                        return Err(ExecError::Refused(format!("--host-helper always: {why}")));
                     }
                 }
             }
@@ -1905,7 +1905,7 @@ impl Executor {
             .await?
         {
             Ok(reply) => Ok(reply),
-            Err(why) => Err(ExecError::Input(why)),
+            Err(why) => Err(ExecError::HostReported(why)),
         }
     }
 
@@ -1930,7 +1930,7 @@ impl Executor {
         match decided {
             Ok(()) => Ok(Side::Helper),
             Err(why) if self.host_helper == HostHelper::Always => {
-                Err(ExecError::Input(format!("--host-helper always: {why}")))
+                Err(ExecError::Refused(format!("--host-helper always: {why}")))
             }
             Err(_) => Ok(Side::Script),
         }

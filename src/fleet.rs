@@ -144,21 +144,23 @@ fn host_list(f: &FleetOptions) -> Result<Vec<String>, ExecError> {
         .collect();
     if let Some(p) = &f.inventory {
         let text = std::fs::read_to_string(p)
-            .map_err(|e| ExecError::Input(format!("--inventory {}: {e}", p.display())))?;
+            .map_err(|e| ExecError::Setup(format!("--inventory {}: {e}", p.display())))?;
         hosts.extend(parse_inventory(&text));
     }
     if hosts.is_empty() {
-        return Err(ExecError::Input(
+        return Err(ExecError::InvalidRequest(
             "no hosts given (--hosts / --inventory)".into(),
         ));
     }
     let mut seen = std::collections::BTreeSet::new();
     for h in &hosts {
         if h.starts_with('-') || h.contains(char::is_whitespace) {
-            return Err(ExecError::Input(format!("{h:?} is not a destination")));
+            return Err(ExecError::InvalidRequest(format!(
+                "{h:?} is not a destination"
+            )));
         }
         if !seen.insert(h.clone()) {
-            return Err(ExecError::Input(format!(
+            return Err(ExecError::InvalidRequest(format!(
                 "host {h} is listed twice; each host runs the command once"
             )));
         }
@@ -328,41 +330,41 @@ fn file_name(dest: &str) -> String {
 pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
     let f = &args.fleet;
     if args.destination.is_some() {
-        return Err(ExecError::Input(
+        return Err(ExecError::InvalidRequest(
             "give either DESTINATION or --hosts/--inventory, not both".into(),
         ));
     }
     if args.id.is_some() {
-        return Err(ExecError::Input(
+        return Err(ExecError::InvalidRequest(
             "--id names one execution; with --hosts use --batch ID".into(),
         ));
     }
     if args.detach {
-        return Err(ExecError::Input(
+        return Err(ExecError::InvalidRequest(
             "--detach is not supported with --hosts/--inventory".into(),
         ));
     }
     if f.parallel == 0 || f.batch_size == Some(0) {
-        return Err(ExecError::Input(
+        return Err(ExecError::InvalidRequest(
             "--parallel and --batch-size must be at least 1".into(),
         ));
     }
     let hosts = host_list(f)?;
     let batch_id = match &f.batch_id {
         Some(b) => ExecutionId::parse(b)
-            .map_err(|e| ExecError::Input(format!("--batch: {e}")))?
+            .map_err(|e| ExecError::InvalidRequest(format!("--batch: {e}")))?
             .to_string(),
         None => format!("bt_{}", uuid::Uuid::now_v7().simple()),
     };
-    crate::marker::validate_remote_dir(&args.remote_dir).map_err(ExecError::Input)?;
+    crate::marker::validate_remote_dir(&args.remote_dir).map_err(ExecError::InvalidRequest)?;
     let intent = args.intent.intent(&args.host.connect.identity)?;
-    intent.validate().map_err(ExecError::Input)?;
+    intent.validate().map_err(ExecError::InvalidRequest)?;
     let timeout_secs = args.timeout.map(|d| d.as_secs().max(1)).unwrap_or(0);
     let max_failures = if f.fail_fast { Some(0) } else { f.max_failures };
 
     let mut ex = ExecutorBuilder::host(&args.host).build()?;
     if ex.journal.batch(&batch_id)?.is_some() {
-        return Err(ExecError::Input(format!(
+        return Err(ExecError::Refused(format!(
             "batch {batch_id} already exists; continue it with `cairn batch resume {batch_id}`"
         )));
     }
@@ -460,7 +462,7 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
         BatchCommand::Status { batch, json, host } => {
             let mut ex = ExecutorBuilder::host(&host).build()?;
             let b = ex.journal.batch(&batch)?.ok_or_else(|| {
-                ExecError::Input(format!(
+                ExecError::InvalidRequest(format!(
                     "no batch {batch} in journal {}",
                     ex.journal.location()
                 ))
@@ -530,7 +532,7 @@ fn member_states(
     let mut v = Vec::new();
     for m in &b.members {
         let id = ExecutionId::parse(&m.execution_id)
-            .map_err(|e| ExecError::Input(format!("batch member: {e}")))?;
+            .map_err(|e| ExecError::Internal(format!("batch member: {e}")))?;
         if ex.journal.execution(&id)?.is_none() {
             v.push(("not-started".to_string(), None));
         } else {
@@ -601,7 +603,7 @@ async fn resume(
 ) -> Result<i32, ExecError> {
     let mut ex = ExecutorBuilder::host(&host).build()?;
     let b = ex.journal.batch(batch)?.ok_or_else(|| {
-        ExecError::Input(format!(
+        ExecError::InvalidRequest(format!(
             "no batch {batch} in journal {}",
             ex.journal.location()
         ))
@@ -628,7 +630,7 @@ async fn resume(
     let mut jobs = Vec::new();
     for (idx, m) in b.members.iter().enumerate() {
         let id = ExecutionId::parse(&m.execution_id)
-            .map_err(|e| ExecError::Input(format!("batch member: {e}")))?;
+            .map_err(|e| ExecError::Internal(format!("batch member: {e}")))?;
         let mode = match ex.journal.status(&id)? {
             None if ex.journal.execution(&id)?.is_none() => Mode::Fresh,
             Some(s) if s.state == State::Delivered => Mode::Settled,

@@ -73,12 +73,10 @@ impl GatewayError {
             data: None,
         }
     }
-    fn exec(e: ExecError) -> Self {
-        let code = match e {
-            ExecError::Input(_) | ExecError::IdConflict { .. } => -32602,
-            ExecError::NoSuchExecution(..) => -32004,
-            _ => -32000,
-        };
+    /// The answer to an operation that ended with `e`: its code from
+    /// [`ExecError::rpc_code`], its message as shown.
+    pub fn exec(e: &ExecError) -> Self {
+        let code = e.rpc_code();
         // Past the dispatch boundary the caller must learn which execution to ask about,
         // and that it was sent: never a reason to send it again.
         let data = e.unsettled_id().map(
@@ -94,7 +92,7 @@ impl GatewayError {
 
 impl From<ExecError> for GatewayError {
     fn from(e: ExecError) -> Self {
-        GatewayError::exec(e)
+        GatewayError::exec(&e)
     }
 }
 
@@ -102,11 +100,16 @@ type GResult<T> = Result<T, GatewayError>;
 
 impl GatewayConfig {
     pub fn executor(&self) -> GResult<Executor> {
+        Ok(self.build_executor()?)
+    }
+
+    /// [`GatewayConfig::executor`], its error as it is (for callers that answer with it later).
+    pub fn build_executor(&self) -> Result<Executor, ExecError> {
         let approve = ApproveOptions {
             mode: self.approve.clone(),
             policy: self.policy.clone(),
         };
-        Ok(ExecutorBuilder::new(&self.journal)
+        ExecutorBuilder::new(&self.journal)
             .connect(self.connect.clone())
             .patience(self.patience.clone())
             .intent_key(self.intent_key.clone())
@@ -115,7 +118,7 @@ impl GatewayConfig {
             .host_session(self.host_session)
             .host_helper(self.host_helper)
             .approve(&approve, &self.actor)
-            .build()?)
+            .build()
     }
 
     /// On a shared (PostgreSQL) journal, take over the executions of replicas whose lease
@@ -169,8 +172,8 @@ impl GatewayConfig {
     }
 
     /// Start this server's session in the journal.
-    pub fn start_session(&mut self, kind: &str) -> GResult<String> {
-        let mut j = Journal::open(&self.journal).map_err(ExecError::from)?;
+    pub fn start_session(&mut self, kind: &str) -> Result<String, ExecError> {
+        let mut j = Journal::open(&self.journal)?;
         // A replica seals checkpoints over a shared journal's heads (CAIRN_SEAL_KEY).
         j.seal_periodically_from_env();
         let detail =
@@ -576,4 +579,35 @@ pub fn resolve(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
     };
     let o = block_on(ex.resolve(&id, how, reason, &cfg.actor, &mut cap))?;
     Ok(outcome_value(&o, Some(&cap)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_exec_error_answers_with_its_rpc_code_and_message() {
+        for e in [
+            ExecError::InvalidRequest("bad ID".into()),
+            ExecError::Refused("refusing to retry ex_1".into()),
+            ExecError::Setup("policy file".into()),
+            ExecError::HostReported("the host reported: disk full".into()),
+            ExecError::Internal("internal: no connection".into()),
+            ExecError::NoSuchExecution("ex_1".into(), "j".into()),
+        ] {
+            let (code, message) = (e.rpc_code(), e.to_string());
+            let g = GatewayError::from(e);
+            assert_eq!((g.code, g.message), (code, message));
+            assert!(g.data.is_none());
+        }
+        let g = GatewayError::from(ExecError::Unsettled {
+            id: "ex_1".into(),
+            source: Box::new(ExecError::HostReported("gone".into())),
+        });
+        assert_eq!(g.code, -32000);
+        assert_eq!(
+            g.data,
+            Some(json!({"execution_id": "ex_1", "dispatched": true, "state": "unknown"}))
+        );
+    }
 }

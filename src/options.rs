@@ -113,9 +113,9 @@ impl IntentOptions {
     pub fn intent(&self, identity: &[PathBuf]) -> Result<Intent, ExecError> {
         let mut env = BTreeMap::new();
         for kv in &self.env {
-            let (k, v) = kv
-                .split_once('=')
-                .ok_or_else(|| ExecError::Input(format!("--env {kv:?}: expected NAME=VALUE")))?;
+            let (k, v) = kv.split_once('=').ok_or_else(|| {
+                ExecError::InvalidRequest(format!("--env {kv:?}: expected NAME=VALUE"))
+            })?;
             env.insert(k.to_owned(), v.to_owned());
         }
         let credential_ref = self.credential_ref.clone().or_else(|| {
@@ -141,7 +141,7 @@ impl IntentOptions {
             session_id: None,
             operation: None,
         };
-        intent.validate().map_err(ExecError::Input)?;
+        intent.validate().map_err(ExecError::InvalidRequest)?;
         Ok(intent)
     }
 }

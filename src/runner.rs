@@ -152,7 +152,7 @@ impl ExecutorBuilder {
             Approval::Given(a) => a,
             Approval::Options { options, by } => {
                 crate::approve::from_flags(&options.mode, options.policy.as_deref(), &by)
-                    .map_err(ExecError::Input)?
+                    .map_err(ExecError::Setup)?
             }
         };
         Ok(ex)
@@ -188,7 +188,7 @@ pub fn prepare(
     actor: &str,
 ) -> Result<String, ExecError> {
     ex.approver = crate::approve::from_flags(&approve.mode, approve.policy.as_deref(), "local-cli")
-        .map_err(ExecError::Input)?;
+        .map_err(ExecError::Setup)?;
     let argv: Vec<String> = std::env::args().take(2).collect();
     let s = start_session(
         &mut ex.journal,
@@ -312,6 +312,6 @@ mod tests {
             .build()
             .err()
             .expect("a missing policy file is refused");
-        assert!(matches!(e, ExecError::Input(_)), "{e}");
+        assert!(matches!(e, ExecError::Setup(_)), "{e}");
     }
 }

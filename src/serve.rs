@@ -36,8 +36,7 @@ pub const METHODS: [&str; 9] = [
 
 /// Serve JSON-RPC on stdin/stdout until stdin ends.
 pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
-    cfg.start_session("serve")
-        .map_err(|e| ExecError::Input(e.message))?;
+    cfg.start_session("serve")?;
     cfg.sweep_takeovers();
     let code = tokio::task::spawn_blocking(move || {
         let stdin = std::io::stdin();

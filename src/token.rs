@@ -13,6 +13,7 @@ use std::time::Duration;
 use base64::Engine;
 use sha2::{Digest, Sha256};
 
+use crate::error::ExecError;
 use crate::journal::{now_ms, now_rfc3339, rfc3339_from_unix, Journal, JournalError, TokenRecord};
 
 /// The prefix of every token (lets secret scanners and people recognise one).
@@ -75,11 +76,13 @@ pub fn add(
     actor: &str,
     scope_prefix: Option<String>,
     expires_in: Option<Duration>,
-) -> Result<(String, TokenRecord), String> {
-    validate_actor(actor)?;
+) -> Result<(String, TokenRecord), ExecError> {
+    validate_actor(actor).map_err(ExecError::InvalidRequest)?;
     if let Some(p) = &scope_prefix {
         if p.is_empty() || p.chars().any(char::is_control) {
-            return Err("the scope prefix is empty or has control characters".into());
+            return Err(ExecError::InvalidRequest(
+                "the scope prefix is empty or has control characters".into(),
+            ));
         }
     }
     let raw: [u8; 32] = rand::random();
@@ -99,7 +102,7 @@ pub fn add(
         expires_ms,
         revoked_at: None,
     };
-    j.add_token(&rec).map_err(|e| e.to_string())?;
+    j.add_token(&rec)?;
     Ok((token, rec))
 }
 

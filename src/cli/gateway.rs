@@ -179,7 +179,7 @@ pub struct ResolveArgs {
 }
 
 pub async fn resolve(a: ResolveArgs) -> Result<i32, ExecError> {
-    let id = ExecutionId::parse(&a.id).map_err(|e| ExecError::Input(e.to_string()))?;
+    let id = ExecutionId::parse(&a.id).map_err(|e| ExecError::InvalidRequest(e.to_string()))?;
     let mut ex = a.common.executor()?;
     let by = a
         .actor

@@ -62,14 +62,14 @@ impl HttpArgs {
             return Ok(None);
         };
         if fixed_actor {
-            return Err(ExecError::Input(
+            return Err(ExecError::InvalidRequest(
                 "--actor (or CAIRN_ACTOR) with --listen: over HTTP each request acts as the actor \
                  of its bearer token (cairn token add ACTOR); drop --actor"
                     .into(),
             ));
         }
         if !listen.ip().is_loopback() && !self.allow_remote {
-            return Err(ExecError::Input(format!(
+            return Err(ExecError::Refused(format!(
                 "--listen {listen} is not a loopback address: add --allow-remote to serve other \
                  machines (behind TLS: see docs/GATEWAYS.md)"
             )));
@@ -135,8 +135,7 @@ pub fn token(c: TokenCommand) -> Result<i32, ExecError> {
             json,
         } => {
             let mut j = open(&journal)?;
-            let (t, rec) = crate::token::add(&mut j, &actor, scope_prefix, expires)
-                .map_err(ExecError::Input)?;
+            let (t, rec) = crate::token::add(&mut j, &actor, scope_prefix, expires)?;
             if json {
                 let mut v = serde_json::to_value(&rec).unwrap_or_default();
                 v["token"] = t.into();
@@ -185,7 +184,7 @@ pub fn token(c: TokenCommand) -> Result<i32, ExecError> {
                 println!("{id} revoked");
                 Ok(0)
             } else {
-                Err(ExecError::Input(format!(
+                Err(ExecError::InvalidRequest(format!(
                     "no token {id} that is not revoked already (cairn token ls)"
                 )))
             }

@@ -16,8 +16,8 @@ pub mod gateway;
 pub mod listen;
 pub mod ops;
 
+use crate::executor::EXIT_UNKNOWN;
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
-use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
 use crate::journal::Journal;
 use crate::machine::{Machine, Note, Step, Wait, Why};
@@ -387,7 +387,7 @@ fn explain(o: &Outcome) {
 }
 
 fn parse_id(s: &str) -> Result<ExecutionId, ExecError> {
-    ExecutionId::parse(s).map_err(|e| ExecError::Input(e.to_string()))
+    ExecutionId::parse(s).map_err(|e| ExecError::InvalidRequest(e.to_string()))
 }
 
 /// Run the CLI; returns the process exit code.
@@ -396,12 +396,7 @@ pub async fn main(cli: Cli) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("cairn: {e}");
-            // Past the dispatch boundary an error is never "nothing was dispatched".
-            if e.unsettled_id().is_some() {
-                EXIT_UNKNOWN
-            } else {
-                EXIT_NOT_DISPATCHED
-            }
+            e.exit_code()
         }
     }
 }
@@ -530,7 +525,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             common,
         } => {
             if tombstone_retention < output_retention {
-                return Err(ExecError::Input(
+                return Err(ExecError::InvalidRequest(
                     "--tombstone-retention must be at least --output-retention".into(),
                 ));
             }
@@ -632,7 +627,7 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         command.extend_from_slice(&os_bytes(w));
     }
     if command.contains(&0) {
-        return Err(ExecError::Input(
+        return Err(ExecError::InvalidRequest(
             "the command contains a NUL byte, which no shell can receive".into(),
         ));
     }
@@ -640,7 +635,9 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
         return crate::fleet::run(fleet::run_options(&args), command).await;
     }
     let destination = args.destination.clone().ok_or_else(|| {
-        ExecError::Input("no destination: give HOST, or --hosts a,b / --inventory FILE".into())
+        ExecError::InvalidRequest(
+            "no destination: give HOST, or --hosts a,b / --inventory FILE".into(),
+        )
     })?;
     let intent = args.intent.intent(&args.common)?;
     let mut ex = args.common.executor()?;
@@ -742,7 +739,7 @@ fn finish(ex: &mut Executor, o: &Outcome, json: Option<&Terminal>) -> Result<i32
         let id = o
             .execution_id
             .parse()
-            .map_err(|e: crate::id::IdError| ExecError::Input(e.to_string()))?;
+            .map_err(|e: crate::id::IdError| ExecError::Internal(e.to_string()))?;
         if let Err(e) = ex.mark_delivered(&id, "cli") {
             tracing::warn!("cairn: recording the delivery of {id}: {e}");
         }
@@ -768,7 +765,7 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                     crate::audit::verify(&path, &anchor)
                 }
             }
-            .map_err(ExecError::Input)?;
+            .map_err(ExecError::Setup)?;
             if json {
                 print_json(&serde_json::to_value(&report).unwrap_or_default());
             } else if let Some(s) = &report.sealing {

@@ -71,7 +71,7 @@ pub fn ops(cmd: OpsCommand) -> Result<i32, ExecError> {
         OpsCommand::Doc { file } => (file, false),
     };
     let text = std::fs::read_to_string(file)
-        .map_err(|e| ExecError::Input(format!("{}: {e}", file.display())))?;
+        .map_err(|e| ExecError::Setup(format!("{}: {e}", file.display())))?;
     let shown = file.display().to_string();
     let parsed = OperationsFile::parse(&text, &shown);
     match (cmd, parsed) {
@@ -127,13 +127,15 @@ impl OutputSink for Stream {
 
 /// `cairn op NAME key=value …`: everything is checked before any host is contacted.
 pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
-    let file = crate::operations::load(&a.operations).map_err(ExecError::Input)?;
-    let op = file.get(&a.name).map_err(ExecError::Input)?;
-    let c = op.call_from_pairs(&a.args).map_err(ExecError::Input)?;
+    let file = crate::operations::load(&a.operations).map_err(ExecError::Setup)?;
+    let op = file.get(&a.name).map_err(ExecError::InvalidRequest)?;
+    let c = op
+        .call_from_pairs(&a.args)
+        .map_err(ExecError::InvalidRequest)?;
     let mut hosts = a.hosts.clone();
     if let Some(p) = &a.inventory {
         let text = std::fs::read_to_string(p)
-            .map_err(|e| ExecError::Input(format!("--inventory {}: {e}", p.display())))?;
+            .map_err(|e| ExecError::Setup(format!("--inventory {}: {e}", p.display())))?;
         hosts.extend(crate::fleet::parse_inventory(&text));
     }
     let actor = a
@@ -149,7 +151,7 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
         correlation_id: None,
         session_id: None,
     };
-    let p = call::prepare_call(&file, &c, &opts).map_err(ExecError::Input)?;
+    let p = call::prepare_call(&file, &c, &opts).map_err(ExecError::InvalidRequest)?;
     let mut first = a.common.executor()?;
     let session = super::gateway::prepare(&mut first, &a.approve, "cli", &actor)?;
     let make = || -> Result<Executor, ExecError> {
@@ -158,7 +160,7 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
             a.approve.policy.as_deref(),
             "local-cli",
         )
-        .map_err(ExecError::Input)?;
+        .map_err(ExecError::Setup)?;
         crate::runner::ExecutorBuilder::host(&a.common.host_options())
             .approver(call::approver(
                 p.approval,
@@ -231,7 +233,12 @@ fn many(
     if json {
         let v = match call::result_value(p, results) {
             Ok(v) => v,
-            Err((m, _)) => return Err(ExecError::Input(m)),
+            Err(e) => {
+                // As `cairn` ends on any error (its message, its exit code), without moving the
+                // error out of the results.
+                eprintln!("cairn: {e}");
+                return Ok(e.exit_code());
+            }
         };
         println!("{}", serde_json::to_string(&v).unwrap_or_default());
     } else {

@@ -367,7 +367,7 @@ async fn metrics_text(State(front): State<Arc<Front>>) -> Response {
 /// Serve MCP (and JSON-RPC) over HTTP until interrupted (SIGINT / SIGTERM).
 pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32, ExecError> {
     let tls = match &opts.tls {
-        Some((cert, key)) => Some(listen::tls_config(cert, key).map_err(ExecError::Input)?),
+        Some((cert, key)) => Some(listen::tls_config(cert, key).map_err(ExecError::Setup)?),
         None => None,
     };
     if !opts.listen.ip().is_loopback() && tls.is_none() {
@@ -385,17 +385,16 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
             tracing::warn!("cairn: pruning old response streams: {e}");
         }
     }
-    cfg.start_session("mcp-http")
-        .map_err(|e| ExecError::Input(e.message))?;
+    cfg.start_session("mcp-http")?;
     cfg.sweep_takeovers();
     let tcp = tokio::net::TcpListener::bind(opts.listen)
         .await
-        .map_err(|e| ExecError::Input(format!("cannot listen on {}: {e}", opts.listen)))?;
+        .map_err(|e| ExecError::Setup(format!("cannot listen on {}: {e}", opts.listen)))?;
     let scheme = if tls.is_some() { "https" } else { "http" };
     let listener = listen::Listener::new(tcp, tls)
-        .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
+        .map_err(|e| ExecError::Setup(format!("listener address: {e}")))?;
     let addr = axum::serve::Listener::local_addr(&listener)
-        .map_err(|e| ExecError::Input(format!("listener address: {e}")))?;
+        .map_err(|e| ExecError::Setup(format!("listener address: {e}")))?;
     let front = front(&cfg, &opts, addr);
     let ct = tokio_util::sync::CancellationToken::new();
     let app = axum::Router::new()
@@ -425,7 +424,7 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
     cfg.end_session(
         json!({"reason": match &r { Ok(()) => "signal".to_owned(), Err(e) => e.to_string() }}),
     );
-    r.map_err(|e| ExecError::Input(format!("http server: {e}")))?;
+    r.map_err(|e| ExecError::Setup(format!("http server: {e}")))?;
     // Calls still running stay in the journal as they are; a client's retry attaches.
     std::process::exit(0)
 }

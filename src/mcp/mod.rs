@@ -491,14 +491,13 @@ impl CairnMcp {
 
 /// Serve MCP on stdin/stdout until the client leaves.
 pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
-    cfg.start_session("mcp")
-        .map_err(|e| ExecError::Input(e.message))?;
+    cfg.start_session("mcp")?;
     cfg.sweep_takeovers();
     let server = CairnMcp::new(cfg.clone());
     let running = server
         .serve(rmcp::transport::stdio())
         .await
-        .map_err(|e| ExecError::Input(format!("mcp: {e}")))?;
+        .map_err(|e| ExecError::Setup(format!("mcp: {e}")))?;
     let r = running.waiting().await;
     cfg.end_session(json!({"reason": format!("{r:?}")}));
     // The client is gone: stop now. Calls still running stay in the journal as they are

@@ -173,8 +173,9 @@ pub fn deliverable(results: &[HostResult]) -> Vec<ExecutionId> {
 
 /// The result as gateways return it: with one destination, that execution's outcome (as
 /// `execute` returns it); with several, `results` holds one per destination. Both name the
-/// operation and its contract digest.
-pub fn result_value(p: &Prepared, results: &[HostResult]) -> Result<Value, (String, i64)> {
+/// operation and its contract digest. With one destination whose execution ended in an error,
+/// that error.
+pub fn result_value<'r>(p: &Prepared, results: &'r [HostResult]) -> Result<Value, &'r ExecError> {
     let one = |r: &HostResult| match &r.result {
         Ok(o) => crate::gateway::outcome_value(o, Some(&r.output)),
         Err(e) => json!({"destination": r.destination, "error": e.to_string(),
@@ -182,11 +183,7 @@ pub fn result_value(p: &Prepared, results: &[HostResult]) -> Result<Value, (Stri
     };
     if let [r] = results {
         if let Err(e) = &r.result {
-            let code = match e {
-                ExecError::Input(_) | ExecError::IdConflict { .. } => -32602,
-                _ => -32000,
-            };
-            return Err((e.to_string(), code));
+            return Err(e);
         }
         let mut v = one(r);
         v["operation"] = p.operation.clone().into();
@@ -230,17 +227,13 @@ pub async fn gateway_call(
     };
     let p = prepare(file, name, args, &opts).map_err(GatewayError::params)?;
     let make = || -> Result<Executor, ExecError> {
-        let mut ex = cfg.executor().map_err(|e| ExecError::Input(e.message))?;
+        let mut ex = cfg.build_executor()?;
         let base = std::mem::replace(&mut ex.approver, Box::new(crate::approve::Deny));
         ex.approver = approver(p.approval, base, cfg.policy.is_some(), &p.operation);
         Ok(ex)
     };
     let results = run(&p, &make, crate::gateway::INLINE_OUTPUT_CAP).await;
-    let v = result_value(&p, &results).map_err(|(message, code)| GatewayError {
-        code,
-        message,
-        data: None,
-    })?;
+    let v = result_value(&p, &results).map_err(GatewayError::exec)?;
     Ok((v, deliverable(&results)))
 }
 
@@ -270,8 +263,8 @@ pub fn for_server(
     match path {
         Some(p) => super::load(p)
             .map(|f| Some(std::sync::Arc::new(f)))
-            .map_err(ExecError::Input),
-        None if only => Err(ExecError::Input(
+            .map_err(ExecError::Setup),
+        None if only => Err(ExecError::InvalidRequest(
             "--operations-only needs --operations FILE (or CAIRN_OPERATIONS)".into(),
         )),
         None => Ok(None),
