@@ -92,6 +92,9 @@ kinds! {
     CancelRequested = "cancel-requested",
     /// Another replica took the execution over after its owner's lease expired.
     Takeover = "takeover",
+    /// The owning replica picked up an execution none of its calls drove any more (its call
+    /// failed, say with a journal error) and recovers it.
+    Redrive = "redrive",
     /// A human decision recorded as evidence.
     Resolved = "resolved",
     /// The host reported an exit status.
@@ -184,6 +187,7 @@ mod tests {
             "takeover",
             "host-epoch-changed",
             "host-key-shared",
+            "redrive",
         ] {
             assert!(names.contains(&name), "{name}");
         }

@@ -476,40 +476,157 @@ fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
     Ok(Some(blob))
 }
 
+/// How many times the owner's sweep picks up one execution that none of its calls drives
+/// ([`Executor::redrive_owned`]): one whose recovery keeps failing is then left as it is.
+pub const MAX_REDRIVES: usize = 3;
+
+/// Whether the owner's sweep may pick up `id` when no call drives it: its state and how many
+/// times it was picked up before, or `None` to leave it alone: settled or `unknown` (a call
+/// concluded it), detached (its callers attach to it or poll it), or picked up
+/// [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
+pub(crate) fn may_redrive(
+    j: &Journal,
+    id: &ExecutionId,
+) -> Result<Option<(State, usize)>, crate::journal::JournalError> {
+    let Some(status) = j.status(id)? else {
+        return Ok(None);
+    };
+    if !matches!(
+        status.state,
+        State::Accepted | State::Authorized | State::Dispatched | State::Running
+    ) {
+        return Ok(None);
+    }
+    let events = j.events(id)?;
+    let detached = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == EventKind::Dispatched)
+        .is_some_and(|e| e.evidence["detach"] == true);
+    if detached {
+        return Ok(None);
+    }
+    let before = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Redrive)
+        .count();
+    if before >= MAX_REDRIVES {
+        tracing::warn!(
+            "cairn: {id} ({}) is owned by this replica and no call drives it, but it was picked \
+             up {MAX_REDRIVES} times already; left as it is (cairn recover finishes it)",
+            status.state
+        );
+        return Ok(None);
+    }
+    Ok(Some((status.state, before)))
+}
+
 /// Whether a caller may drive an execution of a shared journal (see `own_or_wait`).
 enum Drive {
-    /// Go ahead; with the guard when this call drives it after a takeover.
+    /// Go ahead; with the guard when this replica owns it (this call drives it then).
     Go(Option<Driving>),
     /// Taken over too often: leave it for review.
     Review,
 }
 
-/// Executions this process drives after taking them over, so that one call recovers each and
-/// the others wait for its result instead of recording it twice.
-fn taken_driving() -> std::sync::MutexGuard<'static, std::collections::HashSet<String>> {
-    static S: std::sync::OnceLock<std::sync::Mutex<std::collections::HashSet<String>>> =
+/// The calls of this process driving one execution of a shared journal: how many drive it
+/// beside each other (the owner's own calls), and whether one drives it alone (the recovery
+/// after a takeover, or the owner picking up an execution none of its calls drove any more).
+#[derive(Default)]
+struct Drivers {
+    shared: usize,
+    sole: bool,
+}
+
+/// Executions this process drives (see [`Drivers`]): one call recovers an execution after a
+/// takeover and the others wait for its result instead of recording it twice, and the owner's
+/// sweep never drives an execution beside a live call of this process.
+fn drivers() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, Drivers>> {
+    static S: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Drivers>>> =
         std::sync::OnceLock::new();
     S.get_or_init(Default::default)
         .lock()
         .unwrap_or_else(|p| p.into_inner())
 }
 
-/// This call drives `id` after a takeover until dropped.
+/// This call drives `id` (alone, or beside other calls of the owner) until dropped.
 #[must_use = "the drive ends when it is dropped"]
-pub(crate) struct Driving(String);
+pub(crate) struct Driving {
+    id: String,
+    sole: bool,
+}
 
 impl Drop for Driving {
     fn drop(&mut self) {
-        taken_driving().remove(&self.0);
+        let mut d = drivers();
+        if let Some(e) = d.get_mut(&self.id) {
+            if self.sole {
+                e.sole = false;
+            } else {
+                e.shared = e.shared.saturating_sub(1);
+            }
+            if !e.sole && e.shared == 0 {
+                d.remove(&self.id);
+            }
+        }
     }
 }
 
 /// Become the one call of this process that drives `id` after its takeover; `None` when
 /// another call does.
 pub(crate) fn drive_taken(id: &ExecutionId) -> Option<Driving> {
-    taken_driving()
-        .insert(id.as_str().to_owned())
-        .then(|| Driving(id.as_str().to_owned()))
+    let mut d = drivers();
+    let e = d.entry(id.as_str().to_owned()).or_default();
+    if e.sole {
+        return None;
+    }
+    e.sole = true;
+    Some(Driving {
+        id: id.as_str().to_owned(),
+        sole: true,
+    })
+}
+
+/// Drive `id`, which this replica owns from its own acceptance, beside any other call of its
+/// own that does; `None` while one call drives it alone (the owner's sweep picked it up).
+fn drive_own(id: &ExecutionId) -> Option<Driving> {
+    let mut d = drivers();
+    let e = d.entry(id.as_str().to_owned()).or_default();
+    if e.sole {
+        return None;
+    }
+    e.shared += 1;
+    Some(Driving {
+        id: id.as_str().to_owned(),
+        sole: false,
+    })
+}
+
+/// Whether a call of this process drives `id`, or is taking it towards its dispatch
+/// ([`crate::owner::claim`], from before its acceptance).
+pub(crate) fn driven_here(id: &ExecutionId) -> bool {
+    drivers().contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str())
+}
+
+/// Become the one call of this process that drives `id`, an execution this replica owns, when
+/// no call of this process drives it or is taking it towards its dispatch (checked under the
+/// same lock every driving call registers under); `None` otherwise.
+pub(crate) fn drive_undriven(id: &ExecutionId) -> Option<Driving> {
+    let mut d = drivers();
+    if d.contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str()) {
+        return None;
+    }
+    d.insert(
+        id.as_str().to_owned(),
+        Drivers {
+            shared: 0,
+            sole: true,
+        },
+    );
+    Some(Driving {
+        id: id.as_str().to_owned(),
+        sole: true,
+    })
 }
 
 impl Executor {
@@ -1290,6 +1407,41 @@ impl Executor {
             .await
     }
 
+    /// The owner's sweep picks up `id`, an execution this replica owns that no call of this
+    /// process has driven for `undriven_for` (its call failed with a journal error, say, or its
+    /// caller went away): a `redrive` event, then the recovery table exactly as after a
+    /// takeover ([`Executor::recover_owned`], waiting for the result). `None` when
+    /// [`may_redrive`] says to leave it alone. The caller holds [`drive_undriven`]'s guard.
+    pub(crate) async fn redrive_owned(
+        &mut self,
+        id: &ExecutionId,
+        undriven_for: Duration,
+    ) -> Result<Option<Outcome>, ExecError> {
+        let Some((state, before)) = may_redrive(&self.journal, id)? else {
+            return Ok(None);
+        };
+        tracing::info!(
+            "cairn: {id} ({state}) is owned by this replica and no call of it has driven it for \
+             {:.1}s; picking it up (redrive {} of at most {MAX_REDRIVES}) and recovering it",
+            undriven_for.as_secs_f64(),
+            before + 1
+        );
+        // Fenced like every append of the owner: refused if another replica took it over.
+        self.journal.append(
+            id,
+            EventKind::Redrive,
+            None,
+            json!({"by": crate::journal::client_identity(),
+                   "replica": crate::journal::replica_id(),
+                   "state": state, "redrive": before + 1, "max_redrives": MAX_REDRIVES,
+                   "undriven_ms": undriven_for.as_millis() as u64,
+                   "reason": "this replica owns the execution and no call of it drives it any \
+                              more (a call that failed, say with a journal error): it applies \
+                              the recovery table, as after a takeover"}),
+        )?;
+        self.recover_owned(id, true).await.map(Some)
+    }
+
     /// The journal's view plus one fresh probe, without changing anything.
     pub async fn probe(
         &mut self,
@@ -1625,7 +1777,8 @@ impl Executor {
 
     /// On a shared journal an execution is driven by its owner. Before driving `id` (attach,
     /// recover, dispatch again): go ahead when nobody owns it, this replica owns it from its
-    /// own acceptance, or it is settled; when its owner's lease expired, take it over (a
+    /// own acceptance (unless its sweep picked it up, see [`Executor::redrive_owned`]: then
+    /// wait for that), or it is settled; when its owner's lease expired, take it over (a
     /// `takeover` event, the epoch bumped: the old owner is fenced) and drive it as its new
     /// owner; while a live replica owns it, or another call of this process drives it after
     /// a takeover, wait until it settles (or that lease expires): woken by the notification of
@@ -1652,13 +1805,16 @@ impl Executor {
                 return Ok(Drive::Go(None));
             }
             if o.mine {
-                if !self.journal.taken_over_here(id) {
-                    return Ok(Drive::Go(None));
-                }
-                if let Some(g) = drive_taken(id) {
+                let g = if self.journal.taken_over_here(id) {
+                    drive_taken(id)
+                } else {
+                    drive_own(id)
+                };
+                if let Some(g) = g {
                     return Ok(Drive::Go(Some(g)));
                 }
-                // another call of this replica recovers it: wait for its result
+                // another call of this replica recovers it (after a takeover, or the owner's
+                // sweep picked it up): wait for its result
             } else if !o.live {
                 for (_, t) in self.journal.take_over(Some(id), 1)? {
                     match t {

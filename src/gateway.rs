@@ -125,50 +125,125 @@ impl GatewayConfig {
     /// expired, without waiting for a caller to retry: every third of the lease, a thread
     /// claims a few (`FOR UPDATE SKIP LOCKED`, so replicas sweeping together take different
     /// ones) and applies the recovery table to each on a thread of its own (reattach and wait
-    /// for the result, collect the stored one, or `unknown`/`interrupted`). Nothing on a
-    /// SQLite file, where `cairn recover` does it.
+    /// for the result, collect the stored one, or `unknown`/`interrupted`). The same thread
+    /// picks up the executions this replica owns that no call of this process has driven for a
+    /// lease (see [`pick_up_undriven`]). Nothing on a SQLite file, where `cairn recover` does
+    /// it.
     pub fn sweep_takeovers(&self) {
         if !crate::journal::is_postgres_url(&self.journal.to_string_lossy()) {
             return;
         }
         let cfg = self.clone();
         let every = (crate::journal::lease_for() / 3).max(Duration::from_millis(100));
-        std::thread::spawn(move || loop {
-            std::thread::sleep(every);
-            let taken = match Journal::open(&cfg.journal).and_then(|mut j| j.take_over(None, 8)) {
-                Ok(t) => t,
-                Err(e) => {
-                    tracing::warn!("cairn: looking for executions to take over: {e}");
-                    continue;
-                }
-            };
-            for (id, t) in taken {
-                let crate::journal::TakeOver::Taken { from, epoch } = t else {
-                    continue;
-                };
-                tracing::info!(
-                    "cairn: {id}: the lease of its owner {from} expired; this replica took it \
-                     over (epoch {epoch}) and recovers it"
-                );
-                // A caller of this replica that took it over drives it already.
-                let Some(driving) = crate::executor::drive_taken(&id) else {
-                    continue;
-                };
-                let cfg = cfg.clone();
-                std::thread::spawn(move || {
-                    let _driving = driving;
-                    let r = cfg.executor().map_err(|e| e.message).and_then(|mut ex| {
-                        block_on(ex.recover_owned(&id, true)).map_err(|e| e.to_string())
-                    });
-                    match r {
-                        Ok(o) => {
-                            tracing::info!("cairn: {id} recovered after takeover: {}", o.state)
-                        }
-                        Err(e) => tracing::warn!("cairn: recovering {id} after takeover: {e}"),
+        std::thread::spawn(move || {
+            let mut undriven = BTreeMap::new();
+            loop {
+                std::thread::sleep(every);
+                let mut j = match Journal::open(&cfg.journal) {
+                    Ok(j) => j,
+                    Err(e) => {
+                        tracing::warn!("cairn: looking for executions to take over: {e}");
+                        continue;
                     }
-                });
+                };
+                match j.take_over(None, 8) {
+                    Ok(taken) => cfg.recover_taken(taken),
+                    Err(e) => tracing::warn!("cairn: looking for executions to take over: {e}"),
+                }
+                if let Err(e) = cfg.pick_up_undriven(&j, &mut undriven) {
+                    tracing::warn!("cairn: looking for executions no call drives: {e}");
+                }
             }
         });
+    }
+
+    /// Recover each execution just taken over on a thread of its own.
+    fn recover_taken(&self, taken: Vec<(ExecutionId, crate::journal::TakeOver)>) {
+        for (id, t) in taken {
+            let crate::journal::TakeOver::Taken { from, epoch } = t else {
+                continue;
+            };
+            tracing::info!(
+                "cairn: {id}: the lease of its owner {from} expired; this replica took it \
+                 over (epoch {epoch}) and recovers it"
+            );
+            // A caller of this replica that took it over drives it already.
+            let Some(driving) = crate::executor::drive_taken(&id) else {
+                continue;
+            };
+            let cfg = self.clone();
+            std::thread::spawn(move || {
+                let _driving = driving;
+                let r = cfg.executor().map_err(|e| e.message).and_then(|mut ex| {
+                    block_on(ex.recover_owned(&id, true)).map_err(|e| e.to_string())
+                });
+                match r {
+                    Ok(o) => {
+                        tracing::info!("cairn: {id} recovered after takeover: {}", o.state)
+                    }
+                    Err(e) => tracing::warn!("cairn: recovering {id} after takeover: {e}"),
+                }
+            });
+        }
+    }
+
+    /// The owner's half of the sweep: an execution this replica owns, not settled, that no
+    /// call of this process drives (or is taking towards its dispatch) would otherwise wait for
+    /// a retry that reaches this replica, and callers attached to it on other replicas would
+    /// wait with it, since this replica's lease stays current. Once one has gone undriven for a
+    /// whole lease (seen so at every sweep: a momentary gap between two calls is not enough),
+    /// this replica picks it up on a thread of its own and applies the recovery table, as after
+    /// a takeover ([`Executor::redrive_owned`]: a `redrive` event, at most
+    /// [`crate::executor::MAX_REDRIVES`] times per execution). `undriven` remembers since when
+    /// each was seen undriven, or that it is left alone (`None`: detached, `unknown`, or
+    /// picked up too often).
+    fn pick_up_undriven(
+        &self,
+        j: &Journal,
+        undriven: &mut BTreeMap<ExecutionId, Option<std::time::Instant>>,
+    ) -> Result<(), crate::journal::JournalError> {
+        let grace = crate::journal::lease_for();
+        let mine = j.owned_unsettled()?;
+        let now = std::time::Instant::now();
+        undriven.retain(|id, _| mine.contains(id));
+        for id in mine {
+            if crate::executor::driven_here(&id) {
+                undriven.remove(&id);
+                continue;
+            }
+            let since = match undriven.entry(id.clone()).or_insert(Some(now)) {
+                Some(since) => *since,
+                None => continue, // left alone (see `may_redrive`)
+            };
+            if now.duration_since(since) < grace {
+                continue;
+            }
+            if crate::executor::may_redrive(j, &id)?.is_none() {
+                undriven.insert(id, None);
+                continue;
+            }
+            // Taken under the lock every driving call of this process registers under.
+            let Some(driving) = crate::executor::drive_undriven(&id) else {
+                undriven.remove(&id);
+                continue;
+            };
+            undriven.remove(&id);
+            let (cfg, for_) = (self.clone(), now.duration_since(since));
+            std::thread::spawn(move || {
+                let _driving = driving;
+                let r = cfg.executor().map_err(|e| e.message).and_then(|mut ex| {
+                    block_on(ex.redrive_owned(&id, for_)).map_err(|e| e.to_string())
+                });
+                match r {
+                    Ok(Some(o)) => {
+                        tracing::info!("cairn: {id} recovered by its owner: {}", o.state)
+                    }
+                    Ok(None) => {}
+                    Err(e) => tracing::warn!("cairn: recovering {id} as its owner: {e}"),
+                }
+            });
+        }
+        Ok(())
     }
 
     /// Start this server's session in the journal.

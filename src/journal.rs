@@ -1646,6 +1646,13 @@ impl Journal {
         Ok(Vec::new())
     }
 
+    /// The executions this replica owns that are not settled (shared journals; none
+    /// elsewhere).
+    pub fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
+        on_postgres!(self, pg => pg.owned_unsettled());
+        Ok(Vec::new())
+    }
+
     /// How many times each execution was taken over (shared journals; none elsewhere).
     pub fn takeover_counts(&self) -> Result<std::collections::HashMap<String, i32>> {
         on_postgres!(self, pg => pg.takeover_counts());

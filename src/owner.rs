@@ -52,7 +52,7 @@ impl Drop for Claim {
     }
 }
 
-fn claimed_here(id: &str) -> bool {
+pub(crate) fn claimed_here(id: &str) -> bool {
     DRIVING
         .lock()
         .unwrap_or_else(|p| p.into_inner())

@@ -11,7 +11,9 @@
 //!   running again, by `intent` (fingerprint match) or `id` (the same execution ID again);
 //! - `cairn_delivery_abandoned_total`: results whose caller's stream closed first;
 //! - `cairn_takeovers_total`: executions taken over from a replica whose lease expired (a
-//!   shared PostgreSQL journal; each execution at most `MAX_TAKEOVERS` times).
+//!   shared PostgreSQL journal; each execution at most `MAX_TAKEOVERS` times);
+//! - `cairn_redrives_total`: executions their owning replica picked up because none of its
+//!   calls drove them any more (a `redrive` event each; at most `MAX_REDRIVES` per execution).
 //!
 //! And of this process: `cairn_tasks_in_flight` (tasks a job of this server watches) and
 //! `cairn_http_refused_total` (requests refused by the guard).
@@ -95,6 +97,13 @@ pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Resul
         "takeovers",
         "Executions taken over from a replica whose lease expired",
         takeovers,
+    );
+    let redrives = Counter::<u64>::default();
+    redrives.inc_by(m.redrives);
+    reg.register(
+        "redrives",
+        "Executions their owning replica picked up after none of its calls drove them any more",
+        redrives,
     );
     let tasks = Gauge::<i64>::default();
     tasks.set(tasks_in_flight as i64);

@@ -39,6 +39,9 @@ pub struct JournalMetrics {
     pub delivery_abandoned: u64,
     /// Executions taken over from a replica whose lease expired (shared journals only).
     pub takeovers: u64,
+    /// Executions the owning replica picked up after none of its calls drove them any more
+    /// (shared journals only).
+    pub redrives: u64,
 }
 
 /// One stored SSE event of a Streamable HTTP response stream.

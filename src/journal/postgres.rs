@@ -1674,7 +1674,7 @@ impl Pg {
                 .query(
                     "SELECT kind, COUNT(*) FROM events
                      WHERE kind IN ('intent-matched', 'request-reused', 'delivery-abandoned',
-                                    'takeover')
+                                    'takeover', 'redrive')
                      GROUP BY kind",
                     &[],
                 )
@@ -1686,6 +1686,7 @@ impl Pg {
                     "intent-matched" => m.attached_by_intent = n,
                     "request-reused" => m.attached_by_id = n,
                     "takeover" => m.takeovers = n,
+                    "redrive" => m.redrives = n,
                     _ => m.delivery_abandoned = n,
                 }
             }
@@ -1771,6 +1772,19 @@ impl Pg {
             )?
             .iter()
             .map(|r| (r.get(0), r.get(1)))
+            .collect())
+    }
+
+    /// The executions this replica owns that are not settled, by ID.
+    pub(super) fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
+        Ok(self
+            .query(
+                "SELECT execution_id FROM owners WHERE replica = $1 AND NOT settled
+                 ORDER BY execution_id",
+                &[&replica_id()],
+            )?
+            .iter()
+            .filter_map(|r| ExecutionId::parse(r.get::<_, &str>(0)).ok())
             .collect())
     }
 
