@@ -58,7 +58,7 @@ mod group;
 pub(crate) mod wake;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 6;
+pub const PG_SCHEMA_VERSION: i32 = 7;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
@@ -68,6 +68,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (4, MIGRATION_4),
     (5, wake::MIGRATION),
     (6, group::MIGRATION),
+    (7, wake::MIGRATION_7),
 ];
 
 const MIGRATION_1: &str = "

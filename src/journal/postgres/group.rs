@@ -35,6 +35,13 @@
 //!   execution's own order), as every other batch does, so two batches (two leaders, or two
 //!   replicas) sharing executions wait for each other but never in a cycle.
 //!
+//! - **Notified after the commit.** Right behind the batch's `COMMIT`, in the same pipeline (no
+//!   round trip of its own), one statement notifies `cairn_events` of every execution an event
+//!   of the batch settles, in a transaction of its own that the server runs only once the
+//!   `COMMIT` has finished (`wake.rs`): the batch's own commit never holds PostgreSQL's notify
+//!   lock. A request rolled back alone (fenced, say), or a batch that did not commit, may so be
+//!   notified without being settled: a hint, which the waiter checks against the journal.
+//!
 //! A batch holds at most [`MAX_BATCH`] requests: each is a subtransaction, and past 64 in one
 //! transaction the server's snapshots of it overflow to disk. A leader that panics publishes
 //! "outcome unknown" to the requests it had taken and steps down (a drop guard).
@@ -315,11 +322,45 @@ impl Pg {
             .await
             .map_err(|e| Failed::Unknown(self.err(e)))?;
         let params = call.params();
-        let (begin, rows, commit) = futures::join!(
+        // The executions this batch settles, notified right behind its COMMIT (`wake.rs`).
+        let mut settling: Vec<&str> = call
+            .ids
+            .iter()
+            .zip(&call.values)
+            .filter(|(_, (state, _))| super::wake::notifies(*state))
+            .map(|(id, _)| id.as_str())
+            .collect();
+        settling.sort_unstable();
+        settling.dedup();
+        let notify = match settling.is_empty() {
+            true => None,
+            false => match c.prepare_cached(super::wake::NOTIFY_SETTLED).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    tracing::debug!("cairn: journal {}: not notifying: {e}", self.location);
+                    None
+                }
+            },
+        };
+        let notify_params: [&(dyn ToSql + Sync); 1] = [&settling];
+        let notified = async {
+            match &notify {
+                Some(n) => c.query(n, &notify_params).await.map(|_| ()),
+                None => Ok(()),
+            }
+        };
+        let (begin, rows, commit, notified) = futures::join!(
             c.batch_execute("BEGIN"),
             c.query(&stmt, &params),
-            c.batch_execute("COMMIT")
+            c.batch_execute("COMMIT"),
+            notified
         );
+        if let Err(e) = notified {
+            tracing::debug!(
+                "cairn: journal {}: notifying settled executions: {e}",
+                self.location
+            );
+        }
         begin.map_err(|e| Failed::Unknown(self.err(e)))?;
         let rows = rows.map_err(|e| match e.as_db_error() {
             // Refused by the database: the COMMIT after it rolled the transaction back.
@@ -592,7 +633,8 @@ mod tests {
         let db = url.rsplit('/').next().unwrap().to_owned();
         let mut j = Journal::open(Path::new(&url)).unwrap();
         for id in ["gb-mine", "gb-fenced"] {
-            j.accept(&rec(id), accepted_evidence(&rec(id))).unwrap();
+            let r = rec(id);
+            j.accept(&r, accepted_evidence(&r)).unwrap();
         }
         let psql = |sql: &str| server.psql(&db, sql).unwrap();
         psql(
@@ -601,12 +643,14 @@ mod tests {
         psql("UPDATE owners SET replica = 'other/r', epoch = 2 WHERE execution_id = 'gb-fenced'");
         let pg = pg_of(&j);
         let before = pg.group_commit_stats();
+        // One record: two would differ in their creation time.
+        let new_rec = rec("gb-new");
         let reqs = vec![
             note("gb-mine", 1),
             note("gb-fenced", 2),
             Request::Accept {
-                rec: Box::new(rec("gb-new")),
-                evidence: accepted_evidence(&rec("gb-new")),
+                rec: Box::new(new_rec.clone()),
+                evidence: accepted_evidence(&new_rec),
             },
             note("gb-missing", 3),
             Request::Append {

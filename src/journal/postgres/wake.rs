@@ -4,25 +4,30 @@
 //! A caller attached on replica B to an execution owned by replica A waits until A settles it
 //! (or A's lease expires). The journal is the only truth, so the caller reads it again now and
 //! then; to learn *when* to read it, each process keeps one dedicated connection per database
-//! that `LISTEN`s on `cairn_events`, and every append that settles an execution notifies that
-//! channel with the execution's ID (a trigger, in the appending transaction: delivered when it
-//! commits). The listener wakes the callers waiting on that ID, who read the journal at once.
+//! that `LISTEN`s on `cairn_events`, and the process that appends an event settling an
+//! execution notifies that channel with the execution's ID once the append has committed
+//! ([`NOTIFY_SETTLED`]). The listener wakes the callers waiting on that ID, who read the
+//! journal at once.
 //!
 //! Notifications are hints, never evidence: one can be lost (the listener's connection breaks,
-//! the database restarts, a notification arrives before a caller started waiting), so a waiter
-//! still reads the journal every [`poll_every`] without one, and correctness never depends on
-//! a notification arriving. When the listener's connection breaks it connects again (backoff
-//! from 100 ms doubling up to 5 s, for the life of the process) and, once it listens again,
-//! wakes *every* waiter: whatever was notified while it was down is lost, so each of them reads
-//! the journal once more. A connection that stops answering without breaking (a partition) is
-//! found by a ping every 30 s.
+//! the database restarts, the appending process stops between its commit and its notification,
+//! a notification arrives before a caller started waiting), so a waiter still reads the journal
+//! every [`poll_every`] without one, and correctness never depends on a notification arriving.
+//! When the listener's connection breaks it connects again (backoff from 100 ms doubling up to
+//! 5 s, for the life of the process) and, once it listens again, wakes *every* waiter: whatever
+//! was notified while it was down is lost, so each of them reads the journal once more. A
+//! connection that stops answering without breaking (a partition) is found by a ping every
+//! 30 s.
 //!
-//! Only settling appends notify. PostgreSQL serialises the commits of transactions that notify
-//! (a lock held until the commit is flushed), so notifying every transition would cost every
-//! append's throughput; a waiter across replicas waits for the outcome, and one notification per
-//! execution carries it. Even so the notifying commits bound throughput at many in flight
-//! (benches/RESULTS.md: under half the inserts/s at 32 clients, one commit per event); a
-//! `pg_notify` sent after the commit in a statement of its own costs almost nothing.
+//! Only settling appends notify, and never from inside the appending transaction. PostgreSQL
+//! serialises the commits of transactions that notify (a database-wide lock held until each
+//! one's commit record is flushed), so a notifying append transaction would make every commit
+//! wait for the one before it: schema version 5 did it with a trigger on `events`, and under
+//! half the inserts/s at 32 clients went through (benches/RESULTS.md). Since version 7 the
+//! group commit's leader sends one `pg_notify` per settled execution, in one statement of a
+//! transaction of its own on the same connection, pipelined right behind the batch's `COMMIT`
+//! (the server runs it once the commit is done), and without waiting for that small
+//! transaction's own flush (a hint lost in a crash is lost either way).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -43,8 +48,33 @@ CREATE TRIGGER events_notify_settled AFTER INSERT ON events FOR EACH ROW
     EXECUTE FUNCTION cairn_notify_settled();
 ";
 
+/// Version 7 of the schema: the trigger of version 5 is gone; the process that appended a
+/// settling event notifies after the commit ([`NOTIFY_SETTLED`]). A binary of version 6 or
+/// older refuses a database at version 7, so no replica appends without notifying.
+pub(in crate::journal) const MIGRATION_7: &str = "
+DROP TRIGGER events_notify_settled ON events;
+DROP FUNCTION cairn_notify_settled();
+";
+
 /// The channel settling appends notify.
 const CHANNEL: &str = "cairn_events";
+
+/// Whether an event moving an execution to `state` notifies its waiters (the states of the
+/// trigger of version 5: `delivered` follows an outcome already notified).
+pub(super) fn notifies(state: Option<crate::state::State>) -> bool {
+    use crate::state::State::*;
+    matches!(
+        state,
+        Some(Rejected | Completed | Failed | Interrupted | Cancelled)
+    )
+}
+
+/// Notify `cairn_events` of each execution in `$1` (a text array), in the implicit
+/// transaction of this one statement, with `synchronous_commit` off for it (`set_config`
+/// local to the transaction, still in force when it commits), so that it holds the notify lock
+/// for no WAL flush. The group commit sends it right behind a batch's `COMMIT`.
+pub(super) const NOTIFY_SETTLED: &str = "SELECT pg_notify('cairn_events', id) \
+     FROM set_config('synchronous_commit', 'off', true), unnest($1::text[]) AS id";
 
 /// How long a waiter waits without a notification before it reads the journal anyway.
 const POLL_EVERY: Duration = Duration::from_secs(1);
