@@ -93,7 +93,9 @@ pub struct Outcome {
     /// The operation class.
     pub class: Option<String>,
     /// Accepted, not dispatched, and owned by this process (`pid@host`), which is still alive
-    /// and may still send it: nothing is concluded (see [`crate::owner`]).
+    /// and may still send it: nothing is concluded (see [`crate::owner`]). On a shared
+    /// journal also the live owning replica's process of an execution that stayed unsettled
+    /// for the caller's whole reconnect window (its state is the journal's, nothing concluded).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub held_by: Option<String>,
 }
@@ -527,6 +529,14 @@ enum Drive {
     Go(Option<Driving>),
     /// Taken over too often: leave it for review.
     Review,
+    /// A live replica (`replica`, process `client`, lease epoch `epoch`) owns it and it stayed
+    /// unsettled for the caller's whole reconnect window: report it as held by that owner,
+    /// what the journal holds, concluding nothing ([`Step::Held`]).
+    Held {
+        replica: String,
+        client: String,
+        epoch: i64,
+    },
 }
 
 /// The calls of this process driving one execution of a shared journal: how many drive it
@@ -1150,8 +1160,9 @@ impl Executor {
         detach: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        let Drive::Go(_driving) = self.own_or_wait(id).await? else {
-            return self.review_outcome(id);
+        let _driving = match self.own_or_wait(id).await? {
+            Drive::Go(g) => g,
+            other => return self.not_driven(id, other),
         };
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
@@ -1368,8 +1379,9 @@ impl Executor {
         offsets: (u64, u64),
         wait: bool,
     ) -> Result<Outcome, ExecError> {
-        let Drive::Go(_driving) = self.own_or_wait(id).await? else {
-            return self.review_outcome(id);
+        let _driving = match self.own_or_wait(id).await? {
+            Drive::Go(g) => g,
+            other => return self.not_driven(id, other),
         };
         let mut run = self.load(id)?;
         run.out_off = offsets.0;
@@ -1387,8 +1399,9 @@ impl Executor {
         id: &ExecutionId,
         wait: bool,
     ) -> Result<Outcome, ExecError> {
-        let Drive::Go(_driving) = self.own_or_wait(id).await? else {
-            return self.review_outcome(id);
+        let _driving = match self.own_or_wait(id).await? {
+            Drive::Go(g) => g,
+            other => return self.not_driven(id, other),
         };
         self.recover_owned(id, wait).await
     }
@@ -1792,6 +1805,9 @@ impl Executor {
             return Ok(Drive::Go(None));
         };
         let mut said = false;
+        // Waiting on a live replica's lease is bounded by this call's reconnect window: past
+        // it the caller gets what the journal holds, as held by that owner.
+        let mut until: Option<Instant> = None;
         loop {
             let Some(o) = self.journal.ownership(id)? else {
                 return Ok(Drive::Go(None));
@@ -1851,10 +1867,30 @@ impl Executor {
                 );
                 said = true;
             }
-            // Another replica's lease: read again when it would expire, if nothing comes first.
+            // Another replica's lease: read again when it would expire, if nothing comes first,
+            // and give up waiting at the end of the reconnect window.
             let within = match o.mine {
                 true => crate::journal::poll_every(),
-                false => Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50),
+                false => {
+                    let now = Instant::now();
+                    let until = *until.get_or_insert(now + self.patience.reconnect_for);
+                    if now >= until {
+                        tracing::info!(
+                            "cairn: {id} is still owned by live replica {} (lease epoch {}) and \
+                             not settled after this call's reconnect window ({:?}); answering \
+                             what the journal holds, nothing concluded",
+                            o.replica,
+                            o.epoch,
+                            self.patience.reconnect_for
+                        );
+                        return Ok(Drive::Held {
+                            replica: o.replica,
+                            client: o.client,
+                            epoch: o.epoch,
+                        });
+                    }
+                    Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50).min(until - now)
+                }
             };
             match watch.wait(within).await {
                 crate::journal::Woken::Notified => {
@@ -1866,6 +1902,29 @@ impl Executor {
                 crate::journal::Woken::Timeout => {}
             }
         }
+    }
+
+    /// The answer of a call that may not drive `id` ([`Executor::own_or_wait`] said so):
+    /// left for review, or held by its live owner. Nothing is written.
+    fn not_driven(&mut self, id: &ExecutionId, d: Drive) -> Result<Outcome, ExecError> {
+        let (replica, client, epoch) = match d {
+            Drive::Held {
+                replica,
+                client,
+                epoch,
+            } => (replica, client, epoch),
+            _ => return self.review_outcome(id),
+        };
+        let run = self.load(id)?;
+        let mut o = self.outcome_from_journal(&run)?;
+        o.reason = Some(format!(
+            "{}; held by its owner, replica {replica} (lease epoch {epoch}), which is alive and \
+             drives it: it was not settled within this call's reconnect window ({:?}); nothing \
+             is concluded: attach to it again, or ask that replica",
+            o.state, self.patience.reconnect_for
+        ));
+        o.held_by = Some(client);
+        Ok(o)
     }
 
     /// `run` is held by a live owner: wait (within the reconnect window) until the owner

@@ -71,9 +71,14 @@ pub fn summary(o: &Outcome) -> String {
             (Some(c), None) => format!("Completed with exit status {c}."),
             _ => "Completed, but no exit status was recorded: treat the outcome as unknown.".into(),
         },
-        State::Running | State::Dispatched => {
-            "Running on the host; poll status or read output from an offset.".into()
-        }
+        State::Running | State::Dispatched => match &o.held_by {
+            Some(owner) => format!(
+                "Running on the host, driven by its live owner {owner}; nothing is concluded. \
+                 Do not send it again: attach to it (`cairn attach {}`) or poll its status.",
+                o.execution_id
+            ),
+            None => "Running on the host; poll status or read output from an offset.".into(),
+        },
         State::Unknown => format!(
             "OUTCOME UNKNOWN: cairn cannot prove whether the command ran. It was not run again. {}",
             o.reason.as_deref().unwrap_or("")

@@ -30,7 +30,20 @@ impl Server {
 
     /// [`Server::start`] with these variables in the server's environment.
     pub(crate) fn start_env(h: &Host, port: u16, extra: &[&str], env: &[(&str, &str)]) -> Server {
-        let mut c = h.cairn("mcp");
+        Server::start_reconnect(h, port, extra, env, "60s")
+    }
+
+    /// [`Server::start_env`] with this `--reconnect-for` (the window of each of its calls).
+    pub(crate) fn start_reconnect(
+        h: &Host,
+        port: u16,
+        extra: &[&str],
+        env: &[(&str, &str)],
+        reconnect_for: &str,
+    ) -> Server {
+        let mut c = Command::new(BIN);
+        c.arg("mcp");
+        h.conn_args(&mut c, reconnect_for);
         c.envs(env.iter().copied());
         c.arg("--remote-dir")
             .arg(&h.remote_dir)

@@ -14,6 +14,7 @@ mod known_hosts_diff;
 mod operations;
 mod passphrase;
 mod recorded;
+mod replica_held;
 mod replica_redrive;
 mod replica_takeover;
 mod replica_wait;

@@ -156,10 +156,21 @@ fn execute_within(
     command: &str,
     patience: std::time::Duration,
 ) -> Option<Value> {
-    use std::io::{Read, Write};
     let body = json!({"jsonrpc": "2.0", "id": id, "method": "execute",
-                      "params": {"destination": "127.0.0.1", "command": command}})
-    .to_string();
+                      "params": {"destination": "127.0.0.1", "command": command}});
+    rpc_within(port, auth, &body, patience)
+}
+
+/// One JSON-RPC request `body` over `/rpc` on `port` as `auth`, reading for at most `patience`
+/// without a byte: the parsed answer, or `None` when the connection ended without one.
+pub(crate) fn rpc_within(
+    port: u16,
+    auth: &str,
+    body: &Value,
+    patience: std::time::Duration,
+) -> Option<Value> {
+    use std::io::{Read, Write};
+    let body = body.to_string();
     let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
     s.set_read_timeout(Some(patience)).ok()?;
     let req = format!(
