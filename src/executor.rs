@@ -1119,7 +1119,8 @@ impl Executor {
                 AfterUnknown::Review | AfterUnknown::RunAgain => self.review_outcome(&c.id)?,
                 AfterUnknown::ProbeMarker => {
                     let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
-                    if o.state == State::Unknown {
+                    // (held by its live owner on another replica: nothing concluded here)
+                    if o.state == State::Unknown && o.held_by.is_none() {
                         self.review_outcome(&c.id)?
                     } else {
                         o
@@ -1127,7 +1128,9 @@ impl Executor {
                 }
                 AfterUnknown::RetrySameId => {
                     let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
-                    if o.state == State::Unknown {
+                    // Held by its live owner on another replica: that owner decides, not this
+                    // call (nothing is appended or sent from here).
+                    if o.state == State::Unknown && o.held_by.is_none() {
                         // Idempotent: running it again is harmless; do it under the same
                         // execution ID (the start guard still holds where the marker exists).
                         self.journal.append(
