@@ -1921,9 +1921,9 @@ impl Executor {
         let run = self.load(id)?;
         let mut o = self.outcome_from_journal(&run)?;
         o.reason = Some(format!(
-            "{}; held by its owner, replica {replica} (lease epoch {epoch}), which is alive and \
-             drives it: it was not settled within this call's reconnect window ({:?}); nothing \
-             is concluded: attach to it again, or ask that replica",
+            "{}; held by its owner, replica {replica} (lease epoch {epoch}), which is alive: it \
+             did not settle within this call's reconnect window ({:?}); nothing is concluded: \
+             attach to it again, or send the call to that replica (its owner drives it)",
             o.state, self.patience.reconnect_for
         ));
         o.held_by = Some(client);

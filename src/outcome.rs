@@ -73,7 +73,7 @@ pub fn summary(o: &Outcome) -> String {
         },
         State::Running | State::Dispatched => match &o.held_by {
             Some(owner) => format!(
-                "Running on the host, driven by its live owner {owner}; nothing is concluded. \
+                "Running on the host, held by its live owner {owner}; nothing is concluded. \
                  Do not send it again: attach to it (`cairn attach {}`) or poll its status.",
                 o.execution_id
             ),

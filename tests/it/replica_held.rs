@@ -72,7 +72,7 @@ fn a_caller_on_another_replica_gets_a_detached_execution_as_held_by_its_live_own
     assert!(
         r["summary"]
             .as_str()
-            .is_some_and(|s| s.contains("driven by its live owner")),
+            .is_some_and(|s| s.contains("held by its live owner")),
         "{rb}\n{logs}"
     );
     // The window (3 s) and a little: never the command's two minutes.
