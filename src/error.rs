@@ -6,6 +6,11 @@
 use crate::journal::JournalError;
 use crate::ssh::SshError;
 
+/// Exit code when nothing was dispatched (as `ssh` uses 255 for its own errors).
+pub const EXIT_NOT_DISPATCHED: i32 = 255;
+/// Exit code when the outcome is `interrupted` or `unknown`.
+pub const EXIT_UNKNOWN: i32 = 254;
+
 /// Errors that end an operation before an outcome could be recorded.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -111,8 +116,8 @@ impl ExecError {
     /// (nothing was dispatched).
     pub fn exit_code(&self) -> i32 {
         match self {
-            ExecError::Unsettled { .. } => crate::executor::EXIT_UNKNOWN,
-            _ => crate::executor::EXIT_NOT_DISPATCHED,
+            ExecError::Unsettled { .. } => EXIT_UNKNOWN,
+            _ => EXIT_NOT_DISPATCHED,
         }
     }
 }

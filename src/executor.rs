@@ -31,7 +31,7 @@ use crate::state::State;
 /// Offsets larger than any output: a probe that wants the records but no bytes.
 const NO_BYTES: u64 = 999_999_999_999_999; // 15 digits: the host script accepts at most 15
 
-pub use crate::error::ExecError;
+pub use crate::error::{ExecError, EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 
 /// Where the command's output goes as it arrives.
 pub trait OutputSink {
@@ -131,11 +131,6 @@ pub struct Prediction {
     /// What `cairn recover` does next; a conclusion's evidence is in words.
     pub next: Step,
 }
-
-/// Exit code when nothing was dispatched (as `ssh` uses 255 for its own errors).
-pub const EXIT_NOT_DISPATCHED: i32 = 255;
-/// Exit code when the outcome is `interrupted` or `unknown`.
-pub const EXIT_UNKNOWN: i32 = 254;
 
 /// Everything one reply (one exec) said.
 #[derive(Debug, Default)]
