@@ -1871,8 +1871,16 @@ impl Executor {
                 true => crate::journal::poll_every(),
                 false => {
                     let now = Instant::now();
-                    let until = *until.get_or_insert(now + self.patience.reconnect_for);
-                    if now >= until {
+                    let mut end = *until.get_or_insert(now + self.patience.reconnect_for);
+                    // A run its owner drives, or would pick up once undriven (`may_redrive`),
+                    // ends with a result worth waiting for, as on one gateway: wait another
+                    // window. Only one the owner leaves alone (detached, `unknown`, picked up
+                    // too often) is answered as held at the end of the window.
+                    if now >= end && may_redrive(&self.journal, id)?.is_some() {
+                        end = now + self.patience.reconnect_for;
+                        until = Some(end);
+                    }
+                    if now >= end {
                         tracing::info!(
                             "cairn: {id} is still owned by live replica {} (lease epoch {}) and \
                              not settled after this call's reconnect window ({:?}); answering \
@@ -1887,7 +1895,7 @@ impl Executor {
                             epoch: o.epoch,
                         });
                     }
-                    Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50).min(until - now)
+                    Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50).min(end - now)
                 }
             };
             match watch.wait(within).await {

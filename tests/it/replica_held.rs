@@ -129,3 +129,60 @@ fn a_caller_on_another_replica_gets_a_detached_execution_as_held_by_its_live_own
         "{kinds:?}"
     );
 }
+
+/// The bound is for what the owner leaves alone, not for a run it drives: A drives the gated
+/// command (not detached); B, with a reconnect window of 3 s, gets the same intent and waits
+/// past two of its windows until the gate opens, then answers `completed` with the bytes, as
+/// a second caller on one gateway would. Ran once; B wrote nothing but its `intent-matched`.
+#[test]
+fn a_caller_on_another_replica_waits_past_its_window_for_a_run_its_owner_drives() {
+    let test = "held_driven";
+    let Some((h, key)) = replicated_host(test) else {
+        return;
+    };
+    let tok = token(&h, "agent:alice", &[]);
+    let auth = format!("Bearer {tok}");
+    let args = ["--intent-key", key.to_str().unwrap(), "--lease-for", "2s"];
+    let a = Server::start(&h, 0, &args);
+    let b = Server::start_reconnect(&h, 0, &args, &[], "3s");
+    let gate: PathBuf = h.sshd.dir().join("gate");
+    let cmd = gated(&h, &gate);
+
+    let (pa, auth_a, cmd_a) = (a.port, auth.clone(), cmd.clone());
+    let first = std::thread::spawn(move || execute_maybe(pa, &auth_a, 1, &cmd_a));
+    wait_for("A dispatched it", LIMIT, || (h.runs() == 1).then_some(()));
+    let (pb, auth_b, cmd_b) = (b.port, auth.clone(), cmd.clone());
+    let t0 = Instant::now();
+    let second = std::thread::spawn(move || execute_maybe(pb, &auth_b, 2, &cmd_b));
+    // Two of B's windows: B keeps waiting for the owner that drives it.
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(!second.is_finished(), "B answered before the run ended");
+    std::fs::write(&gate, b"").unwrap();
+    let (ra, rb) = (first.join().unwrap(), second.join().unwrap());
+    let took = t0.elapsed();
+    let logs = format!("replica A:\n{}\nreplica B:\n{}", a.log(), b.log());
+    let ra = ra.unwrap_or_else(|| panic!("A answered nothing\n{logs}"));
+    let rb = rb.unwrap_or_else(|| panic!("B answered nothing\n{logs}"));
+    let id = ra["result"]["execution_id"].as_str().unwrap_or_default();
+    assert!(!id.is_empty(), "{ra}\n{logs}");
+    assert_eq!(
+        rb["result"]["execution_id"], id,
+        "one execution: {rb}\n{logs}"
+    );
+    for r in [&ra, &rb] {
+        assert_eq!(r["result"]["state"], "completed", "{r}\n{logs}");
+        assert_eq!(r["result"]["stdout"], "finished\n", "{r}\n{logs}");
+    }
+    assert!(took >= Duration::from_secs(7), "{took:?}");
+    assert!(
+        !b.log()
+            .contains("not settled after this call's reconnect window"),
+        "{logs}"
+    );
+    assert_eq!(h.runs(), 1, "ran once\n{logs}");
+    let kinds = h.kinds(id);
+    let count = |k: &str| kinds.iter().filter(|x| *x == k).count();
+    assert_eq!(count("dispatched"), 1, "{kinds:?}");
+    assert_eq!(count("takeover"), 0, "{kinds:?}");
+    assert_eq!(count("redrive"), 0, "{kinds:?}");
+}
