@@ -509,8 +509,8 @@ pub(crate) fn may_redrive(
         .count();
     if before >= MAX_REDRIVES {
         tracing::warn!(
-            "cairn: {id} ({}) is owned by this replica and no call drives it, but it was picked \
-             up {MAX_REDRIVES} times already; left as it is (cairn recover finishes it)",
+            "cairn: {id} ({}): no call of its owner drives it, and its owner picked it up \
+             {MAX_REDRIVES} times already; left as it is (cairn recover finishes it)",
             status.state
         );
         return Ok(None);
@@ -610,7 +610,12 @@ fn drive_own(id: &ExecutionId) -> Option<Driving> {
 /// Whether a call of this process drives `id`, or is taking it towards its dispatch
 /// ([`crate::owner::claim`], from before its acceptance).
 pub(crate) fn driven_here(id: &ExecutionId) -> bool {
-    drivers().contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str())
+    driven_in(&drivers(), id)
+}
+
+/// [`driven_here`], under the lock already taken.
+fn driven_in(d: &std::collections::HashMap<String, Drivers>, id: &ExecutionId) -> bool {
+    d.contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str())
 }
 
 /// Become the one call of this process that drives `id`, an execution this replica owns, when
@@ -618,7 +623,7 @@ pub(crate) fn driven_here(id: &ExecutionId) -> bool {
 /// same lock every driving call registers under); `None` otherwise.
 pub(crate) fn drive_undriven(id: &ExecutionId) -> Option<Driving> {
     let mut d = drivers();
-    if d.contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str()) {
+    if driven_in(&d, id) {
         return None;
     }
     d.insert(

@@ -171,20 +171,37 @@ impl GatewayConfig {
             let Some(driving) = crate::executor::drive_taken(&id) else {
                 continue;
             };
-            let cfg = self.clone();
-            std::thread::spawn(move || {
-                let _driving = driving;
-                let r = cfg.executor().map_err(|e| e.message).and_then(|mut ex| {
-                    block_on(ex.recover_owned(&id, true)).map_err(|e| e.to_string())
-                });
-                match r {
-                    Ok(o) => {
-                        tracing::info!("cairn: {id} recovered after takeover: {}", o.state)
-                    }
-                    Err(e) => tracing::warn!("cairn: recovering {id} after takeover: {e}"),
-                }
+            self.drive_on_thread(driving, id, "after takeover", |mut ex, id| async move {
+                ex.recover_owned(&id, true).await.map(Some)
             });
         }
+    }
+
+    /// Drive `id` on a thread of its own with a new executor, holding `driving` until done,
+    /// and log how it ended (`Ok(None)`: left alone).
+    fn drive_on_thread<F, Fut>(
+        &self,
+        driving: crate::executor::Driving,
+        id: ExecutionId,
+        what: &'static str,
+        drive: F,
+    ) where
+        F: FnOnce(Executor, ExecutionId) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Result<Option<crate::executor::Outcome>, ExecError>>,
+    {
+        let cfg = self.clone();
+        std::thread::spawn(move || {
+            let _driving = driving;
+            let r = cfg
+                .executor()
+                .map_err(|e| e.message)
+                .and_then(|ex| block_on(drive(ex, id.clone())).map_err(|e| e.to_string()));
+            match r {
+                Ok(Some(o)) => tracing::info!("cairn: {id} recovered {what}: {}", o.state),
+                Ok(None) => {}
+                Err(e) => tracing::warn!("cairn: recovering {id} {what}: {e}"),
+            }
+        });
     }
 
     /// The owner's half of the sweep: an execution this replica owns, not settled, that no
@@ -228,19 +245,9 @@ impl GatewayConfig {
                 continue;
             };
             undriven.remove(&id);
-            let (cfg, for_) = (self.clone(), now.duration_since(since));
-            std::thread::spawn(move || {
-                let _driving = driving;
-                let r = cfg.executor().map_err(|e| e.message).and_then(|mut ex| {
-                    block_on(ex.redrive_owned(&id, for_)).map_err(|e| e.to_string())
-                });
-                match r {
-                    Ok(Some(o)) => {
-                        tracing::info!("cairn: {id} recovered by its owner: {}", o.state)
-                    }
-                    Ok(None) => {}
-                    Err(e) => tracing::warn!("cairn: recovering {id} as its owner: {e}"),
-                }
+            let for_ = now.duration_since(since);
+            self.drive_on_thread(driving, id, "by its owner", move |mut ex, id| async move {
+                ex.redrive_owned(&id, for_).await
             });
         }
         Ok(())
