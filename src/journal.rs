@@ -1711,6 +1711,28 @@ impl Journal {
 mod tests {
     use super::*;
 
+    /// The chain hash of an event commits to its kind's name exactly as journals written before
+    /// kinds were typed hold it (the value is pinned: the
+    /// name or the encoding changing would change it).
+    #[test]
+    fn a_typed_kind_hashes_as_the_name_it_always_had() {
+        let kind = EventKind::Dispatched;
+        let f = ChainFields {
+            prev_hash: "",
+            seq: 7,
+            execution_id: "golden-1",
+            at: "2026-12-02T06:00:00.000Z",
+            kind: kind.as_str(),
+            state: "dispatched",
+            evidence: r#"{"attempt":1}"#,
+            client: "42@host",
+        };
+        assert_eq!(
+            chain_hash(&f),
+            "f73b0284d0da830bfccfb00bb101b327625827b84e67a628ba843d1d836de580"
+        );
+    }
+
     #[test]
     fn url_looking_locations_are_refused_without_their_password() {
         for ok in [

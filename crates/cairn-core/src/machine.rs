@@ -1,7 +1,7 @@
 //! One drive of an execution (dispatch or probe, stream, reconnect, decide again) as a state
 //! machine without I/O.
 //!
-//! The machine does no I/O and reads no clock. Its driver, [`crate::executor`], connects, execs,
+//! The machine does no I/O and reads no clock. Its driver, `cairn::executor`, connects, execs,
 //! writes the journal and sleeps; it feeds in what happened as an [`Event`] together with the
 //! time `now`, and carries out the [`Step`] that comes back, after the [`Note`]s the machine
 //! queued (journal notes and log lines that go before the step). A wait is

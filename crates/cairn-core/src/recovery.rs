@@ -26,7 +26,7 @@ pub enum Prior {
     /// dispatch left this machine (the event is durable before the bytes are sent).
     NotDispatched,
     /// Accepted or authorized, not dispatched, and the process that owns it may still send it
-    /// (see [`crate::owner`]): nothing can be concluded while it lives.
+    /// (see `cairn::owner`): nothing can be concluded while it lives.
     Held,
     /// `dispatched` was written; the host may or may not have received it.
     Dispatched,

@@ -197,28 +197,6 @@ mod tests {
         assert_eq!(unique.len(), names.len(), "two kinds share a name");
     }
 
-    /// The chain hash of an event commits to its kind's name exactly as journals written before
-    /// kinds were typed hold it (the value is pinned: the
-    /// name or the encoding changing would change it).
-    #[test]
-    fn a_typed_kind_hashes_as_the_name_it_always_had() {
-        let kind = EventKind::Dispatched;
-        let f = crate::journal::ChainFields {
-            prev_hash: "",
-            seq: 7,
-            execution_id: "golden-1",
-            at: "2026-12-02T06:00:00.000Z",
-            kind: kind.as_str(),
-            state: "dispatched",
-            evidence: r#"{"attempt":1}"#,
-            client: "42@host",
-        };
-        assert_eq!(
-            crate::journal::chain_hash(&f),
-            "f73b0284d0da830bfccfb00bb101b327625827b84e67a628ba843d1d836de580"
-        );
-    }
-
     /// A kind written by a newer build is kept as written, not refused or renamed.
     #[test]
     fn an_unknown_kind_is_kept_as_written() {

@@ -1,11 +1,11 @@
 //! Every disconnect point of a run, without a network.
 //!
 //! A fresh `cairn run` (it waits for the outcome and streams output) is driven step by step by
-//! a scripted driver that does what [`crate::executor`] does: it carries out the machine's notes
+//! a scripted driver that does what `cairn::executor` does: it carries out the machine's notes
 //! before the step they came with (barrier notes durable in a journal of its own), makes the
 //! `dispatched` event durable before it feeds [`Event::Dispatched`], calls
 //! [`Machine::start_seen`] for a started record as it streams, and holds `running` until the
-//! reply carries the outcome or [`crate::executor`]'s hold time is up.
+//! reply carries the outcome or `cairn::executor`'s hold time is up.
 //!
 //! At each point of [`POINTS`] two faults are tried:
 //! - the connection is lost there: the same drive notices it where the driver would (a connect
