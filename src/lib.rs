@@ -34,7 +34,9 @@
 //! - [`owner`]: who may still dispatch an accepted execution (this process's claims, a live
 //!   PID), so that no other process concludes "never dispatched" while its owner sends it.
 //!
-//! Pure decisions (no I/O):
+//! Pure decisions (no I/O): the crate `cairn-core` (`crates/cairn-core`), re-exported here under
+//! the same paths; its dependency list keeps tokio, SQLite, SSH and clap out of it. [`intent`]
+//! stays in this crate (it reads the key file).
 //! - [`machine`]: one drive of an execution as a state machine (events and `now` in, the next
 //!   step out): every final decision after connect, dispatch and probe, the reconnect window
 //!   and backoff. `recover`, `attach`, runs and `status` all ask it.
