@@ -33,8 +33,9 @@ const NO_BYTES: u64 = 999_999_999_999_999; // 15 digits: the host script accepts
 
 pub use crate::error::{ExecError, EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 
-/// Where the command's output goes as it arrives.
-pub trait OutputSink {
+/// Where the command's output goes as it arrives. `Send`, so that the executor's futures, which
+/// hold the sink across their awaits, are `Send` and run on any thread of a multi-thread runtime.
+pub trait OutputSink: Send {
     fn stdout(&mut self, data: &[u8]) -> std::io::Result<()>;
     fn stderr(&mut self, data: &[u8]) -> std::io::Result<()>;
 }
@@ -3204,6 +3205,57 @@ fn finish_text(f: &FinishRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    /// Every public future of the executor is `Send`, so a front can `tokio::spawn` it on the
+    /// process's one multi-thread runtime instead of driving it on a thread of its own.
+    /// (Constructed and dropped, never polled: the check is the compiler's.)
+    #[test]
+    fn public_futures_are_send() {
+        let d = tempfile::tempdir().unwrap();
+        let journal = Journal::open(&d.path().join("j.db")).unwrap();
+        let mut ex = Executor::new(journal, ConnectOptions::default(), Patience::default());
+        let id = ExecutionId::generate();
+        let req = || RunRequest {
+            destination: "host".into(),
+            command: b"true".to_vec(),
+            id: None,
+            timeout_secs: 0,
+            detach: false,
+            remote_dir: ".cairn".into(),
+        };
+        let mut sink = Discard;
+        assert_send(&ex.run(req(), &mut sink));
+        assert_send(&ex.execute(req(), Intent::default(), &mut sink));
+        assert_send(&ex.authorize_accepted(&id, b"true", &Intent::default(), &mut sink));
+        assert_send(&ex.redispatch(&id, false, &mut sink));
+        assert_send(&ex.retry_never_started(&id, "why", b"true", &Intent::default(), &mut sink));
+        assert_send(&ex.resolve(&id, crate::review::Resolution::Failed, "r", "me", &mut sink));
+        assert_send(&ex.attach_replay(&id, &mut sink));
+        assert_send(&ex.attach(&id, &mut sink));
+        assert_send(&ex.recover_one(&id, false));
+        assert_send(&ex.probe(&id));
+        assert_send(&ex.predict(&id));
+        assert_send(&ex.output(&id, false, &mut sink));
+        assert_send(&ex.output_from(&id, false, 0, &mut sink));
+        assert_send(&ex.cancel(&id, 1));
+        assert_send(&ex.recover_all(false, |_, _, _, _| {}));
+        let rec = ExecutionRecord {
+            id: id.clone(),
+            created_at: String::new(),
+            destination: "host".into(),
+            host: "host".into(),
+            port: 22,
+            user: "me".into(),
+            command: b"true".to_vec(),
+            command_digest: String::new(),
+            remote_dir: ".cairn".into(),
+            timeout_secs: 0,
+            client: String::new(),
+        };
+        assert_send(&ex.gc_host(&rec, Duration::ZERO, Duration::ZERO));
+    }
 
     fn held(
         states: &[(&str, Option<State>)],

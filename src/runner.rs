@@ -5,7 +5,7 @@
 //! ([`ExecutorBuilder`]), so a flag such as `--intent-key` reaches every executor the same way.
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use crate::approve::{Allow, Approver};
 use crate::error::ExecError;
@@ -228,8 +228,10 @@ impl Executor {
         for _ in 1..todo.len().min(RECOVER_PARALLEL) {
             others.push(self.sibling()?);
         }
-        let todo = std::cell::RefCell::new(todo);
-        let each = std::cell::RefCell::new(each);
+        // Mutexes rather than RefCells so that the future is `Send` (when `each` is): no lock is
+        // held across an await, so they are never contended.
+        let todo = Mutex::new(todo);
+        let each = Mutex::new(each);
         let mut workers = vec![recover_queue(self, &todo, &each, wait)];
         workers.extend(
             others
@@ -261,20 +263,26 @@ impl Executor {
 /// and report it, until the queue is empty.
 async fn recover_queue<F>(
     ex: &mut Executor,
-    todo: &std::cell::RefCell<std::collections::VecDeque<(usize, ExecutionId, State)>>,
-    each: &std::cell::RefCell<F>,
+    todo: &Mutex<std::collections::VecDeque<(usize, ExecutionId, State)>>,
+    each: &Mutex<F>,
     wait: bool,
 ) where
     F: FnMut(usize, &ExecutionId, State, Result<Outcome, ExecError>),
 {
     loop {
-        // The borrow ends before the await: the queue is shared by every worker.
-        let Some((i, id, before)) = todo.borrow_mut().pop_front() else {
+        // The lock ends before the await: the queue is shared by every worker.
+        let next = lock(todo).pop_front();
+        let Some((i, id, before)) = next else {
             break;
         };
         let r = ex.recover_one(&id, wait).await;
-        (each.borrow_mut())(i, &id, before, r);
+        (lock(each))(i, &id, before, r);
     }
+}
+
+/// A lock that a panicking `each` poisoned still hands out its data: the queue stays sound.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 #[cfg(test)]
