@@ -420,13 +420,21 @@ impl Machine {
                 after: now.saturating_duration_since(since),
             });
         }
-        // The host must be the one this execution was dispatched to.
+        // The host must be the one this execution was dispatched to. Before the `dispatched`
+        // event no byte was sent, so another host behind the name is proof it never started
+        // (as the driver concludes when its connect refuses the key itself); after it, what
+        // the pinned host did is not known.
         match pinned {
             Some(pinned) if pinned != presented => {
+                let state = if self.prior == Prior::NotDispatched {
+                    State::Failed
+                } else {
+                    State::Unknown
+                };
                 return Step::Settle {
-                    state: State::Unknown,
+                    state,
                     why: Why::HostKeyChanged { pinned, presented },
-                }
+                };
             }
             None => self.notes.push_back(Note::Pin(presented)),
             _ => {}
@@ -844,6 +852,27 @@ mod tests {
             step,
             Step::Settle {
                 state: State::Unknown,
+                why: Why::HostKeyChanged {
+                    pinned: "SHA256:other".into(),
+                    presented: KEY.into()
+                }
+            }
+        );
+    }
+
+    #[test]
+    fn a_changed_host_key_before_any_dispatch_is_failed_nothing_was_sent() {
+        let mut m = Machine::new(Prior::NotDispatched);
+        let t0 = Instant::now();
+        assert!(matches!(
+            m.start(RUN, &Patience::default(), t0),
+            Step::Connect { .. }
+        ));
+        let step = m.handle(t0, connected(Some("SHA256:other")));
+        assert_eq!(
+            step,
+            Step::Settle {
+                state: State::Failed,
                 why: Why::HostKeyChanged {
                     pinned: "SHA256:other".into(),
                     presented: KEY.into()

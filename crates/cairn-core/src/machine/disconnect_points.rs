@@ -44,8 +44,8 @@ enum Point {
     /// Connected with no key pinned yet: the first one seen is pinned (in memory; it goes into
     /// the `dispatched` event).
     ConnectedUnpinned,
-    /// Connected to a host presenting another key than the pinned one: the drive settles
-    /// `unknown` (not recorded yet).
+    /// Connected to a host presenting another key than the pinned one, before any dispatch:
+    /// the drive settles `failed`, nothing was sent (not recorded yet).
     ConnectedKeyChanged,
     /// The journal read again and the request's gate crossed; `dispatched` not yet durable.
     /// (The machine is where it is at `ConnectedPinned`: only the driver has moved.)
@@ -193,7 +193,7 @@ const POINTS: &[(Point, Loss, Holds)] = &[
     (ConnectFailedPermanent,  Over(Failed),   AtAuthorized),
     (ConnectedPinned,         Ask,            AtAuthorized),
     (ConnectedUnpinned,       Ask,            AtAuthorized),
-    (ConnectedKeyChanged,     Over(Unknown),  AtAuthorized),
+    (ConnectedKeyChanged,     Over(Failed),   AtAuthorized),
     (BeforeDispatchedDurable, Ask,            AtAuthorized),
     (DispatchedNothingSent,   Ask,            AtDispatched),
     (SentNoReply,             Ask,            AtDispatched),
@@ -211,7 +211,7 @@ const POINTS: &[(Point, Loss, Holds)] = &[
 #[rustfmt::skip]
 const AFTER_LOSS: &[(Loss, Says, Ends)] = &[
     // Nothing was sent yet.
-    (Redial,     OtherKey,                 Unknown),
+    (Redial,     OtherKey,                 Failed),
     (Redial,     Permanent,                Failed),
     (Redial,     WindowOut,                Failed),
     (Redial,     SettledMeanwhile,         Withheld),
