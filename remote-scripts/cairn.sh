@@ -15,9 +15,9 @@ BOOT=
 
 # say WORDS: one protocol line, tagged with the dispatch's TAG: on stderr, except in a session
 # (one framed stream on stdout)
-PF=2
-[ "$MODE" = session ] && PF=1
-say() { printf '%s %s\n' "$TAG" "$*" >&"$PF"; }
+SAY_FD=2
+[ "$MODE" = session ] && SAY_FD=1
+say() { printf '%s %s\n' "$TAG" "$*" >&"$SAY_FD"; }
 
 # say_error TEXT: the protocol line "TAG error TEXT", with newlines turned into spaces
 say_error() {
@@ -55,18 +55,18 @@ bit() { case $1 in 0 | 1) true ;; *) false ;; esac; }
 fsync() { sync "$@" 2>/dev/null || sync; }
 # now: sets NOW to seconds since the epoch without a fork where possible: bash's
 # EPOCHSECONDS, else boot time plus uptime from /proc (may read 1 s early), else date
-BT=
+BOOT_TIME=
 now() {
 	# shellcheck disable=SC3028 # bash's; unset (empty) in other shells
 	NOW=${EPOCHSECONDS:-}
 	[ -n "$NOW" ] && return 0
-	if [ -z "$BT" ]; then
+	if [ -z "$BOOT_TIME" ]; then
 		while read -r n_k n_v; do
-			[ "$n_k" = btime ] && BT=$n_v && break
+			[ "$n_k" = btime ] && BOOT_TIME=$n_v && break
 		done 2>/dev/null </proc/stat
 	fi
-	if num "$BT" && read -r n_u _ 2>/dev/null </proc/uptime && num "${n_u%%.*}"; then
-		NOW=$((BT + ${n_u%%.*}))
+	if num "$BOOT_TIME" && read -r n_u _ 2>/dev/null </proc/uptime && num "${n_u%%.*}"; then
+		NOW=$((BOOT_TIME + ${n_u%%.*}))
 	else
 		NOW=$(date +%s)
 	fi
@@ -85,14 +85,14 @@ size() { SIZE=$(wc -c <"$1") && SIZE=${SIZE##*[!0-9]}; }
 # pst PID: STATE and STIME (field 22) from /proc/PID/stat; comm (field 2) may
 # hold spaces and parentheses: use what follows the last ") "
 pst() {
-	read -r PS 2>/dev/null <"/proc/$1/stat" || return 1
+	read -r PROC_STAT 2>/dev/null <"/proc/$1/stat" || return 1
 	pss
 }
-# pss: the same from a stat line already in PS
+# pss: the same from a stat line already in PROC_STAT
 pss() {
-	PS=${PS##*") "}
+	PROC_STAT=${PROC_STAT##*") "}
 	# shellcheck disable=SC2086 # split the numeric fields on purpose (noglob is on)
-	set -- $PS
+	set -- $PROC_STAT
 	STATE=$1
 	STIME=${20}
 }
@@ -118,19 +118,19 @@ parse_start() {
 # ours PID START: PID names a live process (not a zombie) that started at START; a PID can
 # be reused, its start time tells
 ours() { pst "$1" && [ "$STIME" = "$2" ] && case $STATE in Z | X) false ;; esac; }
-# liveness of the supervisor of the record last parsed: sets L
+# liveness of the supervisor of the record last parsed: sets LIVENESS (alive, dead, rebooted)
 alive() {
 	if ! boot || [ "$BOOT" != "$R_boot" ]; then
-		L=rebooted
+		LIVENESS=rebooted
 	# (F/lost: a host session, alive itself, lost this execution's waiter: PROTOCOL.md, Session)
 	elif [ ! -e "$F/lost" ] && ours "$R_pid" "$R_start"; then
-		L=alive
+		LIVENESS=alive
 	else
-		L=dead
+		LIVENESS=dead
 	fi
 }
 # is the command's group leader (x/ID/pgid: PID, start time) still alive?
-lead() { num "$g" && ours "$g" "$gs"; }
+lead() { num "$LEADER_PID" && ours "$LEADER_PID" "$LEADER_START"; }
 
 # Signals go only through these: every PID is checked to be a number > 1, so a
 # bad value can never become kill -1 (everything) or kill 0 (our own group). The form
@@ -144,17 +144,17 @@ kill_pids() {
 	done
 	true
 }
-# kill_group SIG: the command's process group (g gs: its leader's PID and start time, from F/pgid).
+# kill_group SIG: the command's process group (LEADER_PID LEADER_START, from F/pgid).
 # While the leader lives, with that start time: its group, or the leader alone while the
 # group does not exist yet. A PID that now names another process: nothing (ours is gone).
 # No process by that PID: only the group, whose members keep the number from being reused.
 kill_group() {
-	num "$g" && [ "$g" -gt 1 ] || return 0
-	if pst "$g"; then
-		[ "$STIME" = "$gs" ] || return 0
-		kill -s "$1" -- "-$g" 2>/dev/null || kill -s "$1" -- "$g" 2>/dev/null
+	num "$LEADER_PID" && [ "$LEADER_PID" -gt 1 ] || return 0
+	if pst "$LEADER_PID"; then
+		[ "$STIME" = "$LEADER_START" ] || return 0
+		kill -s "$1" -- "-$LEADER_PID" 2>/dev/null || kill -s "$1" -- "$LEADER_PID" 2>/dev/null
 	else
-		kill -s "$1" -- "-$g" 2>/dev/null
+		kill -s "$1" -- "-$LEADER_PID" 2>/dev/null
 	fi
 	true
 }
@@ -162,17 +162,17 @@ tick() { sleep 0.1 2>/dev/null || sleep 1; }
 # sleep that can be cut short: TERM to the subshell running it also ends the sleep
 nap() {
 	sleep "$1" &
-	NP=$!
-	wait $NP
+	NAP_PID=$!
+	wait $NAP_PID
 }
 
-# watchdog: with TO > 0, started in the background just before the command: TERM to its
-# process group after TO seconds (touching F/timedout), KILL 5 s later
+# watchdog: with TIMEOUT > 0, started in the background just before the command: TERM to its
+# process group after TIMEOUT seconds (touching F/timedout), KILL 5 s later
 watchdog() {
-	NP=
-	trap 'kill_pids TERM "$NP"; exit 0' TERM
-	nap "$TO"
-	read -r g gs <"$F/pgid" || exit 0
+	NAP_PID=
+	trap 'kill_pids TERM "$NAP_PID"; exit 0' TERM
+	nap "$TIMEOUT"
+	read -r LEADER_PID LEADER_START <"$F/pgid" || exit 0
 	true >"$F/timedout"
 	kill_group TERM
 	nap 5
@@ -180,29 +180,32 @@ watchdog() {
 }
 
 # command: run in a subshell (exits with the command's status). Own session, cwd $HOME,
-# default HUP/PIPE; the command file CF is read by the login shell sh. Its PID is recorded
-# before the cancel flag is checked (cancel writes the flag, then reads the PID).
+# default HUP/PIPE; the command file COMMAND_FILE is read by the login shell sh, with the
+# secrets (SECRETS: export lines) in its environment. Its PID is recorded before the cancel
+# flag is checked (cancel writes the flag, then reads the PID).
 command_() {
-	read -r PS </proc/self/stat
-	q=${PS%% *}
+	read -r PROC_STAT </proc/self/stat
+	q=${PROC_STAT%% *}
 	pss
 	echo "$q $STIME" >"$F/pgid"
 	[ -e "$F.cancel" ] && exit 130
 	trap - HUP PIPE
 	cd "${HOME:-/}" || exit 126
 	CAIRN_EXECUTION_ID=$ID
-	CAIRN_COMMAND_FILE=$CF
+	CAIRN_COMMAND_FILE=$COMMAND_FILE
 	export CAIRN_EXECUTION_ID CAIRN_COMMAND_FILE
-	[ -z "$SEC" ] || eval "$SEC"
-	unset SEC
+	# (out of SECRETS before they are set: a secret of any name, SECRETS too, reaches the command)
+	set -- "$SECRETS"
+	unset SECRETS
+	[ -z "$1" ] || eval "$1"
 	# shellcheck disable=SC2016 # expanded by the login shell, from its environment
 	exec setsid "$sh" -c '. "$CAIRN_COMMAND_FILE"' <"/dev/null" >"$F/out" 2>"$F/err"
 }
 
 # rest FILE OFFSET [SIZE]: send FILE from OFFSET up to SIZE (default: its current size);
-# sets N to the new offset
+# sets OFFSET to the new offset
 rest() {
-	N=$2
+	OFFSET=$2
 	if num "$3"; then
 		SIZE=$3
 	else
@@ -214,7 +217,7 @@ rest() {
 	else
 		tail -c +$(($2 + 1)) "$1" 2>/dev/null | head -c $((SIZE - $2))
 	fi
-	N=$SIZE
+	OFFSET=$SIZE
 }
 
 # heartbeat: wake the watcher every 2 s to re-check liveness; if the watcher
@@ -222,35 +225,35 @@ rest() {
 # (alive by its start time: kill -0 would stay true for a reused PID, and this loop would
 # go on for nobody)
 heartbeat() {
-	NP=
-	trap 'kill_pids TERM "$NP"; exit 0' TERM
-	HS='' HM=''
-	pst $$ && HS=$STIME
+	NAP_PID=
+	trap 'kill_pids TERM "$NAP_PID"; exit 0' TERM
+	WATCHER_START='' HEARTBEAT_START=''
+	pst $$ && WATCHER_START=$STIME
 	# this subshell's own start time: each helper it was given started before it, so a PID
 	# that now names a process started later was reused (the helper had ended)
-	read -r PS </proc/self/stat && pss && HM=$STIME
-	while [ -n "$HS" ] && nap 2 && ours $$ "$HS"; do
+	read -r PROC_STAT </proc/self/stat && pss && HEARTBEAT_START=$STIME
+	while [ -n "$WATCHER_START" ] && nap 2 && ours $$ "$WATCHER_START"; do
 		echo >&4
 	done
 	for h_; do
-		pst "$h_" && num "$HM" && [ "$STIME" -le "$HM" ] && kill_pids TERM "$h_"
+		pst "$h_" && num "$HEARTBEAT_START" && [ "$STIME" -le "$HEARTBEAT_START" ] && kill_pids TERM "$h_"
 	done
 }
 
 # stream OUT_OFF ERR_OFF WAIT: the body of watch (and of dispatch with ATTACH=1)
 stream() {
-	o=$1 r=$2 CN=1
+	o=$1 r=$2 COUNTS_KNOWN=1
 	if [ "$3" = 1 ] && [ ! -e "$F.done" ]; then
 		alive
 		# the supervisor moves the stage into place right after crossing the guard (a session
 		# makes no wake fifo: the first watcher does)
-		while [ "$L" = alive ] && [ ! -p "$F/wake" ]; do
+		while [ "$LIVENESS" = alive ] && [ ! -p "$F/wake" ]; do
 			[ -d "$F" ] && mkfifo "$F/wake" 2>/dev/null
 			[ -p "$F/wake" ] && break
 			tick
 			alive
 		done
-		if [ "$L" = alive ] && [ -p "$F/wake" ]; then
+		if [ "$LIVENESS" = alive ] && [ -p "$F/wake" ]; then
 			# open wake first, then re-check: a finish after this point wakes us
 			exec 4<>"$F/wake"
 			[ -e "$F.done" ] || live
@@ -261,7 +264,7 @@ stream() {
 	alive
 	d=
 	[ -e "$F.done" ] && read -r d <"$F.done"
-	if [ "$CN" = 1 ]; then
+	if [ "$COUNTS_KNOWN" = 1 ]; then
 		# a finished command's output ends at the sizes in its finish record
 		zo='' ze=''
 		for kv in $d; do
@@ -270,11 +273,11 @@ stream() {
 			err=*) ze=${kv#*=} ;;
 			esac
 		done
-		rest "$F/out" "$o" "$zo" && o=$N
-		rest "$F/err" "$r" "$ze" >&2 && r=$N
+		rest "$F/out" "$o" "$zo" && o=$OFFSET
+		rest "$F/err" "$r" "$ze" >&2 && r=$OFFSET
 		say sizes "out=$o err=$r"
 	fi
-	say live "$L"
+	say live "$LIVENESS"
 	if [ -n "$d" ]; then
 		say 'done' "$d"
 	fi
@@ -284,36 +287,36 @@ stream() {
 # is gone. tail -> fifo -> tee -> channel, and tee -> fifo -> wc: the count is
 # exactly what reached the channel, so rest() continues from there.
 live() {
-	W=$T/w$$
+	LIVE_FIFOS=$T/w$$
 	# (noglob is on: name the files; stderr here is the command's own stream: a file that
 	# cannot be removed, in a marker home made read-only, must not add bytes to it)
-	wrm() { rm -f "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne" 2>/dev/null; }
+	wrm() { rm -f "$LIVE_FIFOS.o" "$LIVE_FIFOS.e" "$LIVE_FIFOS.co" "$LIVE_FIFOS.ce" "$LIVE_FIFOS.no" "$LIVE_FIFOS.ne" 2>/dev/null; }
 	wrm
-	mkfifo "$W.o" "$W.e" "$W.co" "$W.ce" "$W.no" "$W.ne" 2>/dev/null || {
+	mkfifo "$LIVE_FIFOS.o" "$LIVE_FIFOS.e" "$LIVE_FIFOS.co" "$LIVE_FIFOS.ce" "$LIVE_FIFOS.no" "$LIVE_FIFOS.ne" 2>/dev/null || {
 		wrm
 		return
 	}
 	# The counts come back through fifos opened read-write here (never blocking, never a
-	# write to the disk, which may be full). If a count is lost, CN=0: we no longer know how
-	# far the channel got, so stream() sends nothing more and the client asks again from the
+	# write to the disk, which may be full). If a count is lost, COUNTS_KNOWN=0: we no longer know
+	# how far the channel got, so stream() sends nothing more and the client asks again from the
 	# offsets it counted itself.
-	exec 3<>"$W.no" 9<>"$W.ne"
+	exec 3<>"$LIVE_FIFOS.no" 9<>"$LIVE_FIFOS.ne"
 	# We open the data fifos ourselves, so no open can block and each tee sees
 	# EOF exactly when its tail dies (each tail holds the only write end).
 	# shellcheck disable=SC2094 # a fifo: read-write, then read-only, on purpose
-	exec 5<>"$W.o" 6<"$W.o" 7<>"$W.e" 8<"$W.e"
+	exec 5<>"$LIVE_FIFOS.o" 6<"$LIVE_FIFOS.o" 7<>"$LIVE_FIFOS.e" 8<"$LIVE_FIFOS.e"
 	tail -c +$((o + 1)) -f "$F/out" >&5 7>&- 2>/dev/null &
 	f1=$!
 	tail -c +$((r + 1)) -f "$F/err" >&7 5>&- 2>/dev/null &
 	f2=$!
 	exec 5>&- 7>&-
-	wc -c <"$W.co" >&3 2>/dev/null &
+	wc -c <"$LIVE_FIFOS.co" >&3 2>/dev/null &
 	w1=$!
-	wc -c <"$W.ce" >&9 2>/dev/null &
+	wc -c <"$LIVE_FIFOS.ce" >&9 2>/dev/null &
 	w2=$!
-	tee "$W.co" <&6 2>/dev/null &
+	tee "$LIVE_FIFOS.co" <&6 2>/dev/null &
 	t1=$!
-	tee "$W.ce" <&8 >&2 2>/dev/null &
+	tee "$LIVE_FIFOS.ce" <&8 >&2 2>/dev/null &
 	t2=$!
 	exec 6<&- 8<&-
 	heartbeat $f1 $f2 $t1 $t2 $w1 $w2 &
@@ -321,7 +324,7 @@ live() {
 	while read -r _ <&4; do
 		[ -e "$F.done" ] && break
 		alive
-		[ "$L" = alive ] || break
+		[ "$LIVENESS" = alive ] || break
 		# a dead tee means the channel is gone
 		kill -0 "$t1" "$t2" 2>/dev/null || break
 	done
@@ -331,9 +334,9 @@ live() {
 	echo x >&3
 	echo x >&9
 	read -r n <&3
-	case $n in '' | *[!0-9]*) CN=0 ;; *) o=$((o + n)) ;; esac
+	case $n in '' | *[!0-9]*) COUNTS_KNOWN=0 ;; *) o=$((o + n)) ;; esac
 	read -r n <&9
-	case $n in '' | *[!0-9]*) CN=0 ;; *) r=$((r + n)) ;; esac
+	case $n in '' | *[!0-9]*) COUNTS_KNOWN=0 ;; *) r=$((r + n)) ;; esac
 	exec 3>&- 9>&-
 	wrm
 }
@@ -374,6 +377,9 @@ case $MARKER_DIR in
 *) [ -n "$HOME" ] || die "HOME is not set"
 	MARKER_DIR=$HOME/$MARKER_DIR ;;
 esac
+# X and T: the marker home's x/ and tmp/ (as PROTOCOL.md names them); F: x/ID, the execution's
+# records (F.start, F.done, F.cancel) and its directory (F/out, F/err, F/pgid ...). Short on
+# purpose: the comments name every file by them.
 X=$MARKER_DIR/x
 T=$MARKER_DIR/tmp
 F=$X/$ID
@@ -399,26 +405,26 @@ if [ "$MODE" = supervise ]; then
 	# the dispatcher may die (SIGPIPE/SIGHUP) at any time: that must not stop us
 	trap '' HUP PIPE
 	STAGE=$T/$ID.$8
-	TO=$7
+	TIMEOUT=$7
 	sh=${SHELL:-/bin/sh}
 	[ -x "$sh" ] || die "login shell $sh is not executable"
 	if [ ! -d "${HOME:-/}" ] || [ ! -x "${HOME:-/}" ]; then
 		die "cannot cd to home ${HOME:-/}"
 	fi
-	SEC=
+	SECRETS=
 	if [ $# -eq 9 ]; then
 		# exactly $9 bytes of `export NAME='value'` lines written by cairn, or refuse:
 		# a cut connection must not start the command without its secrets
-		SEC=$(dd bs=1 count="$9" 2>/dev/null && echo .)
-		SEC=${SEC%.}
-		[ "$(printf %s "$SEC" | wc -c)" -eq "$9" ] || die "stdin ended inside the secrets"
+		SECRETS=$(dd bs=1 count="$9" 2>/dev/null && echo .)
+		SECRETS=${SECRETS%.}
+		[ "$(printf %s "$SECRETS" | wc -c)" -eq "$9" ] || die "stdin ended inside the secrets"
 		exec </dev/null
 	fi
 	boot || die "cannot read the boot identity"
 	pst $$ || die "cannot read /proc/$$/stat"
-	read -r E _ <"$MARKER_DIR/epoch" || die "cannot read $MARKER_DIR/epoch"
+	read -r EPOCH _ <"$MARKER_DIR/epoch" || die "cannot read $MARKER_DIR/epoch"
 	now
-	put "$STAGE/start" "v=1 id=$ID len=$5 digest=$6 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$NOW timeout=$TO" ||
+	put "$STAGE/start" "v=1 id=$ID len=$5 digest=$6 epoch=$EPOCH boot=$BOOT sup_pid=$$ sup_start=$STIME started_at=$NOW timeout=$TIMEOUT" ||
 		die "cannot write $STAGE/start"
 	# THE start guard: an exclusive link of the complete started record
 	if ! m=$(ln "$STAGE/start" "$F.start" 2>&1); then
@@ -457,15 +463,15 @@ if [ "$MODE" = supervise ]; then
 	# sleep is released early only while it is still the same process (PID and start time).
 	# A sleep without fractions fails at once: then no wait.
 	sleep 0.05 2>/dev/null &
-	FP=$! FS=
-	pst "$FP" && FS=$STIME
+	HOLD_PID=$! HOLD_START=
+	pst "$HOLD_PID" && HOLD_START=$STIME
 	exec >/dev/null 2>&1
 	w=
-	if [ "$TO" -gt 0 ]; then
+	if [ "$TIMEOUT" -gt 0 ]; then
 		watchdog &
 		w=$!
 	fi
-	CF=$F/cmd
+	COMMAND_FILE=$F/cmd
 	(command_)
 	c=$?
 	if [ -n "$w" ]; then
@@ -508,8 +514,8 @@ if [ "$MODE" = supervise ]; then
 		sleep 1
 	done
 	fsync "$X"
-	if [ -n "$FS" ] && pst "$FP" && [ "$STIME" = "$FS" ]; then
-		kill_pids TERM "$FP"
+	if [ -n "$HOLD_START" ] && pst "$HOLD_PID" && [ "$STIME" = "$HOLD_START" ]; then
+		kill_pids TERM "$HOLD_PID"
 	fi
 	wake
 	exit 0
@@ -520,7 +526,7 @@ if [ ! -d "$X" ] || [ ! -d "$T" ]; then
 	run mkdir -p -m 700 "$MARKER_DIR"
 	run mkdir -p "$X" "$T"
 fi
-if ! read -r E _ 2>/dev/null <"$MARKER_DIR/epoch"; then
+if ! read -r EPOCH _ 2>/dev/null <"$MARKER_DIR/epoch"; then
 	read -r u </proc/sys/kernel/random/uuid || die "cannot read /proc/sys/kernel/random/uuid"
 	while :; do
 		case $u in
@@ -535,7 +541,7 @@ if ! read -r E _ 2>/dev/null <"$MARKER_DIR/epoch"; then
 	ln "$T/epoch.$$" "$MARKER_DIR/epoch" 2>/dev/null
 	rm -f "$T/epoch.$$"
 	fsync "$MARKER_DIR"
-	read -r E _ <"$MARKER_DIR/epoch" || die "cannot read $MARKER_DIR/epoch"
+	read -r EPOCH _ <"$MARKER_DIR/epoch" || die "cannot read $MARKER_DIR/epoch"
 fi
 # first contact (hello): the marker home must be private
 if [ "$MODE" = hello ]; then
@@ -544,22 +550,22 @@ if [ "$MODE" = hello ]; then
 	*) die "the marker directory $MARKER_DIR is accessible by other users; fix it with: chmod 700 $MARKER_DIR" ;;
 	esac
 fi
-# hstate FILE SHA: sets HS, the state of the native helper FILE (HOST-HELPER.md): absent,
-# mismatch (not the file with that SHA-256), unrunnable (it does not run here: a home mounted
-# noexec, another architecture), ok
+# hstate FILE SHA: sets HELPER_STATE, the state of the native helper FILE (HOST-HELPER.md):
+# absent, mismatch (not the file with that SHA-256), unrunnable (it does not run here: a home
+# mounted noexec, another architecture), ok
 hstate() {
-	HS=absent
+	HELPER_STATE=absent
 	[ -e "$1" ] || return 0
-	HS=mismatch
+	HELPER_STATE=mismatch
 	if command -v sha256sum >/dev/null 2>&1; then
 		h_=$(sha256sum "$1" 2>/dev/null) || return 0
 		[ "${h_%% *}" = "$2" ] || return 0
 	fi
 	h_=$("$1" "$2" selftest 2>/dev/null)
 	case $?:$h_ in
-	"0:cairn-host ok v=1") HS=ok ;;
-	125:*) HS=mismatch ;;
-	*) HS=unrunnable ;;
+	"0:cairn-host ok v=1") HELPER_STATE=ok ;;
+	125:*) HELPER_STATE=mismatch ;;
+	*) HELPER_STATE=unrunnable ;;
 	esac
 }
 # hused FILE: whether a running process executes FILE (a supervisor or a session that a client
@@ -572,44 +578,44 @@ hused() {
 	return 1
 }
 # rmhelpers KEEP: removes every DIR/bin/cairn-host-* but cairn-host-KEEP and those a running
-# process executes; NH: how many were removed
+# process executes; HELPERS_REMOVED: how many were removed
 rmhelpers() {
-	NH=0
+	HELPERS_REMOVED=0
 	set +f
 	for f_ in "$MARKER_DIR"/bin/cairn-host-*; do
 		if [ -e "$f_" ] && [ "$f_" != "$MARKER_DIR/bin/cairn-host-$1" ] && ! hused "$f_"; then
-			rm -f "$f_" && NH=$((NH + 1))
+			rm -f "$f_" && HELPERS_REMOVED=$((HELPERS_REMOVED + 1))
 		fi
 	done
 	set -f
 }
 # (hello with a helper's SHA-256: the host's architecture and that helper's state, once per
 # connection)
-HX=
+HELLO_HELPER=
 if [ "$MODE" = hello ] && [ $# -eq 4 ]; then
 	hstate "$MARKER_DIR/bin/cairn-host-$4" "$4"
-	HX=" arch=$(uname -m 2>/dev/null || echo unknown) helper=$HS"
+	HELLO_HELPER=" arch=$(uname -m 2>/dev/null || echo unknown) helper=$HELPER_STATE"
 fi
 boot || die "cannot read the boot identity"
 now
-say hello "v=1 epoch=$E boot=$BOOT now=$NOW$HX"
+say hello "v=1 epoch=$EPOCH boot=$BOOT now=$NOW$HELLO_HELPER"
 
 case $MODE in
 dispatch)
-	LEN=$5 DIG=$6 TO=$7 ATT=$8 SL=${9:-0}
+	COMMAND_LEN=$5 DIGEST=$6 TIMEOUT=$7 ATTACH=$8 SECRETS_LEN=${9:-0}
 	if [ ! -e "$F.start" ]; then
 		command -v setsid >/dev/null || die "setsid: command not found"
 		STAGE=$T/$ID.$$
 		run mkdir "$STAGE"
-		# exactly LEN bytes from stdin, or refuse (a cut connection gives fewer)
-		if [ "$SL" -gt 0 ]; then
+		# exactly COMMAND_LEN bytes from stdin, or refuse (a cut connection gives fewer)
+		if [ "$SECRETS_LEN" -gt 0 ]; then
 			# the secrets follow on stdin: not one byte more (busybox's head reads ahead)
-			m=$(dd bs=1 count="$LEN" 2>&1 of="$STAGE/cmd") || die "$m"
+			m=$(dd bs=1 count="$COMMAND_LEN" 2>&1 of="$STAGE/cmd") || die "$m"
 		else
-			m=$(head -c "$LEN" 2>&1 >"$STAGE/cmd") || die "$m"
+			m=$(head -c "$COMMAND_LEN" 2>&1 >"$STAGE/cmd") || die "$m"
 		fi
 		size "$STAGE/cmd"
-		[ "$SIZE" = "$LEN" ] || die "stdin ended after $SIZE of $LEN bytes"
+		[ "$SIZE" = "$COMMAND_LEN" ] || die "stdin ended after $SIZE of $COMMAND_LEN bytes"
 		# the stage; done.tmp reserves the space of the finish record (on failure, again
 		# under run, for the host's own error text)
 		prep() { true >"$STAGE/out" && true >"$STAGE/err" && printf '%512s\n' '' >"$STAGE/done.tmp"; }
@@ -630,26 +636,26 @@ dispatch)
 		fi
 		# setsid twice: the second, a session leader, must fork (a portable setsid -f);
 		# we only wait for EOF on the pipe, after the verdict
-		if [ "$SL" -gt 0 ]; then
+		if [ "$SECRETS_LEN" -gt 0 ]; then
 			# secrets follow the command on stdin: the supervisor reads them itself, into
 			# memory only (never a file), and hands them to the command's environment
 			# shellcheck disable=SC2016 # the script is $1 of the new shell
-			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ "$SL" 2>&1)
+			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$COMMAND_LEN" "$DIGEST" "$TIMEOUT" $$ "$SECRETS_LEN" 2>&1)
 		else
 			# shellcheck disable=SC2016 # the script is $1 of the new shell
-			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$LEN" "$DIG" "$TO" $$ </dev/null 2>&1)
+			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$COMMAND_LEN" "$DIGEST" "$TIMEOUT" $$ </dev/null 2>&1)
 		fi
 		# error lines, then "verdict X" last
-		V=
+		VERDICT=
 		case $v in
 		*"verdict "*)
-			V=${v##*verdict }
+			VERDICT=${v##*verdict }
 			v=${v%verdict *}
 			;;
 		esac
 		v=${v%"$NL"}
 		[ -n "$v" ] && say_error "$v"
-		case $V in
+		case $VERDICT in
 		started | exists | refused) ;;
 		*)
 			# no verdict: the supervisor died; did it cross the guard? (records
@@ -657,20 +663,20 @@ dispatch)
 			l=
 			[ -d "$STAGE" ] && read -r l 2>/dev/null <"$STAGE/start"
 			if [ -e "$F.start" ] && { [ ! -d "$STAGE" ] || { read -r d <"$F.start" && [ "$l" = "$d" ]; }; }; then
-				V=started
+				VERDICT=started
 			else
-				V=refused
+				VERDICT=refused
 			fi
 			;;
 		esac
-		[ "$V" = refused ] && rm -rf "$STAGE"
+		[ "$VERDICT" = refused ] && rm -rf "$STAGE"
 	else
-		V=exists
+		VERDICT=exists
 	fi
-	say verdict "$V"
-	if [ "$V" != refused ] && read -r l <"$F.start"; then
+	say verdict "$VERDICT"
+	if [ "$VERDICT" != refused ] && read -r l <"$F.start"; then
 		say start "$l"
-		[ "$V" = started ] && [ "$ATT" = 1 ] && parse_start "$l" && stream 0 0 1
+		[ "$VERDICT" = started ] && [ "$ATTACH" = 1 ] && parse_start "$l" && stream 0 0 1
 	fi
 	;;
 watch)
@@ -704,11 +710,11 @@ cancel)
 		alive
 		if [ -e "$F.done" ]; then
 			CANCEL_RESULT=finished
-		elif [ "$L" = rebooted ]; then
+		elif [ "$LIVENESS" = rebooted ]; then
 			CANCEL_RESULT=dead
-		elif ! read -r g gs 2>/dev/null <"$F/pgid"; then
+		elif ! read -r LEADER_PID LEADER_START 2>/dev/null <"$F/pgid"; then
 			CANCEL_RESULT=prevented
-			[ "$L" = alive ] || CANCEL_RESULT=dead
+			[ "$LIVENESS" = alive ] || CANCEL_RESULT=dead
 		elif lead; then
 			kill_group TERM
 			CANCEL_RESULT=signalled
@@ -722,16 +728,16 @@ cancel)
 			fi
 		else
 			CANCEL_RESULT=finished
-			[ "$L" = alive ] || CANCEL_RESULT=dead
+			[ "$LIVENESS" = alive ] || CANCEL_RESULT=dead
 		fi
 		# an alive supervisor records the outcome within moments
 		i=30
-		while [ $i -gt 0 ] && [ "$L" = alive ] && [ ! -e "$F.done" ]; do
+		while [ $i -gt 0 ] && [ "$LIVENESS" = alive ] && [ ! -e "$F.done" ]; do
 			tick
 			i=$((i - 1))
 			alive
 		done
-		say live "$L"
+		say live "$LIVENESS"
 		if [ -e "$F.done" ] && read -r d <"$F.done"; then
 			say 'done' "$d"
 		fi
@@ -767,19 +773,19 @@ gc)
 	find "$T" -mindepth 1 -maxdepth 1 -mmin +1440 -exec rm -rf {} + 2>/dev/null
 	fsync "$X"
 	# native helpers of other versions (the client names the one it uses)
-	HX=
+	GC_HELPERS=
 	if [ $# -eq 6 ]; then
 		rmhelpers "$6"
-		HX=" removed_helpers=$NH"
+		GC_HELPERS=" removed_helpers=$HELPERS_REMOVED"
 	fi
-	say gc "removed_output=$no removed_tombstones=$nt unfinished=$nk$HX"
+	say gc "removed_output=$no removed_tombstones=$nt unfinished=$nk$GC_HELPERS"
 	;;
 install)
 	# the native helper, LEN bytes on stdin: written beside the others, checked (its SHA-256,
 	# and that it runs here), then renamed into place, so that its name never holds anything
 	# else (HOST-HELPER.md)
-	H=$MARKER_DIR/bin
-	run mkdir -p -m 700 "$H"
+	HELPER_DIR=$MARKER_DIR/bin
+	run mkdir -p -m 700 "$HELPER_DIR"
 	f=$T/h.$$
 	m=$(head -c "$5" 2>&1 >"$f") || {
 		rm -f "$f"
@@ -792,16 +798,16 @@ install)
 	}
 	run chmod 700 "$f"
 	hstate "$f" "$4"
-	if [ "$HS" = ok ]; then
+	if [ "$HELPER_STATE" = ok ]; then
 		fsync "$f"
-		run mv -f "$f" "$H/cairn-host-$4"
+		run mv -f "$f" "$HELPER_DIR/cairn-host-$4"
 		# a new version in place: the others go (HOST-HELPER.md)
 		rmhelpers "$4"
-		fsync "$H"
+		fsync "$HELPER_DIR"
 	else
 		rm -f "$f"
 	fi
-	say helper "$HS"
+	say helper "$HELPER_STATE"
 	;;
 # SESSION ARM BEGINS: sent only with the session mode (the client leaves it out of every
 # other exec, which keeps them small)
@@ -817,23 +823,23 @@ session)
 	# this shell is the supervisor of every command it starts: its PID and start time go
 	# into their started records
 	pst $$ || die "cannot read /proc/$$/stat"
-	SST=$STIME
+	SESSION_START=$STIME
 	trap '' HUP PIPE
 	# (flushes name their files: never syncfs, which would wait for every other writer's dirty
 	# data on the file system; PROTOCOL.md, Session)
-	I=$T/s$$
-	Q=$T/s$$.q
-	K=$T/s$$.k
-	rm -rf "$I" "$Q" "$K"
-	run mkdir "$I"
-	run mkfifo "$Q" "$K"
-	# Q: every event for this shell, one line each (requests from the reader, exit statuses
-	# from the waiters); K: the reader waits here until a batch has been taken
-	exec 4<>"$Q" 5<>"$K" 3<&0
-	rm -f "$Q" "$K"
+	SESSION_DIR=$T/s$$
+	EVENT_FIFO=$T/s$$.q
+	GO_ON_FIFO=$T/s$$.k
+	rm -rf "$SESSION_DIR" "$EVENT_FIFO" "$GO_ON_FIFO"
+	run mkdir "$SESSION_DIR"
+	run mkfifo "$EVENT_FIFO" "$GO_ON_FIFO"
+	# EVENT_FIFO: every event for this shell, one line each (requests from the reader, exit
+	# statuses from the waiters); GO_ON_FIFO: the reader waits here until a batch has been taken
+	exec 4<>"$EVENT_FIFO" 5<>"$GO_ON_FIFO" 3<&0
+	rm -f "$EVENT_FIFO" "$GO_ON_FIFO"
 	# (an asynchronous list gets /dev/null as stdin unless it is given one: fd 3 is ours)
 	(
-		# the reader: requests from stdin, checked, command bytes into I/ID.cmd
+		# the reader: requests from stdin, checked, command bytes into SESSION_DIR/ID.cmd
 		# rd FILE: the next l lines of stdin into FILE (false if a write failed)
 		rd() {
 			{
@@ -860,23 +866,23 @@ session)
 				n=$((n + 1))
 				[ "$n" -le 64 ] || break
 				# an ID twice in one session: the client is confused; stop rather than guess
-				if [ -e "$I/$a.cmd" ]; then
+				if [ -e "$SESSION_DIR/$a.cmd" ]; then
 					echo "q execution $a was sent twice in one session; nothing more is read" >&4
 					exit 0
 				fi
 				# the command: l lines, read by the shell itself (no process); with u=1 the
 				# last newline was added for the transfer and is not part of the command
 				f=r
-				rd "$I/$a.cmd" 2>/dev/null || f=w
+				rd "$SESSION_DIR/$a.cmd" 2>/dev/null || f=w
 				# (a file that could not be opened: read the lines all the same)
 				[ "$l" -gt 0 ] && [ "$f" = w ] && rd /dev/null
 				# then the line "e": a cut connection gives fewer lines and no "e"
 				if [ "$l" != 0 ] || ! read -r t || [ "$t" != e ]; then
-					rm -f "$I/$a.cmd"
+					rm -f "$SESSION_DIR/$a.cmd"
 					echo q >&4
 					exit 0
 				fi
-				[ "$f" = w ] && rm -f "$I/$a.cmd"
+				[ "$f" = w ] && rm -f "$SESSION_DIR/$a.cmd"
 				echo "$f $a $b $c $d" >&4
 				;;
 			g)
@@ -896,40 +902,41 @@ session)
 	) <&3 >/dev/null 2>&1 &
 	# (the reader's PID: if it is killed, nothing would ever say "q")
 	# shellcheck disable=SC2034 # read through eval (hl r 0)
-	Pr0=$!
+	PID_r0=$!
 	exec </dev/null 3<&-
 	# the ticker: a "t" every 2 s, so that a waiter that died without reporting is noticed;
 	# it stops when this shell is gone
 	(
 		exec 5>&-
-		NP=
-		trap 'kill_pids TERM "$NP"; exit 0' TERM
+		NAP_PID=
+		trap 'kill_pids TERM "$NAP_PID"; exit 0' TERM
 		# (alive by its start time: a PID can be reused)
-		while nap 2 && ours $$ "$SST"; do
+		while nap 2 && ours $$ "$SESSION_START"; do
 			echo t >&4
 		done
 	) </dev/null >/dev/null 2>&1 &
-	TK=$!
+	TICKER_PID=$!
 	# Protocol lines are gathered and written together (fl) before output bytes and when all
 	# queued events have been handled: one write, and one SSH packet, for many lines (nothing
 	# below calls die, which would leave them unwritten).
-	OB=''
-	say() { OB="$OB$TAG $*$NL"; }
+	SAY_BUFFER=''
+	say() { SAY_BUFFER="$SAY_BUFFER$TAG $*$NL"; }
 	fl() {
-		[ -n "$OB" ] || return 0
-		printf '%s' "$OB"
-		OB=''
+		[ -n "$SAY_BUFFER" ] || return 0
+		printf '%s' "$SAY_BUFFER"
+		SAY_BUFFER=''
 	}
 	# REQUESTS: requests read since the last "g" (ID:LEN:DIGEST:TIMEOUT), REQUESTS_COUNT of
 	# them; CONFIRMED: requests confirmed by a "g" and waiting for the next batch helper,
 	# CONFIRMED_COUNT of them; READER_WAITS: the reader waits for its go-on; BATCH_RUNNING: a
-	# batch helper is running, BATCH_UNREPORTED: its requests not reported on yet; W: finished
+	# batch helper is running, BATCH_UNREPORTED: its requests not reported on yet; EXITED: finished
 	# commands (ID:STATUS); FINISH_UNREPORTED: those of the running finish helper not reported
-	# yet; FINISH_RUNNING: a finish helper is running; N: commands started and not yet answered;
-	# P: helpers running beside this shell; READER_GONE: the reader has stopped;
+	# yet; FINISH_RUNNING: a finish helper is running; UNANSWERED: commands started and not yet
+	# answered; HELPERS: helpers running beside this shell (each one's PID in PID_b<N>, PID_f<N>,
+	# the reader's in PID_r0); READER_GONE: the reader has stopped;
 	# SENTINEL_QUEUED: this shell's sentinel is in the queue; WAITERS: the waiters running
 	# (see start)
-	REQUESTS='' REQUESTS_COUNT=0 CONFIRMED='' CONFIRMED_COUNT=0 READER_WAITS='' W='' N=0 P=0
+	REQUESTS='' REQUESTS_COUNT=0 CONFIRMED='' CONFIRMED_COUNT=0 READER_WAITS='' EXITED='' UNANSWERED=0 HELPERS=0
 	READER_GONE='' SENTINEL_QUEUED='' nb=0 nf=0 nw=0 WAITERS='' p_='' FINISH_RUNNING=''
 	BATCH_RUNNING='' BATCH_UNREPORTED='' FINISH_UNREPORTED=''
 	# This shell only reads events, answers and starts waiters: the batch's files, links and
@@ -964,7 +971,7 @@ session)
 	# The records, built by one function each for the helper that writes them and for this
 	# shell, which rebuilds them from a short report instead of reading them back (the shells
 	# read a byte per system call). NOW: started_at, finished_at.
-	# srec ID LEN DIGEST TIMEOUT: sets SR, the started record
+	# srec ID LEN DIGEST TIMEOUT: sets START_RECORD, the started record
 	# unguard ID: remove a guard this batch crossed whose command could not be put in place,
 	# with its stage and command; a home made read-only for a moment gets up to 20 tries, a
 	# second apart (a "refused" while the guard stays would let the client record "never
@@ -977,9 +984,9 @@ session)
 			sleep 1
 		done
 	}
-	srec() { SR="v=1 id=$1 len=$2 digest=$3 epoch=$E boot=$BOOT sup_pid=$$ sup_start=$SST started_at=$NOW timeout=$4"; }
-	# drec ID STATUS OUT ERR TIMED_OUT CANCELLED: sets DR, the finish record
-	drec() { DR="v=1 id=$1 status=$2 finished_at=$NOW out=$3 err=$4 timed_out=$5 cancelled=$6"; }
+	srec() { START_RECORD="v=1 id=$1 len=$2 digest=$3 epoch=$EPOCH boot=$BOOT sup_pid=$$ sup_start=$SESSION_START started_at=$NOW timeout=$4"; }
+	# drec ID STATUS OUT ERR TIMED_OUT CANCELLED: sets DONE_RECORD, the finish record
+	drec() { DONE_RECORD="v=1 id=$1 status=$2 finished_at=$NOW out=$3 err=$4 timed_out=$5 cancelled=$6"; }
 	# answer ID VERDICT [MESSAGE [RECORD]]: error, verdict, start (the started record given,
 	# else the one on disk, if any), end
 	answer() {
@@ -996,7 +1003,7 @@ session)
 	refuse() {
 		for r in $REQUESTS; do
 			i=${r%%:*}
-			rm -f "$I/$i.cmd"
+			rm -f "$SESSION_DIR/$i.cmd"
 			tell "$i" refused "$1"
 		done
 	}
@@ -1004,12 +1011,12 @@ session)
 	# one ln, move into place with one mv, one flush; then "a" for each winner (GUARDED: the
 	# requests whose guard this batch crossed)
 	batch() {
-		# stages live under I/b, cleared every 64 batches (one rm, not one a batch; one batch
+		# stages live under SESSION_DIR/b, cleared every 64 batches (one rm, not one a batch; one batch
 		# helper runs at a time)
 		if [ $((nb % 64)) = 0 ]; then
-			rm -rf "$I/b"
+			rm -rf "$SESSION_DIR/b"
 		fi
-		BATCH_STAGE=$I/b/$nb
+		BATCH_STAGE=$SESSION_DIR/b/$nb
 		set --
 		for r in $REQUESTS; do set -- "$@" "$BATCH_STAGE/${r%%:*}"; done
 		m=$(mkdir -p "$BATCH_STAGE" "$@" 2>&1) || {
@@ -1030,7 +1037,7 @@ session)
 			i=${r%%:*} v=${r#*:}
 			l=${v%%:*} v=${v#*:}
 			srec "$i" "$l" "${v%%:*}" "${v#*:}"
-			put "$BATCH_STAGE/$i.start" "$SR" 2>/dev/null || {
+			put "$BATCH_STAGE/$i.start" "$START_RECORD" 2>/dev/null || {
 				refuse "cannot write $BATCH_STAGE/$i.start"
 				return
 			}
@@ -1046,12 +1053,12 @@ session)
 			# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
 			if [ "$BATCH_STAGE/$i.start" -ef "$X/$i.start" ]; then
 				GUARDED="$GUARDED $r"
-				set -- "$@" "$BATCH_STAGE/$i" "$I/$i.cmd"
+				set -- "$@" "$BATCH_STAGE/$i" "$SESSION_DIR/$i.cmd"
 			elif [ -e "$X/$i.start" ]; then
-				rm -f "$I/$i.cmd"
+				rm -f "$SESSION_DIR/$i.cmd"
 				tell "$i" exists
 			else
-				rm -f "$I/$i.cmd"
+				rm -f "$SESSION_DIR/$i.cmd"
 				tell "$i" refused "$m"
 			fi
 		done
@@ -1065,7 +1072,7 @@ session)
 				set -- "$@" "$X/$i.start"
 			else
 				# nothing ran: give the guard back rather than leave a start we cannot honour
-				rm -f "$I/$i.cmd"
+				rm -f "$SESSION_DIR/$i.cmd"
 				unguard "$i" || m="$m; the start guard could not be given back"
 				tell "$i" refused "$m"
 			fi
@@ -1077,17 +1084,17 @@ session)
 			echo "a ${r%%:*} ${r##*:} $NOW" >&4
 		done
 	}
-	# start ID (timeout TO) under waiter number nw (this shell keeps its PID in Pw<nw> for the
+	# start ID (timeout TIMEOUT) under waiter number nw (this shell keeps its PID in PID_w<nw> for the
 	# reaping: the waiter reads nothing from /proc; WAITERS lists the waiters running, as nw:ID)
 	start() {
-		ID=$1 TO=$2
-		F=$X/$ID CF=$X/$ID.cmd SEC=''
+		ID=$1 TIMEOUT=$2
+		F=$X/$ID COMMAND_FILE=$X/$ID.cmd SECRETS=''
 		nw=$((nw + 1))
 		WAITERS="$WAITERS $nw:$ID"
 		(
 			# the waiter: the command's exit status
 			w=
-			if [ "$TO" -gt 0 ]; then
+			if [ "$TIMEOUT" -gt 0 ]; then
 				watchdog &
 				w=$!
 			fi
@@ -1103,10 +1110,10 @@ session)
 			fi
 			echo "f $ID $c $nw" >&4
 		) </dev/null >/dev/null 2>&1 &
-		eval "Pw$nw=\$!"
-		N=$((N + 1))
+		eval "PID_w$nw=\$!"
+		UNANSWERED=$((UNANSWERED + 1))
 	}
-	# (the finish helper) the commands in W have exited: one wc for their sizes, their finish
+	# (the finish helper) the commands in EXITED have exited: one wc for their sizes, their finish
 	# records written in place, one flush, one ln into place, one flush of the names; then
 	# "o" for each
 	finish() {
@@ -1114,7 +1121,7 @@ session)
 		# ID:STATUS:WHICH (o: out counted, e: err counted)
 		set --
 		V_='' L_='' R_=''
-		for r in $W; do
+		for r in $EXITED; do
 			F=$X/${r%%:*}
 			e_=-
 			[ -s "$F/out" ] && set -- "$@" "$F/out" && e_=o
@@ -1160,7 +1167,7 @@ session)
 			drec "$ID" "$c" "$o" "$z" "$t" "$k"
 			# a record the home refuses (made read-only) is not reported: the session gives
 			# it to the next finish helper, which writes it again (see "z")
-			if printf '%s\n' "$DR" 2>/dev/null 1<>"$F/$ID.done"; then
+			if printf '%s\n' "$DONE_RECORD" 2>/dev/null 1<>"$F/$ID.done"; then
 				# kept for the reports below: "ID OUT ERR STATUS NOW TIMED_OUT CANCELLED", one
 				# line each (x: a size unknown); this shell rebuilds the record from them
 				D_="$D_$ID ${o:-x} ${z:-x} $c $NOW $t $k$NL"
@@ -1202,7 +1209,7 @@ session)
 		[ "$o" = x ] && o=''
 		[ "$z" = x ] && z=''
 		drec "$ID" "$1" "$o" "$z" "$3" "$4"
-		d=$DR
+		d=$DONE_RECORD
 		wake
 		# (a record whose name did not go into place is not reported)
 		[ -e "$F.done" ] || d=""
@@ -1225,7 +1232,7 @@ session)
 		say "=$ID" sizes "out=$o err=$z"
 		[ -n "$d" ] && say "=$ID" 'done' "$d"
 		say "=$ID" end
-		N=$((N - 1))
+		UNANSWERED=$((UNANSWERED - 1))
 	}
 	# wl N ID: waiter N of ID is no longer running (only an entry that is there is taken out)
 	wl() {
@@ -1237,7 +1244,7 @@ session)
 	# is lost. F/lost makes every reader's liveness check say "dead", as for a dead supervisor
 	# (the command itself may still run); the client hears "live dead" and no finish record.
 	lost() {
-		unset "Pw$1"
+		unset "PID_w$1"
 		wait "$p_" 2>/dev/null
 		wl "$1" "$2"
 		F=$X/$2
@@ -1246,7 +1253,7 @@ session)
 		wake
 		say "=$2" live dead
 		say "=$2" end
-		N=$((N - 1))
+		UNANSWERED=$((UNANSWERED - 1))
 	}
 	# drop NAME ID: take ID's entry (ID:...) out of the list in the variable NAME; x_ is what
 	# followed "ID:" in it (empty if there was none)
@@ -1269,7 +1276,7 @@ session)
 	# ask again behind whatever it may have written (a "x" comes after its "y" or "z"); the
 	# same for the reader (hl r 0) and its "q"
 	hl() {
-		eval "p_=\$P$1$2"
+		eval "p_=\$PID_$1$2"
 		if ! pst "$p_" || [ "$STATE" = Z ]; then
 			echo "x $1 $2" >&4
 		fi
@@ -1284,7 +1291,7 @@ session)
 	# this batch's guard without them is given back (nothing ran); another's guard is
 	# "exists"; no guard, nothing ran.
 	rebatch() {
-		BATCH_STAGE=$I/b/$1
+		BATCH_STAGE=$SESSION_DIR/b/$1
 		if [ -d "$BATCH_STAGE" ] && mv "$BATCH_STAGE" "$BATCH_STAGE.x" 2>/dev/null; then
 			BATCH_STAGE=$BATCH_STAGE.x
 		fi
@@ -1292,7 +1299,7 @@ session)
 		set --
 		for r in $BATCH_UNREPORTED; do
 			i=${r%%:*}
-			rm -f "$I/$i.cmd"
+			rm -f "$SESSION_DIR/$i.cmd"
 			# shellcheck disable=SC3013 # -ef: bash, dash and busybox have it
 			if [ "$BATCH_STAGE/$i.start" -ef "$X/$i.start" ]; then
 				if [ -d "$X/$i" ] && [ -e "$X/$i.cmd" ]; then
@@ -1319,13 +1326,13 @@ session)
 	}
 	# helper PID (named by its report): reap it
 	reap() {
-		eval "p_=\$P$1"
-		unset "P$1"
+		eval "p_=\$PID_$1"
+		unset "PID_$1"
 		wait "$p_" 2>/dev/null
-		P=$((P - 1))
+		HELPERS=$((HELPERS - 1))
 	}
 	while :; do
-		if [ -n "$READER_GONE" ] && [ "$N" -eq 0 ] && [ "$P" -eq 0 ] && [ -z "$SENTINEL_QUEUED" ]; then
+		if [ -n "$READER_GONE" ] && [ "$UNANSWERED" -eq 0 ] && [ "$HELPERS" -eq 0 ] && [ -z "$SENTINEL_QUEUED" ]; then
 			break
 		fi
 		read -r k a b c d <&4 || break
@@ -1334,7 +1341,7 @@ session)
 			REQUESTS="$REQUESTS $a:$b:$c:$d"
 			REQUESTS_COUNT=$((REQUESTS_COUNT + 1))
 			;;
-		w) answer "$a" refused "cannot store the command in $I (disk full?)" ;;
+		w) answer "$a" refused "cannot store the command in $SESSION_DIR (disk full?)" ;;
 		g)
 			# confirmed: these go with the next batch helper; the reader may read on
 			# while fewer than 64 wait here
@@ -1347,9 +1354,9 @@ session)
 			fi
 			;;
 		f)
-			W="$W $a:$b"
-			eval "p_=\$Pw$c"
-			unset "Pw$c"
+			EXITED="$EXITED $a:$b"
+			eval "p_=\$PID_w$c"
+			unset "PID_w$c"
 			wait "$p_" 2>/dev/null
 			wl "$c" "$a"
 			;;
@@ -1357,7 +1364,7 @@ session)
 			# a waiter that has ended (a zombie) or is gone: ask again behind whatever it
 			# may have written (a "u" comes after its "f", if it wrote one)
 			for r in $WAITERS; do
-				eval "p_=\$Pw${r%%:*}"
+				eval "p_=\$PID_w${r%%:*}"
 				if ! pst "$p_" || [ "$STATE" = Z ]; then
 					echo "u ${r%%:*} ${r#*:}" >&4
 				fi
@@ -1367,7 +1374,7 @@ session)
 			[ -n "$FINISH_RUNNING" ] && hl f "$nf"
 			;;
 		u)
-			eval "p_=\${Pw$a:-}"
+			eval "p_=\${PID_w$a:-}"
 			[ -n "$p_" ] && lost "$a" "$b"
 			;;
 		q)
@@ -1382,13 +1389,13 @@ session)
 		a)
 			# (x_: LEN:DIGEST:TIMEOUT of the request; c: the batch's NOW)
 			drop BATCH_UNREPORTED "$a"
-			SR=''
+			START_RECORD=''
 			if [ -n "$x_" ]; then
 				NOW=$c
 				l=${x_#*:}
 				srec "$a" "${x_%%:*}" "${l%%:*}" "$b"
 			fi
-			answer "$a" started "" "$SR"
+			answer "$a" started "" "$START_RECORD"
 			start "$a" "$b"
 			;;
 		o)
@@ -1402,13 +1409,13 @@ session)
 		z)
 			reap "f$a"
 			# (what it did not report, a record the home refused, goes to the next one)
-			FINISH_RUNNING='' W="$W$FINISH_UNREPORTED" FINISH_UNREPORTED=''
+			FINISH_RUNNING='' EXITED="$EXITED$FINISH_UNREPORTED" FINISH_UNREPORTED=''
 			;;
 		x)
 			# a helper ended without its last report: settle what it left (a finish group
 			# goes to the next finish helper, which writes the records again in place)
 			p_=''
-			case $a in b | f) num "$b" && eval "p_=\${P$a$b:-}" ;; esac
+			case $a in b | f) num "$b" && eval "p_=\${PID_$a$b:-}" ;; esac
 			# the reader, killed before its "q": read no more, as after one
 			if [ "$a" = r ] && [ -z "$READER_GONE" ]; then
 				READER_GONE=1
@@ -1421,7 +1428,7 @@ session)
 					rebatch "$b"
 				else
 					FINISH_RUNNING=''
-					W="$W$FINISH_UNREPORTED" FINISH_UNREPORTED=''
+					EXITED="$EXITED$FINISH_UNREPORTED" FINISH_UNREPORTED=''
 				fi
 			fi
 			;;
@@ -1437,7 +1444,7 @@ session)
 		fi
 		fl
 		# (one finish helper at a time: what ends meanwhile waits for the next)
-		if [ -n "$W" ] && [ -z "$FINISH_RUNNING" ]; then
+		if [ -n "$EXITED" ] && [ -z "$FINISH_RUNNING" ]; then
 			FINISH_RUNNING=1
 			nf=$((nf + 1))
 			(
@@ -1445,9 +1452,9 @@ session)
 				finish
 				echo "z $nf" >&4
 			) </dev/null >/dev/null 2>&1 &
-			eval "Pf$nf=\$!"
-			P=$((P + 1))
-			FINISH_UNREPORTED=$W W=''
+			eval "PID_f$nf=\$!"
+			HELPERS=$((HELPERS + 1))
+			FINISH_UNREPORTED=$EXITED EXITED=''
 		fi
 		# (one batch helper at a time: what is confirmed meanwhile goes into the next)
 		if [ -n "$CONFIRMED" ] && [ -z "$BATCH_RUNNING" ]; then
@@ -1461,8 +1468,8 @@ session)
 				batch
 				echo "y $nb" >&4
 			) </dev/null >/dev/null 2>&1 &
-			eval "Pb$nb=\$!"
-			P=$((P + 1))
+			eval "PID_b$nb=\$!"
+			HELPERS=$((HELPERS + 1))
 			BATCH_UNREPORTED=$CONFIRMED REQUESTS=$UNCONFIRMED CONFIRMED='' CONFIRMED_COUNT=0
 			if [ -n "$READER_WAITS" ]; then
 				READER_WAITS=''
@@ -1470,9 +1477,9 @@ session)
 			fi
 		fi
 	done
-	kill_pids TERM "$TK"
+	kill_pids TERM "$TICKER_PID"
 	# requests never followed by "g" were not started
-	rm -rf "$I"
+	rm -rf "$SESSION_DIR"
 	# the last line, with what is still gathered (say gathers here)
 	say end
 	fl
