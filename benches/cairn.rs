@@ -637,6 +637,8 @@ fn sum(m: &std::collections::BTreeMap<String, u64>, names: &[&str]) -> u64 {
 
 // ---------------------------------------------------------------- main
 
+// Long: the bench's sections in the order of its table, each behind its CAIRN_BENCH_ONLY
+// switch; the order is the table's.
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.get(1).map(String::as_str) == Some("__journal_child") {
@@ -896,6 +898,7 @@ fn fresh_dispatch(
 
 // ---------------------------------------------------------------- 2. marker overhead
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn marker_overhead(
     t: &mut Table,
     rt: &tokio::runtime::Runtime,
@@ -1082,6 +1085,7 @@ fn strace_breakdown(
 
 // ---------------------------------------------------------------- 3. throughput
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn throughput(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection>, dir: &str) {
     section("3. throughput on one connection, N in flight");
     for n in [8usize, 32] {
@@ -1230,6 +1234,7 @@ const ROUNDS: usize = 3;
 
 // ---------------------------------------------------------------- 4. recovery latency
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn recovery(
     t: &mut Table,
     rt: &tokio::runtime::Runtime,
@@ -1403,6 +1408,7 @@ fn recovery(
 
 // ---------------------------------------------------------------- 5. journal
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn journal(t: &mut Table, work: &Path) {
     section("5. journal: durable transitions per second");
     // Through the real `Journal` API: each thread its own handle, as fleet runs do; appends from
@@ -1685,6 +1691,7 @@ fn intent_match_replicas(t: &mut Table, bin: &Path, sshd: &support::TestSshd, wo
 
 // ---------------------------------------------------------------- 6. memory
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
     section("6. memory: peak RSS of `cairn run`");
     let journal = work.join("memory.db");
@@ -1782,6 +1789,8 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
 /// command differs by a trailing comment: the same command on the same host by the same actor
 /// would be the same intent, and attach to the first.) Returns (peak RSS KiB, most seen started
 /// and not finished at once, wall time, completed with exit 0, exit code of the server).
+// Long: one measurement, its steps in order (start the server, send the N requests, read the
+// answers, then its peak memory).
 fn in_flight(
     bin: &Path,
     sshd: &support::TestSshd,
@@ -2108,6 +2117,7 @@ fn host_cpu<F: FnOnce()>(f: F) -> f64 {
     (machine() - m0) - (me() - s0)
 }
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn host_sides(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection>, dir: &str) {
     section("7. host side: the native helper vs the sh script, same warm connection");
     if !cairn::host_helper::available() {
@@ -2314,6 +2324,7 @@ fn serve_round(
     (d, ok)
 }
 
+// Long: one section of the bench, its measurements in the order of the rows it adds.
 fn serve_vs_controlmaster(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
     section("8. 384 commands: cairn serve --host-session vs ssh over a ControlMaster");
     const N: usize = 384;

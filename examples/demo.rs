@@ -11,6 +11,7 @@ mod support;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+// Long: one demonstration, its steps in order.
 fn main() {
     if !std::path::Path::new("/usr/sbin/sshd").exists() {
         eprintln!(

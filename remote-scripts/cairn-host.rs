@@ -431,6 +431,8 @@ struct Launch {
 /// start the command: own session, cwd $HOME, stdin /dev/null, output to F/out and F/err; its
 /// PID and start time into F/pgid before the cancel flag is checked. The PID, or the status
 /// when nothing ran (130: cancelled before the start).
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 fn launch(l: &Launch) -> Result<i32, i32> {
     let sh = std::env::var_os("SHELL")
         .filter(|s| !s.is_empty())
@@ -895,6 +897,8 @@ fn parse_secrets(b: &[u8]) -> Option<Vec<(Vec<u8>, Vec<u8>)>> {
     Some(out)
 }
 
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 fn dispatch(cx: &mut Ctx, a: &[String], epoch: &str) {
     let len: usize = a[4].parse().unwrap_or(0);
     let dig = a[5].clone();
@@ -1016,6 +1020,8 @@ fn dispatch(cx: &mut Ctx, a: &[String], epoch: &str) {
 
 /// the supervisor: its own session, the start guard, the command, the finish record. Never
 /// returns.
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 #[allow(clippy::too_many_arguments)]
 fn supervise(
     cx: &mut Ctx,
@@ -1398,6 +1404,8 @@ fn in_use(p: &Path) -> bool {
     })
 }
 
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 fn gc(cx: &mut Ctx, out_age: &str, tomb_age: &str, keep: Option<&str>) {
     let now = now();
     let (oa, ta): (u64, u64) = (out_age.parse().unwrap_or(0), tomb_age.parse().unwrap_or(0));
@@ -1500,6 +1508,8 @@ enum Ev {
     Finished(String, i32),
 }
 
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 fn reader(i: PathBuf, tx: mpsc::Sender<Ev>, kr: mpsc::Receiver<()>) {
     // SAFETY: fd 0 is the channel's stdin, read by this thread alone; never closed (a free
     // fd 0 would be taken by the next file opened, and a command's dup2 onto 0 would then
@@ -1607,6 +1617,8 @@ struct Req {
     to: u64,
 }
 
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 fn session(cx: &mut Ctx, epoch: &str) {
     shell_checks(cx);
     let me = unsafe { c::getpid() };
@@ -1749,6 +1761,8 @@ fn answer(cx: &mut Ctx, id: &str, verdict: &str, msg: &str, rec: Option<&str>) {
 }
 
 /// stage, cross every guard, move into place, one flush; answer each. The winners.
+// Long: follows cairn.sh's code for the same step line by line (the script is the reference),
+// so that the two can be read side by side.
 #[allow(clippy::too_many_arguments)]
 fn run_batch(
     cx: &mut Ctx,

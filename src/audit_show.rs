@@ -21,6 +21,7 @@ pub struct Timeline {
     pub answers: Vec<Answer>,
 }
 
+// Long: one answer per question, in the order `audit show` prints them; each is a few lines.
 pub fn timeline(rec: &ExecutionRecord, events: &[Event]) -> Timeline {
     let mut clients: Vec<String> = Vec::new();
     for e in events {

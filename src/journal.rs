@@ -982,6 +982,8 @@ impl Journal {
 
     /// [`Journal::accept_or_match`], also matching executions accepted under the earlier
     /// fingerprint `legacy` (on the same destination only).
+    // Long: one IMMEDIATE transaction (read the candidates, let the caller choose, append or
+    // match); its steps share the transaction.
     pub fn accept_or_match_with(
         &mut self,
         rec: &ExecutionRecord,
@@ -2331,6 +2333,7 @@ mod tests {
         }
     }
 
+    // Long: one scenario, its phases in order.
     #[test]
     fn intent_matching_attaches_within_the_window_and_accepts_when_nothing_fits() {
         let dir = tempfile::tempdir().unwrap();
@@ -2472,6 +2475,7 @@ mod tests {
         }
     }
 
+    // Long: one scenario, its phases in order.
     #[test]
     fn sessions_batches_tokens_and_cursors_read_back_as_written() {
         let dir = tempfile::tempdir().unwrap();
@@ -2645,6 +2649,7 @@ mod tests {
         }
     }
 
+    // Long: one scenario, its phases in order.
     #[test]
     fn a_postgres_journal_migrates_once_and_refuses_a_newer_schema() {
         let Some(server) = test_postgres::server("postgres_schema") else {
@@ -2763,6 +2768,7 @@ mod tests {
     /// does not settle, nor by another execution's), and, when the listener's connection is
     /// terminated, again once it listens again, with nothing appended: whatever was notified
     /// while it was down is lost, so every waiter reads the journal once more.
+    // Long: one scenario, its phases in order.
     #[test]
     fn a_settling_append_wakes_its_watcher_and_a_listener_that_reconnects_wakes_every_waiter() {
         use super::Woken;
@@ -2855,6 +2861,7 @@ mod tests {
     /// written; then the other replica stops heartbeating, and this process takes over one of
     /// its executions (epoch bumped, a `takeover` event naming both), at most MAX_TAKEOVERS
     /// times.
+    // Long: one scenario, its phases in order.
     #[test]
     fn an_owner_whose_execution_was_taken_over_cannot_append_and_an_expired_lease_is_taken_over() {
         let Some(server) = test_postgres::server("postgres_fence") else {

@@ -54,6 +54,8 @@ impl ReviewRecord {
 }
 
 /// The review record of one execution.
+// Long: gathers the review record's fields from one read of the events, in the record's order;
+// each is a few lines.
 pub fn record(j: &Journal, id: &ExecutionId) -> Result<ReviewRecord, ExecError> {
     let rec = j
         .execution(id)?

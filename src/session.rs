@@ -126,6 +126,9 @@ impl HostSession {
 
 /// The session's task: returns why it ended. Every request it was given hears `Broken` or
 /// `Unavailable` if it had no `end` line.
+// Long: one select loop over the host session's channel and the requests; every arm shares its
+// state (the exec, the demux, the hello, what is queued and who waits), and the steps that need
+// only part of it are their own functions.
 async fn run(
     conn: Connection,
     dir: &str,
@@ -165,18 +168,7 @@ async fn run(
             // trip to every batch.
             if !queued.is_empty() && waiting.len() < MAX_IN_FLIGHT {
                 let take = queued.len().min(MAX_IN_FLIGHT - waiting.len());
-                let mut buf = Vec::new();
-                for r in queued.drain(..take) {
-                    buf.extend(marker::session_request(
-                        &r.id,
-                        &r.digest,
-                        r.timeout_secs,
-                        &r.command,
-                    ));
-                    let _ = r.events.send(Event::Line(Ok(Line::Hello(h.clone()))));
-                    waiting.insert(r.id.as_str().to_owned(), r.events);
-                }
-                buf.extend_from_slice(b"g\n");
+                let buf = requests(queued.drain(..take), h, &mut waiting);
                 if let Err(e) = ex.write_stdin(&buf).await {
                     break 'session format!("the host session's channel broke: {e}");
                 }
@@ -192,40 +184,8 @@ async fn run(
             ev = ex.next() => match ev {
                 Ok(Some(ExecEvent::Stdout(d))) => {
                     demux.feed(&d, &mut items);
-                    for item in items.drain(..) {
-                        match item {
-                            SessionItem::Session(Ok(Line::Hello(h))) => hello = Some(h),
-                            SessionItem::Session(Ok(Line::Error(e))) => {
-                                tracing::warn!("host session for {dir}: {e}");
-                            }
-                            SessionItem::Session(Ok(_)) => {}
-                            SessionItem::Session(Err(e)) | SessionItem::Broken(e) => {
-                                break 'session format!("the host session's reply is unreadable: {e}");
-                            }
-                            SessionItem::For(id, line) => {
-                                let end = matches!(line, Ok(Line::End));
-                                match waiting.get(&id) {
-                                    Some(tx) => {
-                                        let _ = tx.send(Event::Line(line));
-                                    }
-                                    None => tracing::warn!(
-                                        "host session for {dir}: a line for {id}, which it was not given"
-                                    ),
-                                }
-                                if end {
-                                    waiting.remove(&id);
-                                }
-                            }
-                            SessionItem::Output { id, stderr, data } => {
-                                if let Some(tx) = waiting.get(&id) {
-                                    let _ = tx.send(if stderr {
-                                        Event::Stderr(data)
-                                    } else {
-                                        Event::Stdout(data)
-                                    });
-                                }
-                            }
-                        }
+                    if let Err(why) = hand_out(dir, items.drain(..), &mut hello, &mut waiting) {
+                        break 'session why;
                     }
                 }
                 Ok(Some(ExecEvent::Stderr(d))) => {
@@ -269,6 +229,75 @@ async fn run(
     }
     unavailable(&mut rx, queued, &why);
     why
+}
+
+/// The bytes that send `batch` (each request, then `g`); each request hears the session's
+/// hello and waits for its lines from now on.
+fn requests(
+    batch: impl Iterator<Item = Request>,
+    hello: &marker::Hello,
+    waiting: &mut HashMap<String, mpsc::UnboundedSender<Event>>,
+) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for r in batch {
+        buf.extend(marker::session_request(
+            &r.id,
+            &r.digest,
+            r.timeout_secs,
+            &r.command,
+        ));
+        let _ = r.events.send(Event::Line(Ok(Line::Hello(hello.clone()))));
+        waiting.insert(r.id.as_str().to_owned(), r.events);
+    }
+    buf.extend_from_slice(b"g\n");
+    buf
+}
+
+/// Give what the host session said to whom it is for: its own hello and errors to the
+/// session, each execution's lines and output to its waiter (which stops waiting at its
+/// `end`). `Err(why)`: the reply is unreadable and the session ends.
+fn hand_out(
+    dir: &str,
+    items: impl Iterator<Item = SessionItem>,
+    hello: &mut Option<marker::Hello>,
+    waiting: &mut HashMap<String, mpsc::UnboundedSender<Event>>,
+) -> Result<(), String> {
+    for item in items {
+        match item {
+            SessionItem::Session(Ok(Line::Hello(h))) => *hello = Some(h),
+            SessionItem::Session(Ok(Line::Error(e))) => {
+                tracing::warn!("host session for {dir}: {e}");
+            }
+            SessionItem::Session(Ok(_)) => {}
+            SessionItem::Session(Err(e)) | SessionItem::Broken(e) => {
+                return Err(format!("the host session's reply is unreadable: {e}"));
+            }
+            SessionItem::For(id, line) => {
+                let end = matches!(line, Ok(Line::End));
+                match waiting.get(&id) {
+                    Some(tx) => {
+                        let _ = tx.send(Event::Line(line));
+                    }
+                    None => tracing::warn!(
+                        "host session for {dir}: a line for {id}, which it was not given"
+                    ),
+                }
+                if end {
+                    waiting.remove(&id);
+                }
+            }
+            SessionItem::Output { id, stderr, data } => {
+                if let Some(tx) = waiting.get(&id) {
+                    let _ = tx.send(if stderr {
+                        Event::Stderr(data)
+                    } else {
+                        Event::Stdout(data)
+                    });
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Hand back requests that were never sent.

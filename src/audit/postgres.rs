@@ -78,6 +78,8 @@ fn chains(rows: &[Row]) -> Vec<(&str, Vec<&Row>)> {
     order
 }
 
+// Long: the checks of one snapshot in order (chains, records, sessions, heads, checkpoints),
+// all adding to one list of findings.
 pub(super) fn verify(url: &str, seal_key: Option<&Path>) -> Result<Report, String> {
     let key = seal_key.map(ck::read_key).transpose()?;
     let snap = snapshot(url)?;
@@ -209,6 +211,8 @@ fn check_chains(
 }
 
 /// The first break in one owner's chain (`rows` in seq order), classified.
+// Long: one walk down the chain; its arms tell modified, reordered, inserted and deleted
+// entries apart in the order that distinguishes them, and read best side by side.
 fn check_links(chain: Chain, id: &str, rows: &[&Row]) -> Option<Finding> {
     let (owner, entry) = nouns(chain);
     let seqs: Vec<i64> = rows.iter().map(|r| r.seq).collect();
@@ -419,6 +423,8 @@ type SealedHeads = HashMap<String, Sealed>;
 /// The checkpoints' own chain (numbers without gaps, each following the digest of the one
 /// before, each matching its digest and, with the key, its MAC); the newest sealed head of each
 /// execution and session, from the checkpoints that pass.
+// Long: one walk down the checkpoints' own chain; each check is a few lines and they share the
+// walk's state.
 fn check_checkpoints(
     cps: &[CheckpointRow],
     key: Option<&[u8]>,

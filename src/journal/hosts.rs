@@ -62,6 +62,8 @@ impl Journal {
     /// in the same transaction, append to `id` a `host-epoch-changed` event when the epoch
     /// differs from the one last seen there, and a `host-key-shared` event for each other
     /// destination presenting the same key with another epoch that was not yet said.
+    // Long: one IMMEDIATE transaction, its reads and appends in order; split, each step would
+    // take the transaction and its error mapping.
     pub fn observe_host_epoch(
         &mut self,
         id: &ExecutionId,

@@ -1341,6 +1341,8 @@ impl Pg {
     /// As on SQLite: the bookkeeping and the events it teaches in one transaction. The place's
     /// key is locked first (an advisory lock on its hash), so two replicas learning about one
     /// host key at once do not both announce the same change.
+    // Long: one transaction under the key's advisory lock, its reads and appends in order, as
+    // on SQLite.
     pub(super) fn observe_host_epoch(
         &self,
         id: &ExecutionId,

@@ -307,6 +307,8 @@ impl CairnMcp {
     /// accepted (`may_task`: the call has one execution). Otherwise the answer waits for the
     /// job, unless the request is cancelled first (its stream closed, `notifications/cancelled`):
     /// then nothing is answered, and the executions follow [`crate::tasks::stream_closed`].
+    // Long: the submission, the choice between a task and a waited answer, and the race with
+    // cancellation share the channels and the gate set up at its top.
     async fn serve_call<F, Fut>(
         &self,
         ctx: &RequestContext<RoleServer>,

@@ -431,6 +431,7 @@ name = { type = "string", pattern = "^[a-z]+$" }
 "#;
 
     /// Each unsafe contract, and the line and words its finding must have.
+    // Long: one scenario, its phases in order.
     #[test]
     fn each_unsafe_contract_is_refused_with_its_line_and_a_fix() {
         let cases: &[(&str, &str, usize, &str)] = &[

@@ -354,6 +354,9 @@ impl OperationsFile {
 
 impl Operation {
     /// Read one operation as written, recording what cannot be understood as findings.
+    // Long: one pass over the operation's fields in the file format's order, each noting its
+    // line and its findings through the shared `lines` and `finding`; split, every step would
+    // take both.
     fn read(name: String, raw: RawOp, text: &str, line: usize) -> Operation {
         let at = |s: std::ops::Range<usize>| line_of(text, s.start);
         let mut lines = Lines {
@@ -670,6 +673,8 @@ impl Operation {
 }
 
 impl Arg {
+    // Long: one match over the argument types, each arm checking the keys that type allows; the
+    // table reads best whole.
     fn read(name: String, a: RawArg, line: usize) -> Result<Arg, (String, &'static str)> {
         let ty = match a.ty.as_deref().unwrap_or("string") {
             "string" => {

@@ -125,6 +125,79 @@ fn host_matches(patterns: &[String], alias: &str) -> bool {
     positive
 }
 
+impl Collected {
+    /// One setting of an active block (`kw` lower-cased, `line` the whole line): the first
+    /// value wins, as in OpenSSH; `IdentityFile` and `CertificateFile` add up.
+    fn set(&mut self, kw: &str, args: &[String], loc: &Loc, line: &str) -> Result<(), SshError> {
+        let first = |slot: &mut Option<Val>| {
+            if slot.is_none() {
+                if let Some(v) = args.first() {
+                    *slot = Some(Val {
+                        value: v.clone(),
+                        loc: loc.clone(),
+                    });
+                }
+            }
+        };
+        if args.is_empty() {
+            return Err(cfg_err(loc, format!("{kw} needs a value")));
+        }
+        let o = self;
+        match kw {
+            "hostname" => first(&mut o.hostname),
+            "user" => first(&mut o.user),
+            "port" => first(&mut o.port),
+            "identityfile" => o.identity_files.push(Val {
+                value: args[0].clone(),
+                loc: loc.clone(),
+            }),
+            "userknownhostsfile" if o.user_known_hosts.is_none() => {
+                o.user_known_hosts = Some((args.to_vec(), loc.clone()));
+            }
+            "globalknownhostsfile" if o.global_known_hosts.is_none() => {
+                o.global_known_hosts = Some((args.to_vec(), loc.clone()));
+            }
+            "connecttimeout" => first(&mut o.connect_timeout),
+            "serveraliveinterval" => first(&mut o.alive_interval),
+            "serveralivecountmax" => first(&mut o.alive_count),
+            "stricthostkeychecking" => first(&mut o.strict),
+            "hashknownhosts" => first(&mut o.hash_known_hosts),
+            "identityagent" => first(&mut o.identity_agent),
+            "hostkeyalias" => first(&mut o.host_key_alias),
+            "identitiesonly" => first(&mut o.identities_only),
+            "certificatefile" => o.certificate_files.push(Val {
+                value: args[0].clone(),
+                loc: loc.clone(),
+            }),
+            // As OpenSSH 9 reads them: the first ProxyJump wins unless a ProxyCommand
+            // (even `none`) came first; a ProxyCommand is ignored once a ProxyJump other
+            // than `none` is set. `-J` counts as a ProxyJump read before the files.
+            "proxyjump" if o.proxy_jump.is_none() && o.proxy_command.is_none() => {
+                let value = args.join(" ");
+                if !value.eq_ignore_ascii_case("none") {
+                    parse_jump_list(&value)
+                        .map_err(|m| cfg_err(loc, format!("Invalid ProxyJump \"{value}\": {m}")))?;
+                }
+                o.proxy_jump = Some(Val {
+                    value,
+                    loc: loc.clone(),
+                });
+            }
+            "proxycommand"
+                if o.proxy_command.is_none()
+                    && o.proxy_jump.as_ref().is_none_or(|v| is_none(&v.value)) =>
+            {
+                o.proxy_command = Some(Val {
+                    value: raw_rest(line),
+                    loc: loc.clone(),
+                });
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
 struct Parser<'a> {
     /// The name as given (`Match originalhost`, `%n`).
     alias: &'a str,
@@ -216,72 +289,7 @@ impl Parser<'_> {
                 }
                 continue;
             }
-            let first = |slot: &mut Option<Val>| {
-                if slot.is_none() {
-                    if let Some(v) = args.first() {
-                        *slot = Some(Val {
-                            value: v.clone(),
-                            loc: loc.clone(),
-                        });
-                    }
-                }
-            };
-            if args.is_empty() {
-                return Err(cfg_err(&loc, format!("{kw} needs a value")));
-            }
-            let o = &mut self.out;
-            match kw.as_str() {
-                "hostname" => first(&mut o.hostname),
-                "user" => first(&mut o.user),
-                "port" => first(&mut o.port),
-                "identityfile" => o.identity_files.push(Val {
-                    value: args[0].clone(),
-                    loc: loc.clone(),
-                }),
-                "userknownhostsfile" if o.user_known_hosts.is_none() => {
-                    o.user_known_hosts = Some((args.to_vec(), loc.clone()));
-                }
-                "globalknownhostsfile" if o.global_known_hosts.is_none() => {
-                    o.global_known_hosts = Some((args.to_vec(), loc.clone()));
-                }
-                "connecttimeout" => first(&mut o.connect_timeout),
-                "serveraliveinterval" => first(&mut o.alive_interval),
-                "serveralivecountmax" => first(&mut o.alive_count),
-                "stricthostkeychecking" => first(&mut o.strict),
-                "hashknownhosts" => first(&mut o.hash_known_hosts),
-                "identityagent" => first(&mut o.identity_agent),
-                "hostkeyalias" => first(&mut o.host_key_alias),
-                "identitiesonly" => first(&mut o.identities_only),
-                "certificatefile" => o.certificate_files.push(Val {
-                    value: args[0].clone(),
-                    loc: loc.clone(),
-                }),
-                // As OpenSSH 9 reads them: the first ProxyJump wins unless a ProxyCommand
-                // (even `none`) came first; a ProxyCommand is ignored once a ProxyJump other
-                // than `none` is set. `-J` counts as a ProxyJump read before the files.
-                "proxyjump" if o.proxy_jump.is_none() && o.proxy_command.is_none() => {
-                    let value = args.join(" ");
-                    if !value.eq_ignore_ascii_case("none") {
-                        parse_jump_list(&value).map_err(|m| {
-                            cfg_err(&loc, format!("Invalid ProxyJump \"{value}\": {m}"))
-                        })?;
-                    }
-                    o.proxy_jump = Some(Val {
-                        value,
-                        loc: loc.clone(),
-                    });
-                }
-                "proxycommand"
-                    if o.proxy_command.is_none()
-                        && o.proxy_jump.as_ref().is_none_or(|v| is_none(&v.value)) =>
-                {
-                    o.proxy_command = Some(Val {
-                        value: raw_rest(trimmed),
-                        loc: loc.clone(),
-                    });
-                }
-                _ => {}
-            }
+            self.out.set(&kw, args, &loc, trimmed)?;
         }
         Ok(())
     }
@@ -852,11 +860,8 @@ enum ResolvedRoute {
     Jump(Vec<JumpHop>, Option<Loc>),
 }
 
-/// One destination through ssh_config, without following its route.
-fn resolve_one(
-    destination: &str,
-    opts: &ConnectOptions,
-) -> Result<(Target, ResolvedRoute), SshError> {
+/// `[user@]host` (the host may be in brackets) as the user given, if any, and the host.
+fn split_destination(destination: &str) -> Result<(Option<String>, &str), SshError> {
     let (dest_user, host) = match destination.rsplit_once('@') {
         Some((u, h)) => (Some(u.to_string()), h),
         None => (None, destination),
@@ -868,20 +873,121 @@ fn resolve_one(
     if host.is_empty() || dest_user.as_deref() == Some("") || host.starts_with('-') {
         return Err(SshError::InvalidDestination(destination.to_string()));
     }
+    Ok((dest_user, host))
+}
+
+/// The port: `-p`, else the config's `Port`, else 22.
+fn port(opts: &ConnectOptions, c: &Collected) -> Result<u16, SshError> {
+    Ok(match (opts.port, &c.port) {
+        (Some(p), _) => p,
+        (None, Some(v)) => v
+            .value
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| cfg_err(&v.loc, format!("Port must be 1-65535, not \"{}\"", v.value)))?,
+        (None, None) => 22,
+    })
+}
+
+/// One destination through ssh_config, without following its route.
+fn resolve_one(
+    destination: &str,
+    opts: &ConnectOptions,
+) -> Result<(Target, ResolvedRoute), SshError> {
+    let (dest_user, host) = split_destination(destination)?;
     let alias = host.to_string();
     // OpenSSH lower-cases the host name before matching `Host` lines and expanding `%h`; the
     // name as typed stays for `Match originalhost` and `%n`.
     let lower = host.to_ascii_lowercase();
     let (local_user, home) = local_user_and_home();
+    let c = collect(
+        &alias,
+        &lower,
+        &home,
+        dest_user.as_deref(),
+        &local_user,
+        opts,
+    )?;
+    let route = route_of(&c)?;
+    let route_line = route_g_line(&c);
 
-    let mut parser = Parser {
+    let hostname = match &c.hostname {
+        Some(v) => expand_hostname(v, &lower)?,
+        None => lower.clone(),
+    };
+    let port = port(opts, &c)?;
+    let user = match (&dest_user, &c.user) {
+        (Some(u), _) => u.clone(),
+        (None, Some(v)) => v.value.clone(),
+        (None, None) => local_user.clone(),
+    };
+    let home_s = home.to_string_lossy().into_owned();
+    let tokens = Tokens {
         alias: &alias,
-        host: &lower,
-        home: &home,
+        hostname: &hostname,
+        user: &user,
+        local_user: &local_user,
+        home: &home_s,
+        port,
+    };
+
+    let identity_files = identity_files(&c, opts, &tokens, &home)?;
+    let (known_hosts, known_hosts_read, global_known_hosts) =
+        known_hosts_files(&c, opts, &tokens, &home)?;
+
+    let (connect_timeout, keepalive_interval, keepalive_max) = liveness(&c, opts)?;
+    let accept_new = opts.accept_new || strict_accepts_new(c.strict.as_ref())?;
+    let identities_only = c.identities_only.as_ref().is_some_and(yes_no);
+    let certificate_files = certificate_files(&c, &tokens, &home)?;
+    let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
+    let identity_agent = identity_agent(&c, &tokens, &home)?;
+    let route = resolve_route(route, &c, &tokens)?;
+
+    let target = Target {
+        alias,
+        hostname,
+        port,
+        user,
+        identity_files,
+        known_hosts,
+        known_hosts_read,
+        accept_new,
+        hash_known_hosts,
+        connect_timeout,
+        keepalive_interval,
+        keepalive_max,
+        identity_agent,
+        host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
+        pinned_host_key: None,
+        identities_only,
+        certificate_files,
+        global_known_hosts,
+        jump: Vec::new(),
+        proxy_command: None,
+        route_line,
+    };
+    Ok((target, route))
+}
+
+/// What ssh_config (and `-J`) says for one destination: the files read once or, when a
+/// `Match final` asks for it, twice.
+fn collect(
+    alias: &str,
+    host: &str,
+    home: &Path,
+    dest_user: Option<&str>,
+    local_user: &str,
+    opts: &ConnectOptions,
+) -> Result<Collected, SshError> {
+    let mut parser = Parser {
+        alias,
+        host,
+        home,
         out: Collected::default(),
         files_read: 0,
-        dest_user: dest_user.as_deref(),
-        local_user: &local_user,
+        dest_user,
+        local_user,
         final_pass: false,
         want_final: false,
     };
@@ -910,46 +1016,44 @@ fn resolve_one(
         parser.files_read = 0;
         parser.parse_all(opts.ssh_config.as_deref())?;
     }
-    let c = parser.out;
-    let route = route_of(&c)?;
-    let route_line = route_g_line(&c);
+    Ok(parser.out)
+}
 
-    let hostname = match &c.hostname {
-        Some(v) => expand_hostname(v, &lower)?,
-        None => lower.clone(),
-    };
-    let port = match (opts.port, &c.port) {
-        (Some(p), _) => p,
-        (None, Some(v)) => v
-            .value
-            .parse::<u16>()
-            .ok()
-            .filter(|p| *p != 0)
-            .ok_or_else(|| cfg_err(&v.loc, format!("Port must be 1-65535, not \"{}\"", v.value)))?,
-        (None, None) => 22,
-    };
-    let user = match (&dest_user, &c.user) {
-        (Some(u), _) => u.clone(),
-        (None, Some(v)) => v.value.clone(),
-        (None, None) => local_user.clone(),
-    };
-    let home_s = home.to_string_lossy().into_owned();
-    let tokens = Tokens {
-        alias: &alias,
-        hostname: &hostname,
-        user: &user,
-        local_user: &local_user,
-        home: &home_s,
-        port,
-    };
+/// Put the route through its tokens; a jump keeps where its `ProxyJump` line was, if in a file.
+fn resolve_route(
+    route: Route,
+    c: &Collected,
+    tokens: &Tokens<'_>,
+) -> Result<ResolvedRoute, SshError> {
+    Ok(match route {
+        Route::Direct => ResolvedRoute::Direct,
+        Route::Command(v) => ResolvedRoute::Command(expand_tokens(&v.value, tokens, &v.loc)?),
+        Route::Jump(hops) => {
+            let origin = c
+                .proxy_jump
+                .as_ref()
+                .map(|v| v.loc.clone())
+                .filter(|l| l.line > 0);
+            ResolvedRoute::Jump(hops, origin)
+        }
+    })
+}
 
+/// The identity files to try: `-i` first, then the config's (tokens and `~` expanded, `none`
+/// skipped, each once); OpenSSH's default key names only when neither named any.
+fn identity_files(
+    c: &Collected,
+    opts: &ConnectOptions,
+    tokens: &Tokens<'_>,
+    home: &Path,
+) -> Result<Vec<PathBuf>, SshError> {
     let mut identity_files: Vec<PathBuf> = opts.identity.clone();
     for v in &c.identity_files {
         if v.value.eq_ignore_ascii_case("none") {
             continue;
         }
-        let s = expand_tokens(&v.value, &tokens, &v.loc)?;
-        let p = expand_tilde(&s, &home);
+        let s = expand_tokens(&v.value, tokens, &v.loc)?;
+        let p = expand_tilde(&s, home);
         if !identity_files.contains(&p) {
             identity_files.push(p);
         }
@@ -964,59 +1068,23 @@ fn resolve_one(
             identity_files.push(home.join(".ssh").join(name));
         }
     }
+    Ok(identity_files)
+}
 
-    let (known_hosts, known_hosts_read, global_known_hosts) =
-        known_hosts_files(&c, opts, &tokens, &home)?;
-
-    let (connect_timeout, keepalive_interval, keepalive_max) = liveness(&c, opts)?;
-    let accept_new = opts.accept_new || strict_accepts_new(c.strict.as_ref())?;
-    let identities_only = c.identities_only.as_ref().is_some_and(yes_no);
+/// The certificate files, tokens and `~` expanded, each once.
+fn certificate_files(
+    c: &Collected,
+    tokens: &Tokens<'_>,
+    home: &Path,
+) -> Result<Vec<PathBuf>, SshError> {
     let mut certificate_files = Vec::new();
     for v in &c.certificate_files {
-        let p = expand_tilde(&expand_tokens(&v.value, &tokens, &v.loc)?, &home);
+        let p = expand_tilde(&expand_tokens(&v.value, tokens, &v.loc)?, home);
         if !certificate_files.contains(&p) {
             certificate_files.push(p);
         }
     }
-    let hash_known_hosts = c.hash_known_hosts.as_ref().is_some_and(yes_no);
-    let identity_agent = identity_agent(&c, &tokens, &home)?;
-    let route = match route {
-        Route::Direct => ResolvedRoute::Direct,
-        Route::Command(v) => ResolvedRoute::Command(expand_tokens(&v.value, &tokens, &v.loc)?),
-        Route::Jump(hops) => {
-            let origin = c
-                .proxy_jump
-                .as_ref()
-                .map(|v| v.loc.clone())
-                .filter(|l| l.line > 0);
-            ResolvedRoute::Jump(hops, origin)
-        }
-    };
-
-    let target = Target {
-        alias,
-        hostname,
-        port,
-        user,
-        identity_files,
-        known_hosts,
-        known_hosts_read,
-        accept_new,
-        hash_known_hosts,
-        connect_timeout,
-        keepalive_interval,
-        keepalive_max,
-        identity_agent,
-        host_key_alias: c.host_key_alias.as_ref().map(|v| v.value.clone()),
-        pinned_host_key: None,
-        identities_only,
-        certificate_files,
-        global_known_hosts,
-        jump: Vec::new(),
-        proxy_command: None,
-        route_line,
-    };
-    Ok((target, route))
+    Ok(certificate_files)
 }
 
 /// HostName with `%h` (the lower-cased name given) and `%%`, the only tokens it knows.
@@ -1473,6 +1541,7 @@ mod tests {
         }
     }
 
+    // Long: one scenario, its phases in order.
     #[test]
     fn proxy_jump_chains_resolve_each_hop_through_the_config() {
         let (_d, o) = opts_with(

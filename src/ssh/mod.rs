@@ -363,6 +363,8 @@ impl SshError {
 impl SshError {
     /// The same error again, for each of several callers that shared one attempt (a pooled
     /// connect): same variant, so the same `is_transient` and the same message.
+    // Long: one arm per variant and no catch-all, so that a new variant cannot be duplicated as
+    // another.
     pub fn duplicate(&self) -> SshError {
         let io = |e: &std::io::Error| std::io::Error::new(e.kind(), e.to_string());
         match self {
@@ -838,8 +840,11 @@ impl Connection {
         }
     }
 
-    async fn connect_inner(target: &Target, via: Via<'_>) -> Result<Connection, SshError> {
-        let stream: Box<dyn Io> = match via {
+    /// The byte stream the SSH session runs over: TCP (with quick ACKs unless
+    /// `CAIRN_SSH_NO_QUICKACK` is set, and dead after the keepalives would have given up), a
+    /// ProxyCommand's stdio, or a jump host's `direct-tcpip` channel.
+    async fn open_stream(target: &Target, via: Via<'_>) -> Result<Box<dyn Io>, SshError> {
+        Ok(match via {
             Via::Tcp => {
                 let tcp = tokio::net::TcpStream::connect((target.hostname.as_str(), target.port))
                     .await
@@ -867,7 +872,11 @@ impl Connection {
                 )
             }
             Via::Jump(hop) => hop.direct_tcpip(&target.hostname, target.port).await?,
-        };
+        })
+    }
+
+    async fn connect_inner(target: &Target, via: Via<'_>) -> Result<Connection, SshError> {
+        let stream = Self::open_stream(target, via).await?;
 
         let names = target.known_host_names();
         let files = target.known_hosts_files();

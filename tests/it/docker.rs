@@ -680,6 +680,7 @@ fn readonly_markers_at_the_finish_hold_the_result_until_it_is_recorded(fl: Flavo
 /// the very file the client carries into `~/.cairn/bin`, and the process that supervises the
 /// command (its parent, named as `sup_pid` in the started record) is that file, for a single
 /// dispatch and through a host session. With `--host-helper never` the supervisor is the shell.
+// Long: one scenario, its phases in order.
 fn the_native_helper_supervises_dispatches_on_the_host(fl: Flavour) {
     use std::io::Write;
     let Some(t) = Case::start("native_helper_supervises", fl, 1) else {

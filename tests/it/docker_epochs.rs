@@ -166,6 +166,7 @@ fn a_wiped_host_rebooted_mid_run_reads_interrupted() {
 /// to each makes three executions, each run once on its own host; their bookkeeping stays
 /// apart (no false "wiped" event, one `host-key-shared` per pair), a reboot of one of them
 /// reads `interrupted`, and a wipe of one is said for that one only.
+// Long: one scenario, its phases in order.
 #[test]
 fn hosts_sharing_one_host_key_share_neither_bookkeeping_nor_executions() {
     let Some(t) = Case::start(

@@ -64,6 +64,7 @@ fn connections_to(ip: &str) -> usize {
         .count()
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn a_bastion_fronts_targets_the_client_cannot_route_to() {
     let name = "docker_jump::a_bastion_fronts_targets_the_client_cannot_route_to";

@@ -361,6 +361,7 @@ fn other_version(h: &Host, tag: &[u8]) -> (String, std::path::PathBuf) {
     (sha, p)
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn uploading_a_new_helper_removes_other_versions_but_not_one_still_running() {
     let h = Host::new();

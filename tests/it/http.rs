@@ -216,6 +216,7 @@ fn session_events(h: &Host, kind: &str) -> Vec<Value> {
 }
 
 // Every refusal on one server, then the one request that gets through: one function.
+// Long: one scenario, its phases in order.
 #[test]
 fn requests_without_a_valid_token_or_from_a_foreign_origin_are_refused_and_only_the_refusal_is_recorded(
 ) {
@@ -344,6 +345,7 @@ fn requests_without_a_valid_token_or_from_a_foreign_origin_are_refused_and_only_
 }
 
 // One story on one server (the actor, its scope, another actor's view): one function.
+// Long: one scenario, its phases in order.
 #[test]
 fn json_rpc_over_http_acts_as_the_token_actor_who_alone_sees_its_executions() {
     let h = Host::new();

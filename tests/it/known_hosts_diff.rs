@@ -583,6 +583,7 @@ async fn ssh_config_alias_agrees_with_openssh() {
 
 /// `@cert-authority`: the server presents an ed25519 host certificate (`HostCertificate`),
 /// signed per case; both clients look up `box.example` (HostKeyAlias).
+// Long: one scenario, its phases in order.
 #[tokio::test(flavor = "multi_thread")]
 async fn host_certificates_agree_with_openssh() {
     let server = MultiKey::start();

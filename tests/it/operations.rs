@@ -156,6 +156,7 @@ fn intent_matches(h: &Host, id: &str) -> usize {
         .count()
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn deploy_release_spelled_four_ways_is_one_execution_that_ran_once() {
     let h = Host::new();
@@ -297,6 +298,7 @@ fn op_cmd(h: &Host, ops: &Path, args: &[&str]) -> Command {
     c
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn hostile_values_are_refused_before_any_connection_or_arrive_as_one_word() {
     let h = Host::new();
@@ -540,6 +542,7 @@ fn python_client(h: &Host, ops: &Path, mode: &str, arguments: Value) -> Command 
     c
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn the_python_mcp_sdk_sees_the_contract_calls_and_a_retried_call_attaches() {
     let h = Host::new();

@@ -22,6 +22,7 @@ const LIMIT: Duration = Duration::from_secs(90);
 /// `running`, held by A's process, naming replica A, nothing concluded. The command ran
 /// once; B wrote nothing but its `intent-matched`; no takeover, no redrive, A still owns it
 /// at epoch 1. Then the gate opens and the same call sent to A, the owner, gets the result.
+// Long: one scenario, its phases in order.
 #[test]
 fn a_caller_on_another_replica_gets_a_detached_execution_as_held_by_its_live_owner() {
     let test = "held_detached";

@@ -24,6 +24,7 @@ const LIMIT: Duration = Duration::from_secs(90);
 /// event), collects the stored result, and B's caller gets it within a bound: the command ran
 /// once, the journal holds one dispatch, one outcome recorded by A after the `redrive`, no
 /// takeover, and A's ownership closed at epoch 1.
+// Long: one scenario, its phases in order.
 #[test]
 fn a_live_owner_whose_call_failed_with_a_journal_error_picks_its_execution_up() {
     let test = "redrive_after_journal_error";

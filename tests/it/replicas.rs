@@ -40,6 +40,7 @@ pub(crate) fn execute(port: u16, auth: &str, id: u64, command: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn six_identical_calls_over_two_replicas_at_once_make_one_execution_that_runs_once() {
     let Some((h, key)) = replicated_host("six_identical_calls") else {

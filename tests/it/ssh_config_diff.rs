@@ -39,6 +39,7 @@ fn expand(v: &str, ssh: &BTreeMap<String, Vec<String>>, alias: &str, home: &str)
         .replace("%%", "%")
 }
 
+// Long: one scenario, its phases in order.
 #[test]
 fn match_corpus_resolves_as_ssh_g_does() {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/ssh_config_match");

@@ -79,24 +79,10 @@ pub(crate) fn snapshot(url: &str) -> Result<Snapshot, String> {
     futures::executor::block_on(read(url, &location))
 }
 
+/// One read of every table, in one read-only `REPEATABLE READ` transaction.
 async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
-    let e = |e: tokio_postgres::Error| {
-        let text = match e.as_db_error() {
-            Some(d) => d.message().to_owned(),
-            None => e.to_string(),
-        };
-        format!("journal {location}: {text}")
-    };
-    let mut config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|err| format!("journal {location}: not a usable PostgreSQL URL: {err}"))?;
-    if config.get_connect_timeout().is_none() {
-        config.connect_timeout(Duration::from_secs(10));
-    }
-    config.application_name("cairn audit verify");
-    let (mut client, conn) = config.connect(NoTls).await.map_err(e)?;
-    // The connection is driven by the journal runtime's threads; it ends with `client`.
-    tokio::spawn(conn);
+    let e = |err| pg_error(location, err);
+    let mut client = connect(url, location).await?;
     let tx = client
         .build_transaction()
         .isolation_level(IsolationLevel::RepeatableRead)
@@ -104,6 +90,88 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
         .start()
         .await
         .map_err(e)?;
+    let schema_version = schema_version(&tx, location).await?;
+    let events = chain_rows(
+        &tx,
+        "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client,
+                prev_hash, hash
+         FROM events ORDER BY seq",
+    )
+    .await
+    .map_err(e)?;
+    let session_events = chain_rows(
+        &tx,
+        "SELECT seq, session_id, at, kind, '', evidence, '', prev_hash, hash
+         FROM session_events ORDER BY seq",
+    )
+    .await
+    .map_err(e)?;
+    let executions = executions(&tx).await.map_err(e)?;
+    let sessions = sessions(&tx).await.map_err(e)?;
+    let heads = head_rows(
+        &tx,
+        "SELECT execution_id, seq, hash FROM chain_heads ORDER BY execution_id",
+    )
+    .await
+    .map_err(e)?;
+    let session_heads = head_rows(
+        &tx,
+        "SELECT session_id, seq, hash FROM session_heads ORDER BY session_id",
+    )
+    .await
+    .map_err(e)?;
+    let checkpoints = if schema_version >= 3 {
+        checkpoints(&tx).await.map_err(e)?
+    } else {
+        Vec::new()
+    };
+    tx.commit().await.map_err(e)?;
+    Ok(Snapshot {
+        location: location.to_owned(),
+        events,
+        session_events,
+        executions,
+        sessions,
+        heads,
+        session_heads,
+        checkpoints,
+    })
+}
+
+type Tx<'a> = tokio_postgres::Transaction<'a>;
+type PgResult<T> = Result<T, tokio_postgres::Error>;
+
+/// A PostgreSQL error as verify reports it: the server's message when there is one.
+fn pg_error(location: &str, e: tokio_postgres::Error) -> String {
+    let text = match e.as_db_error() {
+        Some(d) => d.message().to_owned(),
+        None => e.to_string(),
+    };
+    format!("journal {location}: {text}")
+}
+
+/// A connection of verify's own (10 s to connect unless the URL says otherwise).
+async fn connect(url: &str, location: &str) -> Result<tokio_postgres::Client, String> {
+    let mut config: tokio_postgres::Config = url
+        .parse()
+        .map_err(|err| format!("journal {location}: not a usable PostgreSQL URL: {err}"))?;
+    if config.get_connect_timeout().is_none() {
+        config.connect_timeout(Duration::from_secs(10));
+    }
+    config.application_name("cairn audit verify");
+    let (client, conn) = config
+        .connect(NoTls)
+        .await
+        .map_err(|err| pg_error(location, err))?;
+    // The connection is driven by the journal runtime's threads; it ends with `client`.
+    tokio::spawn(conn);
+    Ok(client)
+}
+
+/// The schema version of the cairn journal in this database; an error when it holds none or
+/// one newer than this binary knows.
+async fn schema_version(tx: &Tx<'_>, location: &str) -> Result<i32, String> {
+    let e = |err| pg_error(location, err);
     let has_schema: bool = tx
         .query_one("SELECT to_regclass('cairn_schema') IS NOT NULL", &[])
         .await
@@ -126,49 +194,53 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
              {PG_SCHEMA_VERSION}: verify with a cairn as new as the replicas that wrote it"
         ));
     }
-    let chain = |rows: Vec<tokio_postgres::Row>| {
-        rows.iter()
-            .map(|r| ChainRow {
-                seq: r.get(0),
-                id: r.get(1),
-                at: r.get(2),
-                kind: r.get(3),
-                state: r.get(4),
-                evidence: r.get(5),
-                client: r.get(6),
-                prev_hash: r.get(7),
-                hash: r.get(8),
-            })
-            .collect::<Vec<_>>()
-    };
-    let events = chain(
-        tx.query(
-            "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client,
-                    prev_hash, hash
-             FROM events ORDER BY seq",
-            &[],
-        )
-        .await
-        .map_err(e)?,
-    );
-    let session_events = chain(
-        tx.query(
-            "SELECT seq, session_id, at, kind, '', evidence, '', prev_hash, hash
-             FROM session_events ORDER BY seq",
-            &[],
-        )
-        .await
-        .map_err(e)?,
-    );
-    let executions = tx
+    Ok(schema_version)
+}
+
+/// The rows of one hash chain (`query` selects the nine columns of a [`ChainRow`] in order).
+async fn chain_rows(tx: &Tx<'_>, query: &str) -> PgResult<Vec<ChainRow>> {
+    Ok(tx
+        .query(query, &[])
+        .await?
+        .iter()
+        .map(|r| ChainRow {
+            seq: r.get(0),
+            id: r.get(1),
+            at: r.get(2),
+            kind: r.get(3),
+            state: r.get(4),
+            evidence: r.get(5),
+            client: r.get(6),
+            prev_hash: r.get(7),
+            hash: r.get(8),
+        })
+        .collect())
+}
+
+/// The stored chain heads (`query` selects id, seq, hash).
+async fn head_rows(tx: &Tx<'_>, query: &str) -> PgResult<Vec<Head>> {
+    Ok(tx
+        .query(query, &[])
+        .await?
+        .iter()
+        .map(|r| Head {
+            id: r.get(0),
+            seq: r.get(1),
+            hash: r.get(2),
+        })
+        .collect())
+}
+
+/// The execution records, with the fields their `accepted` events commit to.
+async fn executions(tx: &Tx<'_>) -> PgResult<Vec<RecordRow>> {
+    Ok(tx
         .query(
             "SELECT id, destination, host, port, \"user\", command, command_digest, remote_dir,
                     timeout_secs, created_at, client
              FROM executions ORDER BY id",
             &[],
         )
-        .await
-        .map_err(e)?
+        .await?
         .iter()
         .map(|r| RecordRow {
             id: r.get(0),
@@ -185,14 +257,17 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
             }),
             command: r.get(5),
         })
-        .collect();
-    let sessions = tx
+        .collect())
+}
+
+/// The session records.
+async fn sessions(tx: &Tx<'_>) -> PgResult<Vec<SessionRecord>> {
+    Ok(tx
         .query(
             "SELECT id, kind, actor, pid, client, started_at, detail FROM sessions ORDER BY id",
             &[],
         )
-        .await
-        .map_err(e)?
+        .await?
         .iter()
         .map(|r| SessionRecord {
             id: r.get(0),
@@ -203,39 +278,17 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
             started_at: r.get(5),
             detail: serde_json::from_str(r.get::<_, &str>(6)).unwrap_or_default(),
         })
-        .collect();
-    let heads = |rows: Vec<tokio_postgres::Row>| {
-        rows.iter()
-            .map(|r| Head {
-                id: r.get(0),
-                seq: r.get(1),
-                hash: r.get(2),
-            })
-            .collect::<Vec<_>>()
-    };
-    let exec_heads = heads(
-        tx.query(
-            "SELECT execution_id, seq, hash FROM chain_heads ORDER BY execution_id",
-            &[],
-        )
-        .await
-        .map_err(e)?,
-    );
-    let session_heads = heads(
-        tx.query(
-            "SELECT session_id, seq, hash FROM session_heads ORDER BY session_id",
-            &[],
-        )
-        .await
-        .map_err(e)?,
-    );
-    let checkpoints = if schema_version >= 3 {
-        tx.query(
+        .collect())
+}
+
+/// The checkpoints (schema version 3 and later).
+async fn checkpoints(tx: &Tx<'_>) -> PgResult<Vec<CheckpointRow>> {
+    Ok(tx
+        .query(
             "SELECT n, at, by_client, prev_digest, body, digest, mac FROM checkpoints ORDER BY n",
             &[],
         )
-        .await
-        .map_err(e)?
+        .await?
         .iter()
         .map(|r| CheckpointRow {
             n: r.get(0),
@@ -246,19 +299,5 @@ async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
             digest: r.get(5),
             mac: r.get(6),
         })
-        .collect()
-    } else {
-        Vec::new()
-    };
-    tx.commit().await.map_err(e)?;
-    Ok(Snapshot {
-        location: location.to_owned(),
-        events,
-        session_events,
-        executions,
-        sessions,
-        heads: exec_heads,
-        session_heads,
-        checkpoints,
-    })
+        .collect())
 }

@@ -98,6 +98,8 @@ impl Pg {
         self.block(self.seal_async(key))
     }
 
+    // Long: one transaction under the seal lock, its steps in order (changed heads, the
+    // previous checkpoint, the new one, the sealed heads).
     async fn seal_async(&self, key: &[u8]) -> Result<Option<i64>> {
         let mut c = self.client().await?;
         let tx = c.transaction().await.map_err(|e| self.err(e))?;

@@ -624,6 +624,7 @@ mod tests {
     /// everything else commits in one transaction, several events of one execution chained in
     /// the order submitted, with the seq and hash stored returned to each caller, and the
     /// journal verifies.
+    // Long: one scenario, its phases in order.
     #[test]
     fn a_fenced_request_fails_alone_and_its_neighbours_commit_in_one_transaction() {
         let Some(server) = test_postgres::server("pg_group_fenced") else {

@@ -882,6 +882,8 @@ fn host_sides(seed: u64, i: usize) -> (&'static str, &'static str) {
 
 /// One execution against the host's evidence and the table of allowed answers.
 // Each argument is one piece of the trial's evidence; a struct holding them would only rename it.
+// Long: the checks of one execution against the host's evidence, in order, each adding to
+// one list of what is wrong.
 #[allow(clippy::too_many_arguments)]
 fn judge(
     plan: &Plan,
@@ -1341,6 +1343,8 @@ pub(super) fn run() {
 }
 
 /// The distribution, the ground truth and the campaign line; fails on any anomaly.
+// Long: prints the distribution, the ground truth and the campaign line in that order, then
+// fails on an anomaly.
 fn report(
     seed: u64,
     trials: usize,

@@ -653,6 +653,8 @@ fn describe(events: &[cairn::journal::Event]) -> String {
 
 impl Campaign {
     /// Judge one trial; every anomaly goes into the tally with its evidence.
+    // Long: one check per invariant of a trial, each against the same evidence, adding to one
+    // tally.
     fn judge(&self, plan: &Plan, s: &Seen, t: &mut Tally) {
         let j = self.h.journal();
         let mut bad: Vec<(Kind, String)> = Vec::new();

@@ -246,6 +246,8 @@ fn free_port() -> u16 {
         .unwrap_or(55432)
 }
 
+// Long: initdb, then the keeper thread that owns the server (its restart and stop orders
+// inline, so it holds the only handle), then the wait until it is ready.
 fn start() -> Result<PgServer, String> {
     let bin = bin_dir()?;
     let who = account()?;
