@@ -15,6 +15,13 @@
 //!   it becomes the [`Prior`] of a new machine, in `recover` mode and in `attach` mode, given
 //!   each answer: [`AFTER_KILL`].
 //!
+//! A detached run (`cairn run --detach`: it returns once the start is durable on the host) has
+//! its own table, [`DETACHED_POINTS`]: the points of a run up to the start record (a detached
+//! dispatch streams nothing after it), and [`Detached`], where its reply is over and the client
+//! has returned. A connection lost there is driven on detached, through [`AFTER_LOSS_DETACHED`];
+//! a client killed there, and the `attach`, `status` (what `recover` does) or `recover` run
+//! later, read the journal as after any kill: [`AFTER_KILL`].
+//!
 //! Each combination must end as its row says, and every step of every drive is checked for the
 //! invariants: no dispatch once the drive saw the start guard crossed; bytes leave only right
 //! after their `dispatched` event is durable; `completed` only from a finish record; `failed`
@@ -72,6 +79,9 @@ enum Point {
     /// The reply is over with its finish record: the result is collected (`completed` not
     /// recorded yet).
     Collecting,
+    /// A detached run only: the reply to its dispatch is over with the started record; the
+    /// drive is done, `running` durable, and `cairn run --detach` has returned.
+    Detached,
 }
 
 /// What the connection lost at a point comes to.
@@ -207,6 +217,36 @@ const POINTS: &[(Point, Loss, Holds)] = &[
     (Collecting,              Over(Complete), AtRunning),
 ];
 
+/// The points of a detached run: a dispatch that does not attach, so the host streams nothing
+/// after the started record and the drive is done when its reply is over. Up to the start
+/// record each point is the foreground run's, with what a loss there comes to and what the
+/// journal holds; the points of streaming and collecting do not exist for it.
+#[rustfmt::skip]
+const DETACHED_POINTS: &[(Point, Loss, Holds)] = &[
+    (BeforeConnect,           Redial,         AtAuthorized),
+    (ConnectFailedTransient,  Redial,         AtAuthorized),
+    (ConnectFailedPermanent,  Over(Failed),   AtAuthorized),
+    (ConnectedPinned,         Ask,            AtAuthorized),
+    (ConnectedUnpinned,       Ask,            AtAuthorized),
+    (ConnectedKeyChanged,     Over(Failed),   AtAuthorized),
+    (BeforeDispatchedDurable, Ask,            AtAuthorized),
+    (DispatchedNothingSent,   Ask,            AtDispatched),
+    (SentNoReply,             Ask,            AtDispatched),
+    (VerdictOnly,             AskCrossed,     AtDispatched),
+    (StartedRunningHeld,      AskCrossed,     AtDispatched),
+    (Detached,                Over(Running),  AtRunning),
+];
+
+/// The foreground points a detached run does not have: they stream output or collect it.
+const STREAMING_POINTS: &[Point] = &[
+    MidStream,
+    EndedWithoutFinish,
+    ReconnectedPinned,
+    FinishSeen,
+    FinishSeenRunningHeld,
+    Collecting,
+];
+
 /// The connection lost, then each answer: how the drive (`cairn run`, waiting) ends.
 #[rustfmt::skip]
 const AFTER_LOSS: &[(Loss, Says, Ends)] = &[
@@ -244,6 +284,55 @@ const AFTER_LOSS: &[(Loss, Says, Ends)] = &[
     (AskCrossed, AbsentSame,               Unknown),
     (AskCrossed, AbsentOther,              Unknown),
     (AskCrossed, Started(Alive, true),     LookAgain),
+    (AskCrossed, Started(Dead, true),      Interrupted),
+    (AskCrossed, Started(Rebooted, true),  Interrupted),
+    (AskCrossed, Started(Alive, false),    Unknown),
+    (AskCrossed, Started(Dead, false),     Unknown),
+    (AskCrossed, Started(Rebooted, false), Unknown),
+    (AskCrossed, Finished,                 Complete),
+    (AskCrossed, FinishedNoRecord,         Unknown),
+    (AskCrossed, Unreadable,               Unknown),
+];
+
+/// The connection lost, then each answer: how a detached drive (`cairn run --detach`) ends. As
+/// [`AFTER_LOSS`], except that a command found running is where it stops (`Running` in place
+/// of looking again), and a dispatch that starts it is answered by its started record alone.
+#[rustfmt::skip]
+const AFTER_LOSS_DETACHED: &[(Loss, Says, Ends)] = &[
+    // Nothing was sent yet.
+    (Redial,     OtherKey,                 Failed),
+    (Redial,     Permanent,                Failed),
+    (Redial,     WindowOut,                Failed),
+    (Redial,     SettledMeanwhile,         Withheld),
+    (Redial,     GateRefused,              Failed),
+    (Redial,     Ran,                      Running),
+    (Redial,     Exists,                   WatchAgain),
+    (Redial,     ExistsOther,              Unknown),
+    (Redial,     Refused,                  Failed),
+    // Dispatched; the guard not seen crossed.
+    (Ask,        OtherKey,                 Unknown),
+    (Ask,        Permanent,                Unknown),
+    (Ask,        WindowOut,                Unknown),
+    (Ask,        Unreachable,              RetryLater),
+    (Ask,        AbsentSame,               DispatchAgain),
+    (Ask,        AbsentOther,              Unknown),
+    (Ask,        Started(Alive, true),     Running),
+    (Ask,        Started(Dead, true),      Interrupted),
+    (Ask,        Started(Rebooted, true),  Interrupted),
+    (Ask,        Started(Alive, false),    Unknown),
+    (Ask,        Started(Dead, false),     Unknown),
+    (Ask,        Started(Rebooted, false), Unknown),
+    (Ask,        Finished,                 Complete),
+    (Ask,        FinishedNoRecord,         Unknown),
+    (Ask,        Unreadable,               Unknown),
+    // The guard seen crossed: a marker gone now is never a reason to send it again.
+    (AskCrossed, OtherKey,                 Unknown),
+    (AskCrossed, Permanent,                Unknown),
+    (AskCrossed, WindowOut,                Unknown),
+    (AskCrossed, Unreachable,              RetryLater),
+    (AskCrossed, AbsentSame,               Unknown),
+    (AskCrossed, AbsentOther,              Unknown),
+    (AskCrossed, Started(Alive, true),     Running),
     (AskCrossed, Started(Dead, true),      Interrupted),
     (AskCrossed, Started(Rebooted, true),  Interrupted),
     (AskCrossed, Started(Alive, false),    Unknown),
@@ -360,9 +449,17 @@ fn applicable(dispatch: bool) -> Vec<Says> {
     REACH.iter().chain(next).copied().collect()
 }
 
+/// `cairn run --detach`: a dispatch that returns once the command is known to be running.
+const RUN_DETACHED: Mode = Mode {
+    detach: true,
+    ..RUN
+};
+
 /// The scripted driver of one drive, with the journal it keeps.
 struct Drive {
     m: Machine,
+    /// The drive stops once the command is known to be running (its dispatch does not attach).
+    detach: bool,
     step: Step,
     now: Instant,
     /// The key the execution is pinned to (the driver's `host_key`).
@@ -410,6 +507,7 @@ impl Drive {
         let step = m.start(mode, &patience(), now);
         let mut d = Drive {
             m,
+            detach: mode.detach,
             step: Step::Report,
             now,
             pinned: pinned.map(str::to_owned),
@@ -428,13 +526,14 @@ impl Drive {
         d
     }
 
-    /// A fresh `cairn run`: accepted and authorized (the host key pinned at `accepted`, or not).
-    fn fresh(pinned: Option<&str>) -> Drive {
+    /// A fresh `cairn run` in `mode` (waiting, or detached): accepted and authorized (the host
+    /// key pinned at `accepted`, or not).
+    fn fresh(mode: Mode, pinned: Option<&str>) -> Drive {
         let journal = vec![
             (EventKind::Accepted, Some(State::Accepted)),
             (EventKind::Authorized, Some(State::Authorized)),
         ];
-        Drive::new(Prior::NotDispatched, RUN, pinned, journal)
+        Drive::new(Prior::NotDispatched, mode, pinned, journal)
     }
 
     /// What the journal holds (durable events only).
@@ -694,7 +793,7 @@ impl Drive {
                         _ => {
                             self.dispatch();
                             self.send();
-                            self.reply(dispatch_reply(says));
+                            self.reply(dispatch_reply(says, self.detach));
                         }
                     },
                     Step::Watch { .. } => self.reply(watch_reply(says)),
@@ -749,11 +848,16 @@ impl Drive {
     }
 }
 
-/// The reply to a dispatch that says `says`.
-fn dispatch_reply(says: Says) -> Answer {
+/// The reply to a dispatch that says `says` (`detach`: a dispatch that does not attach, whose
+/// reply ends with the started record).
+fn dispatch_reply(says: Says, detach: bool) -> Answer {
     let neither = || Probe::Unreadable("reply had neither a started record nor 'absent'".into());
     let mut a = nothing_yet();
     match says {
+        Ran if detach => {
+            a.verdict = Some("started".into());
+            a.start_matches = Some(true);
+        }
         Ran => {
             a = answer(Probe::Finished);
             a.verdict = Some("started".into());
@@ -804,15 +908,31 @@ fn watch_reply(says: Says) -> Answer {
 
 /// A fresh `cairn run` brought to `point` by a host that answers as it should.
 fn at(point: Point) -> Drive {
+    assert_ne!(point, Detached, "a point of a detached run");
+    reach(RUN, point)
+}
+
+/// A fresh `cairn run --detach` brought to `point` by a host that answers as it should.
+fn at_detached(point: Point) -> Drive {
+    assert!(
+        !STREAMING_POINTS.contains(&point),
+        "{point:?}: not a point of a detached run"
+    );
+    reach(RUN_DETACHED, point)
+}
+
+/// A fresh run in `mode` brought to `point` by a host that answers as it should.
+// Long: one run walked through the protocol's points in order, each returning where it stops.
+fn reach(mode: Mode, point: Point) -> Drive {
     if point == ConnectedUnpinned {
-        let mut d = Drive::fresh(None);
+        let mut d = Drive::fresh(mode, None);
         d.handle(connected(None));
         assert_eq!(d.notes, vec![Note::Pin(KEY.into())]);
         assert_eq!(d.step, Step::Dispatch { fresh: true });
         return d;
     }
     // (`execute` pins the key the host presented when the execution was accepted)
-    let mut d = Drive::fresh(Some(KEY));
+    let mut d = Drive::fresh(mode, Some(KEY));
     match point {
         BeforeConnect => return d,
         ConnectFailedTransient => {
@@ -852,6 +972,16 @@ fn at(point: Point) -> Drive {
         return d;
     }
     d.start_line();
+    if point == StartedRunningHeld && d.detach {
+        return d;
+    }
+    if point == Detached {
+        // the detached dispatch's reply ends with its started record: no output, no finish
+        let a = d.partial.clone();
+        d.reply(a);
+        assert_eq!(d.step, Step::Running { recovered: false });
+        return d;
+    }
     d.partial.received = (2, 0);
     match point {
         StartedRunningHeld => return d,
@@ -907,12 +1037,18 @@ fn at(point: Point) -> Drive {
     d
 }
 
-/// Every point × (lost there, killed there then `recover`, killed there then `attach`) × every
-/// answer ends as its row says, keeping the invariants at every step.
-#[test]
-fn every_disconnect_point_fault_and_answer_ends_as_tabled() {
+/// Each point of `points` × (lost there, killed there then `recover`, killed there then
+/// `attach`) × every answer ends as its row says (`after_loss` for a loss, [`AFTER_KILL`] for a
+/// kill), keeping the invariants at every step; `at` brings a fresh run to a point. Returns how
+/// many combinations were driven.
+// Long: one loop over the points, its two faults in order, each with the checks of its rows.
+fn drive_every_fault(
+    points: &[(Point, Loss, Holds)],
+    after_loss: &[(Loss, Says, Ends)],
+    at: fn(Point) -> Drive,
+) -> usize {
     let mut combinations = 0;
-    for &(point, loss, holds) in POINTS {
+    for &(point, loss, holds) in points {
         // (a) the connection lost there
         let start = at(point);
         assert_eq!(start.holds(), holds, "what the journal holds at {point:?}");
@@ -928,7 +1064,7 @@ fn every_disconnect_point_fault_and_answer_ends_as_tabled() {
                 combinations += 1;
             }
             _ => {
-                for &(_, says, end) in AFTER_LOSS.iter().filter(|r| r.0 == loss) {
+                for &(_, says, end) in after_loss.iter().filter(|r| r.0 == loss) {
                     let mut d = at(point);
                     d.lose();
                     let dispatched = d.journal.iter().any(|e| e.0 == EventKind::Dispatched);
@@ -966,7 +1102,31 @@ fn every_disconnect_point_fault_and_answer_ends_as_tabled() {
             }
         }
     }
-    assert_eq!(combinations, 515);
+    combinations
+}
+
+/// Every point × (lost there, killed there then `recover`, killed there then `attach`) × every
+/// answer ends as its row says, keeping the invariants at every step.
+#[test]
+fn every_disconnect_point_fault_and_answer_ends_as_tabled() {
+    assert_eq!(drive_every_fault(POINTS, AFTER_LOSS, at), 515);
+}
+
+/// The same for `cairn run --detach`: every point of a detached run, lost there (driven on,
+/// detached) or killed there (then `recover`, which is what `status` predicts, or `attach`, run
+/// later), ends as its row says, keeping the same invariants. At [`Detached`] the client has
+/// returned with the command running and one dispatch sent; what comes later is a kill's.
+#[test]
+fn every_detached_disconnect_point_fault_and_answer_ends_as_tabled() {
+    let d = at_detached(Detached);
+    assert_eq!(d.step, Step::Running { recovered: false });
+    assert_eq!(d.sends, 1);
+    let kinds: Vec<&str> = d.journal.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(kinds, ["accepted", "authorized", "dispatched", "running"]);
+    assert_eq!(
+        drive_every_fault(DETACHED_POINTS, AFTER_LOSS_DETACHED, at_detached),
+        290
+    );
 }
 
 /// The tables leave nothing out: each point once, and for each point and fault every answer
@@ -1024,6 +1184,67 @@ fn the_tables_name_every_answer_once_at_every_point() {
             Probe::Unreadable(_) => Unreadable,
         };
         assert!(TO_WATCH.contains(&says), "{probe:?}");
+    }
+}
+
+/// The detached tables leave nothing out either: each point of a run up to its start record
+/// once, with what a loss there comes to and what the journal holds as for a waiting run, then
+/// [`Detached`]; for each fault every answer that can come next exactly once; each ending as the
+/// waiting drive's, but where a detached one stops (a command found running, or started by its
+/// dispatch); and every journal a detached run can leave has its rows after a kill.
+#[test]
+fn the_detached_tables_name_every_point_and_answer_once() {
+    for (i, row) in DETACHED_POINTS.iter().enumerate() {
+        assert!(
+            !DETACHED_POINTS[..i].iter().any(|r| r.0 == row.0),
+            "{:?} twice",
+            row.0
+        );
+    }
+    let shared: Vec<(Point, Loss, Holds)> = POINTS
+        .iter()
+        .filter(|r| !STREAMING_POINTS.contains(&r.0))
+        .copied()
+        .collect();
+    assert_eq!(DETACHED_POINTS[..shared.len()], shared[..]);
+    assert_eq!(
+        DETACHED_POINTS[shared.len()..],
+        [(Detached, Over(Running), AtRunning)]
+    );
+    assert!(!POINTS.iter().any(|r| r.0 == Detached));
+    assert!(STREAMING_POINTS
+        .iter()
+        .all(|p| POINTS.iter().any(|r| r.0 == *p)));
+    let sorted = |mut v: Vec<Says>| {
+        v.sort_by_key(|s| format!("{s:?}"));
+        v
+    };
+    for (loss, dispatch) in [(Redial, true), (Ask, false), (AskCrossed, false)] {
+        let rows: Vec<Says> = AFTER_LOSS_DETACHED
+            .iter()
+            .filter(|r| r.0 == loss)
+            .map(|r| r.1)
+            .collect();
+        assert_eq!(sorted(rows), sorted(applicable(dispatch)), "{loss:?}");
+    }
+    assert_eq!(AFTER_LOSS_DETACHED.len(), AFTER_LOSS.len());
+    for &(loss, says, end) in AFTER_LOSS_DETACHED {
+        let waiting = AFTER_LOSS
+            .iter()
+            .find(|r| r.0 == loss && r.1 == says)
+            .unwrap()
+            .2;
+        let stops = matches!((waiting, says), (LookAgain, _) | (Complete, Ran));
+        let want = if stops { Running } else { waiting };
+        assert_eq!(end, want, "{loss:?}, then {says:?}");
+    }
+    for &(point, _, holds) in DETACHED_POINTS {
+        for new in [Recover, Attach] {
+            assert!(
+                AFTER_KILL.iter().any(|r| r.0 == holds && r.1 == new),
+                "{point:?}: killed, then {new:?}"
+            );
+        }
     }
 }
 
