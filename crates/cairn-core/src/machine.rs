@@ -494,7 +494,7 @@ impl Machine {
         }
     }
 
-    fn replied(&mut self, now: Instant, a: Answer) -> Step {
+    fn replied(&mut self, now: Instant, mut a: Answer) -> Step {
         self.next_dispatch = false;
         // What the reply showed before it ended (or broke) is evidence either way: a start
         // guard verdict, a started record of this command or a finish record each say the
@@ -505,7 +505,7 @@ impl Machine {
         {
             self.guard_crossed = true;
         }
-        if let Some(why) = a.broken {
+        if let Some(why) = a.broken.take() {
             // Lost mid-reply. Whatever was streamed is kept; ask the host again.
             self.notes.push_back(Note::Lost(why));
             self.lost_since.get_or_insert(now);
@@ -515,51 +515,61 @@ impl Machine {
         self.backoff.reset();
 
         if let Some(v) = a.verdict.as_deref() {
-            match v {
-                "started" => {
-                    self.guard_crossed = true;
-                    if self.mode.detach {
-                        return Step::Running { recovered: false };
-                    }
-                }
-                "exists" => {
-                    // An earlier attempt crossed the guard: watch it, never start another.
-                    self.guard_crossed = true;
-                    self.notes.push_back(Note::GuardExists);
-                    if a.start_matches != Some(true) {
-                        return Step::Settle {
-                            state: State::Unknown,
-                            why: Why::Said(
-                                "the start guard for this ID was crossed by a different command on the host"
-                                    .into(),
-                            ),
-                        };
-                    }
-                    return self.connect(now);
-                }
-                _ if self.guard_crossed => {
-                    return Step::Settle {
-                        state: State::Unknown,
-                        why: Why::Said(format!(
-                            "the host refused the dispatch ({v}), yet it showed the start guard \
-                             crossed for this command"
-                        )),
-                    };
-                }
-                _ => {
-                    let why = if a.errors.is_empty() {
-                        format!("the host refused the dispatch ({v})")
-                    } else {
-                        format!("the host refused the dispatch: {}", a.errors.join("; "))
-                    };
-                    return Step::Settle {
-                        state: State::Failed,
-                        why: Why::Said(format!("never started: {why}")),
-                    };
-                }
+            if let Some(step) = self.verdict(now, v, &a) {
+                return step;
             }
         }
+        self.probed(now, a)
+    }
 
+    /// A dispatch's start guard verdict `v`: the step it decides, or `None` when the probe
+    /// decides (started, and the drive waits for the outcome).
+    fn verdict(&mut self, now: Instant, v: &str, a: &Answer) -> Option<Step> {
+        match v {
+            "started" => {
+                self.guard_crossed = true;
+                self.mode
+                    .detach
+                    .then_some(Step::Running { recovered: false })
+            }
+            "exists" => {
+                // An earlier attempt crossed the guard: watch it, never start another.
+                self.guard_crossed = true;
+                self.notes.push_back(Note::GuardExists);
+                if a.start_matches != Some(true) {
+                    return Some(Step::Settle {
+                        state: State::Unknown,
+                        why: Why::Said(
+                            "the start guard for this ID was crossed by a different command on the host"
+                                .into(),
+                        ),
+                    });
+                }
+                Some(self.connect(now))
+            }
+            _ if self.guard_crossed => Some(Step::Settle {
+                state: State::Unknown,
+                why: Why::Said(format!(
+                    "the host refused the dispatch ({v}), yet it showed the start guard \
+                     crossed for this command"
+                )),
+            }),
+            _ => {
+                let why = if a.errors.is_empty() {
+                    format!("the host refused the dispatch ({v})")
+                } else {
+                    format!("the host refused the dispatch: {}", a.errors.join("; "))
+                };
+                Some(Step::Settle {
+                    state: State::Failed,
+                    why: Why::Said(format!("never started: {why}")),
+                })
+            }
+        }
+    }
+
+    /// The recovery table's action for the reply's probe, carried out.
+    fn probed(&mut self, now: Instant, a: Answer) -> Step {
         match decide(self.prior, &a.probe) {
             Action::Dispatch if self.guard_crossed => Step::Settle {
                 state: State::Unknown,
@@ -1125,6 +1135,8 @@ mod tests {
     /// - never `completed` without a finish record, never `failed` once started;
     /// - no reconnect pause above its cap, and an outage ends in a conclusion no later than
     ///   the window plus one pause and one attempt after it began: never another wait.
+    // Long: one property, its generator and the checks of every step beside it, in the order a
+    // drive takes them.
     #[test]
     fn random_event_sequences_keep_the_invariants() {
         let p = patience();
