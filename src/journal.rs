@@ -47,6 +47,8 @@ pub(crate) mod test_postgres;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
 pub use group::GroupCommitStats;
+#[cfg(test)]
+mod golden;
 mod hosts;
 mod http;
 mod postgres;
