@@ -1,12 +1,13 @@
 //! User certificates against a real sshd that trusts a user CA (`TrustedUserCAKeys`) and has
 //! an empty `authorized_keys`, so that only a certificate can log in: the `KEY-cert.pub` beside
-//! an identity file, `CertificateFile`, and certificates outside their validity window, which
-//! are refused with the window named.
+//! an identity file, `CertificateFile`, a certificate held by ssh-agent, and certificates outside
+//! their validity window, which are refused with the window named.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use crate::support::agent::start_agent;
 use crate::support::sshd::TestSshd;
 
 const BIN: &str = env!("CARGO_BIN_EXE_cairn");
@@ -167,4 +168,74 @@ fn certificate_file_is_used_and_an_expired_one_is_refused_with_its_window() {
         .unwrap();
     let text = String::from_utf8_lossy(&ls.stdout);
     assert_eq!(text.matches("\"delivered\"").count(), 1, "{text}");
+}
+
+#[test]
+fn a_certificate_held_by_ssh_agent_logs_in_with_no_key_file_on_disk() {
+    let (s, ca) = ca_only_sshd();
+    let d = tempfile::tempdir().unwrap();
+    let journal = d.path().join("journal.db");
+    let agent = start_agent(d.path());
+    // A key of its own, signed; ssh-add loads KEY and KEY-cert.pub into the agent; then both
+    // files go, so only the agent can sign. The config's IdentityFile (the test's plain key)
+    // is not authorized: a login proves the agent's certificate was offered.
+    let key = d.path().join("agent_key");
+    keygen(&key);
+    sign(
+        &ca,
+        &key,
+        s.user(),
+        "-5m:+1h",
+        Path::new(&format!("{}-cert.pub", key.display())),
+    );
+    let add = Command::new("ssh-add")
+        .arg(&key)
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        add.status.success(),
+        "{}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    let listed = Command::new("ssh-add")
+        .arg("-L")
+        .env("SSH_AUTH_SOCK", &agent.sock)
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&listed.stdout).to_string();
+    assert!(
+        listed.contains("-cert-v01@openssh.com"),
+        "agent holds no certificate: {listed}"
+    );
+    for f in [
+        key.clone(),
+        key.with_extension("pub"),
+        PathBuf::from(format!("{}-cert.pub", key.display())),
+    ] {
+        fs::remove_file(f).unwrap();
+    }
+
+    // Without the agent nothing logs in; with it (named by IdentityAgent, SSH_AUTH_SOCK is
+    // empty), the certificate does.
+    let out = cairn_run(&s, &journal, &s.ssh_config(), "no-agent");
+    assert_eq!(out.status.code(), Some(255));
+    let config = d.path().join("config");
+    let base = fs::read_to_string(s.ssh_config()).unwrap();
+    assert!(base.contains("IdentityAgent none"), "{base}");
+    let agent_line = format!("IdentityAgent {}", agent.sock.display());
+    fs::write(&config, base.replace("IdentityAgent none", &agent_line)).unwrap();
+    let out = cairn_run(&s, &journal, &config, "agent-cert");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, b"agent-cert\n");
+    assert!(
+        s.log().contains("ED25519-CERT"),
+        "sshd did not log a certificate login:\n{}",
+        s.log()
+    );
 }

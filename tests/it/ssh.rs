@@ -1,11 +1,12 @@
 //! The SSH layer against a private sshd (and a fault-injecting proxy).
 
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use cairn::ssh::{AgentSetting, ConnectOptions, Connection, ExecEvent, SshError, Target};
 
+use crate::support::agent::start_agent;
 use crate::support::{KeyKind, Proxy, TestSshd};
 
 #[derive(Debug, Default)]
@@ -309,40 +310,6 @@ async fn ecdsa_short_scalar_keys() {
             "{name}: sshd did not accept {fingerprint}:\n{log}"
         );
     }
-}
-
-struct Agent {
-    child: Child,
-    sock: std::path::PathBuf,
-}
-
-impl Drop for Agent {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start_agent(dir: &Path) -> Agent {
-    let sock = dir.join("agent.sock");
-    let child = Command::new("ssh-agent")
-        .arg("-D")
-        .arg("-a")
-        .arg(&sock)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("ssh-agent");
-    let start = Instant::now();
-    while !sock.exists() {
-        assert!(
-            start.elapsed() < Duration::from_secs(10),
-            "ssh-agent did not start"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    Agent { child, sock }
 }
 
 #[tokio::test(flavor = "multi_thread")]
