@@ -9,18 +9,18 @@
 
 use std::time::{Duration, Instant};
 
-use serde_json::json;
 use sha2::{Digest, Sha256};
 
 use crate::approve::{Allow, ApprovalRequest, Approver};
 use crate::epoch::{self, HostPlace};
 use crate::event::EventKind;
+use crate::evidence::{AcceptedIntent, Evidence, ResolvedDetail};
 use crate::host_helper::{self, HostHelper, Side};
 use crate::id::ExecutionId;
 use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
 use crate::journal::{
-    now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionRecord, IntentColumns,
-    Journal,
+    now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionJournal, ExecutionRecord,
+    IntentColumns, Journal, NewEvent,
 };
 use crate::machine::{Answer, Event, Machine, Mode, Note, Step, Wait, Why};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
@@ -210,8 +210,8 @@ const HOLD_RUNNING: Duration = Duration::from_millis(20);
 
 /// Sequences executions on one journal; made by [`crate::ExecutorBuilder`] (or [`Executor::new`]
 /// with the defaults).
-pub struct Executor {
-    pub journal: Journal,
+pub struct Executor<J: ExecutionJournal = Journal> {
+    pub journal: J,
     pub(crate) connect: ConnectOptions,
     pub(crate) patience: Patience,
     /// Connections this executor uses, with its claim when the connection is pooled.
@@ -483,7 +483,7 @@ pub const MAX_REDRIVES: usize = 3;
 /// concluded it), detached (its callers attach to it or poll it), or picked up
 /// [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
 pub(crate) fn may_redrive(
-    j: &Journal,
+    j: &impl ExecutionJournal,
     id: &ExecutionId,
 ) -> Result<Option<(State, usize)>, crate::journal::JournalError> {
     let Some(status) = j.status(id)? else {
@@ -640,8 +640,8 @@ pub(crate) fn drive_undriven(id: &ExecutionId) -> Option<Driving> {
     })
 }
 
-impl Executor {
-    pub fn new(journal: Journal, connect: ConnectOptions, patience: Patience) -> Self {
+impl<J: ExecutionJournal> Executor<J> {
+    pub fn new(journal: J, connect: ConnectOptions, patience: Patience) -> Self {
         Executor {
             journal,
             connect,
@@ -721,14 +721,14 @@ impl Executor {
                 }
                 // The same operation again: never a second run. Replay from the start.
                 tracing::Span::current().record("execution_id", tracing::field::display(id));
-                self.journal.append(
+                self.journal.append_evidence(
                     id,
-                    EventKind::RequestReused,
-                    None,
-                    json!({"by": crate::journal::client_identity(),
-                           "correlation_id": intent.correlation_id,
-                           "session_id": self.session_id,
-                           "decision": "same ID, same operation: attach to the existing execution"}),
+                    Evidence::RequestReused {
+                        by: crate::journal::client_identity(),
+                        correlation_id: intent.correlation_id.as_deref(),
+                        session_id: self.session_id.as_deref(),
+                        decision: (),
+                    },
                 )?;
                 if let Some(blob) = &secret_blob {
                     self.secrets.insert(id.to_string(), blob.clone());
@@ -767,10 +767,13 @@ impl Executor {
             Ok(i) => i,
             Err(e) => {
                 tracing::Span::current().record("execution_id", tracing::field::display(&id));
-                let mut evidence = crate::journal::accepted_evidence(&rec);
-                evidence["connection"] = json!(reach);
+                let evidence = Evidence::Accepted {
+                    record: crate::journal::accepted_evidence(&rec),
+                    connection: Some(&reach),
+                    intent: None,
+                };
                 self.journal
-                    .accept(&rec, evidence)
+                    .accept(&rec, evidence.to_value())
                     .map_err(|e| lost_id_race(e, &id))?;
                 self.correlate(&id, &intent, true)?;
                 // An outcome, not an error: `--json` callers get the object, and the reason
@@ -802,22 +805,28 @@ impl Executor {
             session_id: self.session_id.clone(),
             intent: op.display_json(),
         };
-        let mut evidence = crate::journal::accepted_evidence(&rec);
-        evidence["connection"] = json!(reach);
-        evidence["fingerprint"] = fingerprint.clone().into();
-        evidence["actor"] = cols.actor.clone().into();
-        evidence["scope"] = cols.scope.clone().into();
-        evidence["class"] = cols.class.clone().into();
-        evidence["retention_secs"] = cols.retention_secs.into();
-        evidence["session_id"] = json!(cols.session_id);
-        evidence["intent"] = cols.intent.clone();
-        let match_evidence = json!({
-            "by": crate::journal::client_identity(),
-            "session_id": self.session_id,
-            "correlation_id": intent.correlation_id,
-            "fingerprint": fingerprint,
-            "decision": "same intent (fingerprint, actor, scope) as this execution: attach, do not run again",
-        });
+        let evidence = Evidence::Accepted {
+            record: crate::journal::accepted_evidence(&rec),
+            connection: Some(&reach),
+            intent: Some(AcceptedIntent {
+                fingerprint: &fingerprint,
+                actor: &cols.actor,
+                scope: &cols.scope,
+                class: &cols.class,
+                retention_secs: cols.retention_secs,
+                session_id: cols.session_id.as_deref(),
+                intent: &cols.intent,
+            }),
+        }
+        .to_value();
+        let match_evidence = Evidence::IntentMatched {
+            by: crate::journal::client_identity(),
+            session_id: self.session_id.as_deref(),
+            correlation_id: intent.correlation_id.as_deref(),
+            fingerprint: &fingerprint,
+            decision: (),
+        }
+        .to_value();
         let mut accepted = false;
         for _ in 0..5 {
             let mut cols = cols.clone();
@@ -902,12 +911,12 @@ impl Executor {
         // This process owns it from here (the `resumed` event names it for other processes).
         let _claim = crate::owner::claim(id);
         let mut run = self.load(id)?;
-        self.journal.append(
+        self.journal.append_evidence(
             id,
-            EventKind::Resumed,
-            None,
-            json!({"by": crate::journal::client_identity(),
-                   "why": "accepted, never authorized or dispatched: its client stopped; asking for authorization now"}),
+            Evidence::Resumed {
+                by: crate::journal::client_identity(),
+                why: (),
+            },
         )?;
         self.ask_then_dispatch(&mut run, command, intent, sink)
             .await
@@ -969,11 +978,20 @@ impl Executor {
             scope: asked.scope,
             command: asked.command,
         });
-        let decided = json!({"by": decision.by, "rule": decision.rule, "reason": decision.reason,
-                             "at": now_rfc3339(), "host_key": fp, "actor": asked.actor});
+        let at = now_rfc3339();
+        let decided = Evidence::Decided {
+            allow: decision.allow,
+            by: &decision.by,
+            rule: decision.rule.as_deref(),
+            reason: &decision.reason,
+            at: &at,
+            host_key: &fp,
+            actor: asked.actor,
+        }
+        .into_event();
         if !decision.allow {
-            self.journal
-                .append(&id, EventKind::Rejected, Some(State::Rejected), decided)?;
+            let (kind, state, value) = decided;
+            self.journal.append(&id, kind, state, value)?;
             run.m.set_prior(Prior::Settled);
             let mut o = self.outcome_from_journal(run)?;
             o.reason = Some(format!(
@@ -982,8 +1000,7 @@ impl Executor {
             ));
             return Ok(o);
         }
-        run.held
-            .push((EventKind::Authorized, Some(State::Authorized), decided));
+        run.held.push(decided);
         // The epoch last seen at this host; on first contact, the one it announces now. The
         // reply to the dispatch says which epoch it really ran under (see `drive`).
         let place = place_of(&run.rec, &fp);
@@ -1061,11 +1078,13 @@ impl Executor {
     /// Record the caller's correlation ID (a JSON-RPC id) against an execution.
     fn correlate(&mut self, id: &ExecutionId, intent: &Intent, new: bool) -> Result<(), ExecError> {
         if let Some(c) = &intent.correlation_id {
-            self.journal.append(
+            self.journal.append_evidence(
                 id,
-                EventKind::Correlation,
-                None,
-                json!({"correlation_id": c, "session_id": self.session_id, "new_execution": new}),
+                Evidence::Correlation {
+                    correlation_id: c,
+                    session_id: self.session_id.as_deref(),
+                    new_execution: new,
+                },
             )?;
         }
         Ok(())
@@ -1134,12 +1153,8 @@ impl Executor {
                     if o.state == State::Unknown && o.held_by.is_none() {
                         // Idempotent: running it again is harmless; do it under the same
                         // execution ID (the start guard still holds where the marker exists).
-                        self.journal.append(
-                            &c.id,
-                            EventKind::RetrySameId,
-                            None,
-                            json!({"class": class, "reason": "idempotent operation with an unknown outcome: dispatching again under the same execution ID"}),
-                        )?;
+                        self.journal
+                            .append_evidence(&c.id, Evidence::RetrySameId { class, reason: () })?;
                         self.redispatch(&c.id, detach, sink).await?
                     } else {
                         o
@@ -1203,11 +1218,12 @@ impl Executor {
         }
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
-        self.journal.append(
+        self.journal.append_evidence(
             id,
-            EventKind::Retry,
-            None,
-            json!({"why": why, "by": crate::journal::client_identity()}),
+            Evidence::Retry {
+                why,
+                by: crate::journal::client_identity(),
+            },
         )?;
         let authorized = self
             .journal
@@ -1256,10 +1272,14 @@ impl Executor {
                 "--reason is required: say what you checked".into(),
             ));
         }
-        let evidence = |decision: &str, extra: serde_json::Value| {
-            json!({"decision": decision, "by": by, "reason": reason,
-                   "client": crate::journal::client_identity(), "state_before": r.state,
-                   "detail": extra})
+        let resolved = |state: Option<State>, decision, detail| Evidence::Resolved {
+            state,
+            decision,
+            by,
+            reason,
+            client: crate::journal::client_identity(),
+            state_before: r.state,
+            detail,
         };
         match how {
             Resolution::Completed | Resolution::Failed => {
@@ -1268,12 +1288,8 @@ impl Executor {
                 } else {
                     State::Failed
                 };
-                self.journal.append(
-                    id,
-                    EventKind::Resolved,
-                    Some(state),
-                    evidence(state.as_str(), json!(null)),
-                )?;
+                self.journal
+                    .append_evidence(id, resolved(Some(state), state.as_str(), None))?;
                 let run = self.load(id)?;
                 let mut o = self.outcome_from_journal(&run)?;
                 o.reason = Some(format!("resolved by {by}: {reason}"));
@@ -1295,12 +1311,9 @@ impl Executor {
                         .any(|e| e.kind == EventKind::Running);
                 match probe {
                     Ok(Probe::Absent { same_epoch: true }) if !seen_start => {
-                        self.journal.append(
-                            id,
-                            EventKind::Resolved,
-                            None,
-                            evidence("retry", json!({"probe": "absent, same epoch: the start guard was never crossed"})),
-                        )?;
+                        let detail = Some(ResolvedDetail::ABSENT_SAME_EPOCH);
+                        self.journal
+                            .append_evidence(id, resolved(None, "retry", detail))?;
                         self.redispatch_checked(id, sink).await
                     }
                     other => {
@@ -1444,17 +1457,17 @@ impl Executor {
             before + 1
         );
         // Fenced like every append of the owner: refused if another replica took it over.
-        self.journal.append(
+        self.journal.append_evidence(
             id,
-            EventKind::Redrive,
-            None,
-            json!({"by": crate::journal::client_identity(),
-                   "replica": crate::journal::replica_id(),
-                   "state": state, "redrive": before + 1, "max_redrives": MAX_REDRIVES,
-                   "undriven_ms": undriven_for.as_millis() as u64,
-                   "reason": "this replica owns the execution and no call of it drives it any \
-                              more (a call that failed, say with a journal error): it applies \
-                              the recovery table, as after a takeover"}),
+            Evidence::Redrive {
+                by: crate::journal::client_identity(),
+                replica: crate::journal::replica_id(),
+                state,
+                redrive: before + 1,
+                max_redrives: MAX_REDRIVES,
+                undriven_ms: undriven_for.as_millis() as u64,
+                reason: (),
+            },
         )?;
         self.recover_owned(id, true).await.map(Some)
     }
@@ -1634,12 +1647,8 @@ impl Executor {
         }
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
-        self.journal.append(
-            id,
-            EventKind::CancelRequested,
-            None,
-            json!({"grace_secs": grace_secs}),
-        )?;
+        self.journal
+            .append_evidence(id, Evidence::CancelRequested { grace_secs })?;
         let idc = run.rec.id.clone();
         let op = Op::Cancel {
             id: &idc,
@@ -2478,14 +2487,15 @@ impl Executor {
             Line::Start(s) => {
                 let ours = s.id == run.rec.id.as_str() && s.digest == run.rec.command_digest;
                 if run.m.start_seen(ours) {
-                    run.held.push((
-                        EventKind::Running,
-                        Some(State::Running),
-                        json!({"start_record": start_text(&s), "host_key": run.host_key,
-                               "host_side": run.host_side.map(Side::as_str),
-                               "helper_sha256": (run.host_side == Some(Side::Helper))
-                                   .then_some(host_helper::SHA256)}),
-                    ));
+                    let running = Evidence::Running {
+                        start_record: start_text(&s),
+                        host_key: run.host_key.as_deref(),
+                        host_side: run.host_side.map(Side::as_str),
+                        helper_sha256: (run.host_side == Some(Side::Helper))
+                            .then_some(host_helper::SHA256),
+                    }
+                    .into_event();
+                    run.held.push(running);
                     run.held_since = Some(Instant::now());
                 }
                 if run.start_epoch.is_none()
@@ -2754,11 +2764,12 @@ impl Executor {
                     target.display(),
                     after.as_secs_f64()
                 );
-                run.held.push((
-                    EventKind::Reconnected,
-                    None,
-                    json!({"reconnects": run.reconnects}),
-                ));
+                run.held.push(
+                    Evidence::Reconnected {
+                        reconnects: run.reconnects,
+                    }
+                    .into_event(),
+                );
                 run.held_since.get_or_insert_with(Instant::now);
             }
             Note::Pin(fp) => run.host_key = Some(fp),
@@ -2769,24 +2780,22 @@ impl Executor {
                     target.display()
                 );
                 run.announce = true;
-                self.record(
-                    run,
-                    EventKind::ConnectionLost,
-                    None,
-                    json!({"error": why, "out_off": run.out_off, "err_off": run.err_off}),
-                )?;
+                let lost = Evidence::ConnectionLost {
+                    error: &why,
+                    out_off: run.out_off,
+                    err_off: run.err_off,
+                };
+                self.record(run, lost.into_event())?;
                 if let Some(i) = ci.take() {
                     self.drop_connection(i);
                 }
             }
             Note::GuardExists => {
                 let start = last.and_then(|(r, _)| r.start.as_ref()).map(start_text);
-                self.record(
-                    run,
-                    EventKind::GuardExists,
-                    None,
-                    json!({"start_record": start}),
-                )?;
+                let exists = Evidence::GuardExists {
+                    start_record: start,
+                };
+                self.record(run, exists.into_event())?;
             }
             Note::Redispatch => {
                 tracing::info!(
@@ -2794,12 +2803,11 @@ impl Executor {
                      dispatching it again under the same ID",
                     run.rec.id
                 );
-                self.record(
-                    run,
-                    EventKind::Probe,
-                    None,
-                    json!({"result": "absent", "decision": "dispatch again under the same ID"}),
-                )?;
+                let probe = Evidence::ProbeAbsent {
+                    result: (),
+                    decision: (),
+                };
+                self.record(run, probe.into_event())?;
             }
             Note::Collecting => {
                 if run.announce {
@@ -2866,13 +2874,15 @@ impl Executor {
         };
         let secrets = self.secrets_for(&run.rec.id)?;
         let epoch = run.dispatch_epoch.clone();
-        self.record(
-            run,
-            EventKind::Dispatched,
-            Some(State::Dispatched),
-            json!({"epoch": epoch, "host_key": run.host_key, "attempt": run.reconnects,
-                   "detach": detach, "timeout_secs": run.rec.timeout_secs}),
-        )?;
+        let dispatched = Evidence::Dispatched {
+            epoch: epoch.as_deref(),
+            host_key: run.host_key.as_deref(),
+            attempt: run.reconnects,
+            detach,
+            timeout_secs: run.rec.timeout_secs,
+        }
+        .into_event();
+        self.record(run, dispatched)?;
         drop(crossing);
         Ok((Event::Dispatched, secrets))
     }
@@ -2883,13 +2893,14 @@ impl Executor {
         let s = self.journal.status(&run.rec.id)?.map(|s| s.state);
         let held = std::mem::take(&mut run.held);
         let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
-        self.journal.append(
+        self.journal.append_evidence(
             &run.rec.id,
-            EventKind::DispatchWithheld,
-            None,
-            json!({"by": crate::journal::client_identity(), "state": s,
-                   "withheld": kinds,
-                   "reason": "settled by another process before this one dispatched it; nothing was sent"}),
+            Evidence::DispatchWithheld {
+                by: crate::journal::client_identity(),
+                state: s,
+                withheld: kinds,
+                reason: (),
+            },
         )?;
         self.outcome_from_journal(run)
     }
@@ -2966,13 +2977,13 @@ impl Executor {
         if was_dispatch && run.dispatch_epoch.as_deref() != Some(h.epoch.as_str()) {
             // The host said, before its start guard, which epoch this dispatch ran under: that
             // is the one the execution is bound to.
-            self.record(
-                run,
-                EventKind::DispatchEpoch,
-                None,
-                json!({"epoch": h.epoch, "recorded_before": run.dispatch_epoch,
-                       "evidence": "announced by the host in its reply to the dispatch, before the start guard"}),
-            )?;
+            let announced = Evidence::DispatchEpoch {
+                epoch: &h.epoch,
+                recorded_before: run.dispatch_epoch.as_deref(),
+                evidence: (),
+            }
+            .into_event();
+            self.record(run, announced)?;
             run.dispatch_epoch = Some(h.epoch.clone());
         }
         self.note_epoch(run, &h.epoch)
@@ -2999,14 +3010,8 @@ impl Executor {
     }
 
     /// Append an event of `run`, in one transaction with the events it holds (see `Run::held`).
-    fn record(
-        &mut self,
-        run: &mut Run,
-        kind: EventKind,
-        state: Option<State>,
-        evidence: serde_json::Value,
-    ) -> Result<(), ExecError> {
-        run.held.push((kind, state, evidence));
+    fn record(&mut self, run: &mut Run, event: NewEvent) -> Result<(), ExecError> {
+        run.held.push(event);
         self.flush_held(run)
     }
 
@@ -3049,13 +3054,14 @@ impl Executor {
             o.recovered = recovered;
             return Ok(o);
         }
-        self.record(
-            run,
-            EventKind::of_state(state),
-            Some(state),
-            json!({"finish_record": finish_text(&done), "recovered": recovered,
-                   "reconnects": run.reconnects}),
-        )?;
+        let finished = Evidence::Finished {
+            state,
+            finish_record: finish_text(&done),
+            recovered,
+            reconnects: run.reconnects,
+        }
+        .into_event();
+        self.record(run, finished)?;
         run.done = Some(done);
         run.m.set_prior(Prior::Settled);
         let mut o = self.outcome_from_journal(run)?;
@@ -3089,12 +3095,14 @@ impl Executor {
                 return Ok(o);
             }
         }
-        self.record(
-            run,
-            EventKind::of_state(state),
-            Some(state),
-            json!({"reason": reason, "reconnects": run.reconnects, "start_record": run.start.as_ref().map(start_text)}),
-        )?;
+        let concluded = Evidence::Concluded {
+            state,
+            reason,
+            reconnects: run.reconnects,
+            start_record: run.start.as_ref().map(start_text),
+        }
+        .into_event();
+        self.record(run, concluded)?;
         if state.is_settled() {
             run.m.set_prior(Prior::Settled);
         }
@@ -3107,12 +3115,8 @@ impl Executor {
     pub fn mark_delivered(&mut self, id: &ExecutionId, how: &str) -> Result<(), ExecError> {
         if let Some(st) = self.journal.status(id)? {
             if st.state.has_result() && st.state != State::Delivered {
-                self.journal.append(
-                    id,
-                    EventKind::Delivered,
-                    Some(State::Delivered),
-                    json!({"to": how}),
-                )?;
+                self.journal
+                    .append_evidence(id, Evidence::Delivered { to: how })?;
             }
         }
         Ok(())
@@ -3205,6 +3209,7 @@ fn finish_text(f: &FinishRecord) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn assert_send<T: Send>(_: &T) {}
 

@@ -52,6 +52,7 @@ mod golden;
 mod hosts;
 mod http;
 mod postgres;
+mod store;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::audit as postgres_audit;
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
@@ -60,6 +61,7 @@ pub use postgres::{
     is_postgres_url, lease_for, replica_id, set_lease_for, Ownership, TakeOver, MAX_TAKEOVERS,
     PG_SCHEMA_VERSION,
 };
+pub use store::{ExecutionJournal, NewEvent};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]

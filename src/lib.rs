@@ -49,7 +49,10 @@
 //!
 //! Storage and evidence:
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, the anchor,
-//!   group commit, batches, host bookkeeping, cursors.
+//!   group commit, batches, host bookkeeping, cursors; [`journal::ExecutionJournal`], the
+//!   trait the executor is generic over.
+//! - [`evidence`]: the evidence of each event the executor appends, as typed values whose JSON
+//!   is the journal's format (held byte for byte by the golden journal).
 //! - [`audit`], [`audit_show`]: offline verification (`cairn audit verify`) and timelines.
 //! - [`reach`]: how an execution reached its host (recorded at acceptance), so recovery needs
 //!   no flags retyped; flags override it part by part.
@@ -70,6 +73,7 @@ pub mod audit_show;
 pub mod caller;
 pub mod cli;
 pub mod error;
+pub mod evidence;
 pub mod executor;
 pub mod fleet;
 pub mod gate;

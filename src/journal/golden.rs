@@ -21,7 +21,9 @@ use super::hosts::{host_epoch_changed_evidence, host_key_shared_evidence};
 use super::{accepted_evidence, ExecutionRecord, Journal, SessionRecord};
 use crate::epoch::HostPlace;
 use crate::event::EventKind;
+use crate::evidence::{Evidence, ResolvedDetail};
 use crate::id::ExecutionId;
+use crate::intent::OpClass;
 use crate::state::State;
 
 /// Where the fixture lives.
@@ -55,9 +57,17 @@ fn record(id: &str, command: &[u8]) -> ExecutionRecord {
     }
 }
 
+/// An event of `id` from its typed evidence: kind, state and JSON as the executor appends them.
+fn typed(id: &'static str, e: Evidence<'_>) -> (&'static str, EventKind, Option<State>, Value) {
+    let (kind, state, evidence) = e.into_event();
+    (id, kind, state, evidence)
+}
+
 /// Every kind of event cairn appends, each with its evidence built as the code that appends it
-/// builds it (the same fields, the same kinds of value, sample values in place of live ones).
-/// `(execution, kind, state, evidence)` in append order.
+/// builds it (the same fields, the same kinds of value, sample values in place of live ones):
+/// the executor's events from their typed [`Evidence`], so this history (and the fixture it is
+/// compared with) holds their JSON byte for byte. `(execution, kind, state, evidence)` in
+/// append order.
 // One list, long because it names every kind: splitting it would hide which are covered.
 fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
     use EventKind as K;
@@ -72,22 +82,35 @@ fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
         remote_dir: ".cairn".into(),
     };
     let at = "2026-12-02T19:00:01.000Z";
-    let decided = json!({"by": "policy", "rule": "ops may run anything", "reason": "allowed by rule 1",
-                         "at": at, "host_key": KEY, "actor": "ops@example"});
-    let resolved = |decision: &str, extra: Value| {
-        json!({"decision": decision, "by": "alice", "reason": "checked the host by hand",
-               "client": BY, "state_before": State::Unknown,
-               "detail": extra})
+    let decided = |allow| Evidence::Decided {
+        allow,
+        by: "policy",
+        rule: Some("ops may run anything"),
+        reason: "allowed by rule 1",
+        at,
+        host_key: KEY,
+        actor: "ops@example",
+    };
+    let resolved = |state, decision, detail| Evidence::Resolved {
+        state,
+        decision,
+        by: "alice",
+        reason: "checked the host by hand",
+        client: BY,
+        state_before: State::Unknown,
+        detail,
     };
     vec![
         // a: the executor's way through a run that loses its connection and completes
-        (
+        typed(
             a,
-            K::Correlation,
-            None,
-            json!({"correlation_id": "rpc-7", "session_id": SESSION, "new_execution": true}),
+            Evidence::Correlation {
+                correlation_id: "rpc-7",
+                session_id: Some(SESSION),
+                new_execution: true,
+            },
         ),
-        (a, K::Authorized, Some(State::Authorized), decided.clone()),
+        typed(a, decided(true)),
         (
             a,
             K::HostEpochChanged,
@@ -100,154 +123,153 @@ fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
             None,
             host_key_shared_evidence(&place, EPOCH, "db-2", OLD_EPOCH, at),
         ),
-        (
+        typed(
             a,
-            K::Dispatched,
-            Some(State::Dispatched),
-            json!({"epoch": Some(EPOCH), "host_key": Some(KEY), "attempt": 0u32,
-                "detach": false, "timeout_secs": 600u64}),
+            Evidence::Dispatched {
+                epoch: Some(EPOCH),
+                host_key: Some(KEY),
+                attempt: 0,
+                detach: false,
+                timeout_secs: 600,
+            },
         ),
-        (
+        typed(
             a,
-            K::DispatchEpoch,
-            None,
-            json!({"epoch": EPOCH, "recorded_before": Some(OLD_EPOCH),
-                "evidence": "announced by the host in its reply to the dispatch, before the start guard"}),
+            Evidence::DispatchEpoch {
+                epoch: EPOCH,
+                recorded_before: Some(OLD_EPOCH),
+                evidence: (),
+            },
         ),
-        (
+        typed(
             a,
-            K::Running,
-            Some(State::Running),
-            json!({"start_record": START, "host_key": Some(KEY),
-                "host_side": Some("helper"),
-                "helper_sha256": Some("9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08")}),
+            Evidence::Running {
+                start_record: START.into(),
+                host_key: Some(KEY),
+                host_side: Some("helper"),
+                helper_sha256: Some(
+                    "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",
+                ),
+            },
         ),
-        (
+        typed(
             a,
-            K::ConnectionLost,
-            None,
-            json!({"error": "connection reset by peer", "out_off": 12u64, "err_off": 0u64}),
+            Evidence::ConnectionLost {
+                error: "connection reset by peer",
+                out_off: 12,
+                err_off: 0,
+            },
         ),
-        (a, K::Reconnected, None, json!({"reconnects": 1u32})),
-        (
+        typed(a, Evidence::Reconnected { reconnects: 1 }),
+        typed(
             a,
-            K::Completed,
-            Some(State::Completed),
-            json!({"finish_record": FINISH, "recovered": true, "reconnects": 1u32}),
+            Evidence::Finished {
+                state: State::Completed,
+                finish_record: FINISH.into(),
+                recovered: true,
+                reconnects: 1,
+            },
         ),
-        (
-            a,
-            K::Delivered,
-            Some(State::Delivered),
-            json!({"to": "stream"}),
-        ),
+        typed(a, Evidence::Delivered { to: "stream" }),
         // b: an unknown outcome, probed, reused, matched and resolved
-        (
+        typed(
             b,
-            K::Dispatched,
-            Some(State::Dispatched),
-            json!({"epoch": None::<String>, "host_key": Some(KEY), "attempt": 2u32,
-                "detach": true, "timeout_secs": 0u64}),
+            Evidence::Dispatched {
+                epoch: None,
+                host_key: Some(KEY),
+                attempt: 2,
+                detach: true,
+                timeout_secs: 0,
+            },
         ),
-        (
+        typed(
             b,
-            K::GuardExists,
-            None,
-            json!({"start_record": Some(START)}),
+            Evidence::GuardExists {
+                start_record: Some(START.into()),
+            },
         ),
-        (
+        typed(
             b,
-            K::Probe,
-            None,
-            json!({"result": "absent", "decision": "dispatch again under the same ID"}),
+            Evidence::ProbeAbsent {
+                result: (),
+                decision: (),
+            },
         ),
-        (
+        typed(
             b,
-            K::RetrySameId,
-            None,
-            json!({"class": "idempotent", "reason": "idempotent operation with an unknown outcome: dispatching again under the same execution ID"}),
+            Evidence::RetrySameId {
+                class: OpClass::Idempotent,
+                reason: (),
+            },
         ),
-        (
+        typed(
             b,
-            K::Unknown,
-            Some(State::Unknown),
-            json!({"reason": "the connection broke after the start guard and the host cannot be reached",
-                "reconnects": 3u32, "start_record": Some(START)}),
+            Evidence::Concluded {
+                state: State::Unknown,
+                reason: "the connection broke after the start guard and the host cannot be reached",
+                reconnects: 3,
+                start_record: Some(START.into()),
+            },
         ),
-        (
+        typed(
             b,
-            K::RequestReused,
-            None,
-            json!({"by": BY,
-                "correlation_id": Some("rpc-8"),
-                "session_id": Some(SESSION),
-                "decision": "same ID, same operation: attach to the existing execution"}),
+            Evidence::RequestReused {
+                by: BY,
+                correlation_id: Some("rpc-8"),
+                session_id: Some(SESSION),
+                decision: (),
+            },
         ),
-        (
+        typed(
             b,
-            K::IntentMatched,
-            None,
-            json!({
-                "by": BY,
-                "session_id": Some(SESSION),
-                "correlation_id": None::<String>,
-                "fingerprint": "if2_3b1f0c",
-                "decision": "same intent (fingerprint, actor, scope) as this execution: attach, do not run again",
-            }),
+            Evidence::IntentMatched {
+                by: BY,
+                session_id: Some(SESSION),
+                correlation_id: None,
+                fingerprint: "if2_3b1f0c",
+                decision: (),
+            },
         ),
-        (
+        typed(
             b,
-            K::Resolved,
-            None,
-            resolved(
-                "retry",
-                json!({"probe": "absent, same epoch: the start guard was never crossed"}),
-            ),
+            resolved(None, "retry", Some(ResolvedDetail::ABSENT_SAME_EPOCH)),
         ),
-        (
-            b,
-            K::Resolved,
-            Some(State::Completed),
-            resolved("completed", json!(null)),
-        ),
+        typed(b, resolved(Some(State::Completed), "completed", None)),
         // c: refused by the approver
-        (c, K::Rejected, Some(State::Rejected), decided),
+        typed(c, decided(false)),
         // d: resumed, withheld, cancelled, redriven, abandoned by its caller
-        (
+        typed(d, Evidence::Resumed { by: BY, why: () }),
+        typed(
             d,
-            K::Resumed,
-            None,
-            json!({"by": BY,
-                "why": "accepted, never authorized or dispatched: its client stopped; asking for authorization now"}),
+            Evidence::DispatchWithheld {
+                by: BY,
+                state: Some(State::Cancelled),
+                withheld: vec!["authorized"],
+                reason: (),
+            },
         ),
-        (
+        typed(d, Evidence::CancelRequested { grace_secs: 5 }),
+        typed(
             d,
-            K::DispatchWithheld,
-            None,
-            json!({"by": BY, "state": Some(State::Cancelled),
-                "withheld": ["authorized"],
-                "reason": "settled by another process before this one dispatched it; nothing was sent"}),
+            Evidence::Concluded {
+                state: State::Cancelled,
+                reason: "cancelled before it started: the host had no started record and now \
+                         holds a cancel flag that stops any late dispatch of this ID",
+                reconnects: 0,
+                start_record: None,
+            },
         ),
-        (d, K::CancelRequested, None, json!({"grace_secs": 5u64})),
-        (
+        typed(
             d,
-            K::Cancelled,
-            Some(State::Cancelled),
-            json!({"reason": "cancelled before it started: the host had no started record and now holds a \
-                           cancel flag that stops any late dispatch of this ID",
-                "reconnects": 0u32, "start_record": None::<String>}),
-        ),
-        (
-            d,
-            K::Redrive,
-            None,
-            json!({"by": BY,
-                "replica": "rp_0190a1b2",
-                "state": State::Dispatched, "redrive": 1u32, "max_redrives": 3u32,
-                "undriven_ms": 1500u64,
-                "reason": "this replica owns the execution and no call of it drives it any \
-                           more (a call that failed, say with a journal error): it applies \
-                           the recovery table, as after a takeover"}),
+            Evidence::Redrive {
+                by: BY,
+                replica: "rp_0190a1b2",
+                state: State::Dispatched,
+                redrive: 1,
+                max_redrives: 3,
+                undriven_ms: 1500,
+                reason: (),
+            },
         ),
         (
             d,
@@ -264,25 +286,30 @@ fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
             json!({"correlation_id": "rpc-10", "session_id": Some(SESSION), "method": "attach"}),
         ),
         // e: never started, retried, interrupted; the shared journal's takeover; steps and notes
-        (
+        typed(
             e,
-            K::Failed,
-            Some(State::Failed),
-            json!({"reason": "never dispatched: connection refused", "reconnects": 0u32,
-                "start_record": None::<String>}),
+            Evidence::Concluded {
+                state: State::Failed,
+                reason: "never dispatched: connection refused",
+                reconnects: 0,
+                start_record: None,
+            },
         ),
-        (
+        typed(
             e,
-            K::Retry,
-            None,
-            json!({"why": "the host is back", "by": BY}),
+            Evidence::Retry {
+                why: "the host is back",
+                by: BY,
+            },
         ),
-        (
+        typed(
             e,
-            K::Interrupted,
-            Some(State::Interrupted),
-            json!({"reason": "the host rebooted while the command ran: its supervisor is gone",
-                "reconnects": 1u32, "start_record": Some(START)}),
+            Evidence::Concluded {
+                state: State::Interrupted,
+                reason: "the host rebooted while the command ran: its supervisor is gone",
+                reconnects: 1,
+                start_record: Some(START.into()),
+            },
         ),
         (
             e,

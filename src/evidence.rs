@@ -1,0 +1,348 @@
+//! The evidence of the events the executor appends, as typed values: one variant per event the
+//! driver records, naming its kind, the state it moves the execution to, and its fields.
+//!
+//! The journal stores evidence as JSON text, and that text is in every event's chain hash: it is
+//! the journal's format. [`Evidence::to_value`] gives exactly the object the executor built with
+//! `json!` before these types existed (the same keys, the same kinds of value; serde_json keeps
+//! an object's keys sorted, so field order here does not matter). The golden journal
+//! (`src/journal/golden.rs`, `tests/fixtures/journal/`) builds its history with these variants
+//! and compares the text byte for byte with the committed fixture, so a change here that would
+//! change what the journal stores fails that test.
+//!
+//! Fixed sentences (a `decision`, a `reason` that is always the same) are part of the variant,
+//! not of its caller: [`Evidence::to_value`] writes them.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::event::EventKind;
+use crate::intent::OpClass;
+use crate::reach::Reach;
+use crate::state::State;
+
+/// The evidence of one event the executor appends.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+#[non_exhaustive]
+pub enum Evidence<'a> {
+    /// `accepted`: the execution's record (see [`crate::journal::accepted_evidence`]), how it
+    /// reaches its host, and its intent when it has one.
+    Accepted {
+        #[serde(flatten)]
+        record: Value,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        connection: Option<&'a Reach>,
+        #[serde(flatten, skip_serializing_if = "Option::is_none")]
+        intent: Option<AcceptedIntent<'a>>,
+    },
+    /// `request-reused`: the same ID with the same operation again; attach, never a second run.
+    RequestReused {
+        by: &'a str,
+        correlation_id: Option<&'a str>,
+        session_id: Option<&'a str>,
+        #[serde(serialize_with = "request_reused_decision")]
+        decision: (),
+    },
+    /// `intent-matched`: another request with the same intent attached to this execution.
+    IntentMatched {
+        by: &'a str,
+        session_id: Option<&'a str>,
+        correlation_id: Option<&'a str>,
+        fingerprint: &'a str,
+        #[serde(serialize_with = "intent_matched_decision")]
+        decision: (),
+    },
+    /// `resumed`: accepted, never authorized or dispatched; asking for authorization now.
+    Resumed {
+        by: &'a str,
+        #[serde(serialize_with = "resumed_why")]
+        why: (),
+    },
+    /// `authorized` or `rejected`: the approver's decision.
+    Decided {
+        #[serde(skip)]
+        allow: bool,
+        by: &'a str,
+        rule: Option<&'a str>,
+        reason: &'a str,
+        at: &'a str,
+        host_key: &'a str,
+        actor: &'a str,
+    },
+    /// `correlation`: which request of which session this execution answers.
+    Correlation {
+        correlation_id: &'a str,
+        session_id: Option<&'a str>,
+        new_execution: bool,
+    },
+    /// `retry-same-id`: an idempotent operation with an unknown outcome, dispatched again.
+    RetrySameId {
+        class: OpClass,
+        #[serde(serialize_with = "retry_same_id_reason")]
+        reason: (),
+    },
+    /// `retry`: a retry of an execution that never started, and why.
+    Retry { why: &'a str, by: &'a str },
+    /// `resolved`: a person's verdict on an execution that needed review; `state` is the state
+    /// it settles in (none for a retry, which dispatches again).
+    Resolved {
+        #[serde(skip)]
+        state: Option<State>,
+        decision: &'a str,
+        by: &'a str,
+        reason: &'a str,
+        client: &'a str,
+        state_before: State,
+        detail: Option<ResolvedDetail>,
+    },
+    /// `redrive`: the owner picked up an execution no call drives any more.
+    Redrive {
+        by: &'a str,
+        replica: &'a str,
+        state: State,
+        redrive: usize,
+        max_redrives: usize,
+        undriven_ms: u64,
+        #[serde(serialize_with = "redrive_reason")]
+        reason: (),
+    },
+    /// `cancel-requested`.
+    CancelRequested { grace_secs: u64 },
+    /// `dispatched`: durable before any byte of the dispatch leaves.
+    Dispatched {
+        epoch: Option<&'a str>,
+        host_key: Option<&'a str>,
+        attempt: u32,
+        detach: bool,
+        timeout_secs: u64,
+    },
+    /// `dispatch-withheld`: settled by another process before this one sent it.
+    DispatchWithheld {
+        by: &'a str,
+        state: Option<State>,
+        withheld: Vec<&'a str>,
+        #[serde(serialize_with = "withheld_reason")]
+        reason: (),
+    },
+    /// `dispatch-epoch`: the epoch the host announced in its reply to the dispatch.
+    DispatchEpoch {
+        epoch: &'a str,
+        recorded_before: Option<&'a str>,
+        #[serde(serialize_with = "dispatch_epoch_evidence")]
+        evidence: (),
+    },
+    /// `running`: the host's start record, seen.
+    Running {
+        start_record: String,
+        host_key: Option<&'a str>,
+        host_side: Option<&'a str>,
+        helper_sha256: Option<&'a str>,
+    },
+    /// `reconnected`.
+    Reconnected { reconnects: u32 },
+    /// `connection-lost`, with the offsets streamed so far.
+    ConnectionLost {
+        error: &'a str,
+        out_off: u64,
+        err_off: u64,
+    },
+    /// `guard-exists`: a dispatch found the start guard already crossed.
+    GuardExists { start_record: Option<String> },
+    /// `probe`: the marker is absent under the same epoch; dispatch again under the same ID.
+    ProbeAbsent {
+        #[serde(serialize_with = "probe_absent_result")]
+        result: (),
+        #[serde(serialize_with = "probe_absent_decision")]
+        decision: (),
+    },
+    /// `completed` or `failed` (by `state`): the host's finish record.
+    Finished {
+        #[serde(skip)]
+        state: State,
+        finish_record: String,
+        recovered: bool,
+        reconnects: u32,
+    },
+    /// A conclusion without a finish record (`unknown`, `interrupted`, `failed`, ...), and why.
+    Concluded {
+        #[serde(skip)]
+        state: State,
+        reason: &'a str,
+        reconnects: u32,
+        start_record: Option<String>,
+    },
+    /// `delivered`: the caller holds the result; `to` says how it got it.
+    Delivered { to: &'a str },
+}
+
+/// The intent fields of an `accepted` event (an execution accepted with a fingerprint).
+#[derive(Clone, Debug, Serialize)]
+pub struct AcceptedIntent<'a> {
+    pub fingerprint: &'a str,
+    pub actor: &'a str,
+    pub scope: &'a str,
+    pub class: &'a str,
+    pub retention_secs: u64,
+    pub session_id: Option<&'a str>,
+    pub intent: &'a Value,
+}
+
+/// What a person's `resolve --retry` found before it dispatched again.
+#[derive(Clone, Copy, Debug, Serialize)]
+pub struct ResolvedDetail {
+    #[serde(serialize_with = "resolved_probe")]
+    pub probe: (),
+}
+
+impl ResolvedDetail {
+    /// The probe found the marker absent under the same epoch.
+    pub const ABSENT_SAME_EPOCH: ResolvedDetail = ResolvedDetail { probe: () };
+}
+
+impl Evidence<'_> {
+    /// The kind of event this evidence belongs to.
+    pub fn kind(&self) -> EventKind {
+        use EventKind as K;
+        match self {
+            Evidence::Accepted { .. } => K::Accepted,
+            Evidence::RequestReused { .. } => K::RequestReused,
+            Evidence::IntentMatched { .. } => K::IntentMatched,
+            Evidence::Resumed { .. } => K::Resumed,
+            Evidence::Decided { allow: true, .. } => K::Authorized,
+            Evidence::Decided { allow: false, .. } => K::Rejected,
+            Evidence::Correlation { .. } => K::Correlation,
+            Evidence::RetrySameId { .. } => K::RetrySameId,
+            Evidence::Retry { .. } => K::Retry,
+            Evidence::Resolved { .. } => K::Resolved,
+            Evidence::Redrive { .. } => K::Redrive,
+            Evidence::CancelRequested { .. } => K::CancelRequested,
+            Evidence::Dispatched { .. } => K::Dispatched,
+            Evidence::DispatchWithheld { .. } => K::DispatchWithheld,
+            Evidence::DispatchEpoch { .. } => K::DispatchEpoch,
+            Evidence::Running { .. } => K::Running,
+            Evidence::Reconnected { .. } => K::Reconnected,
+            Evidence::ConnectionLost { .. } => K::ConnectionLost,
+            Evidence::GuardExists { .. } => K::GuardExists,
+            Evidence::ProbeAbsent { .. } => K::Probe,
+            Evidence::Finished { state, .. } | Evidence::Concluded { state, .. } => {
+                EventKind::of_state(*state)
+            }
+            Evidence::Delivered { .. } => K::Delivered,
+        }
+    }
+
+    /// The state this event moves the execution to, if it is a transition.
+    pub fn state(&self) -> Option<State> {
+        match self {
+            Evidence::Accepted { .. } => Some(State::Accepted),
+            Evidence::Decided { allow: true, .. } => Some(State::Authorized),
+            Evidence::Decided { allow: false, .. } => Some(State::Rejected),
+            Evidence::Resolved { state, .. } => *state,
+            Evidence::Dispatched { .. } => Some(State::Dispatched),
+            Evidence::Running { .. } => Some(State::Running),
+            Evidence::Finished { state, .. } | Evidence::Concluded { state, .. } => Some(*state),
+            Evidence::Delivered { .. } => Some(State::Delivered),
+            _ => None,
+        }
+    }
+
+    /// The evidence as the journal stores it.
+    pub fn to_value(&self) -> Value {
+        // Every field is a string, a number, a bool, a plain enum or a JSON value: this cannot
+        // fail (a map with non-string keys is the only way serde_json refuses, and none is here).
+        serde_json::to_value(self).expect("evidence serializes to JSON")
+    }
+
+    /// `(kind, state, evidence)` as the journal's append takes them.
+    pub fn into_event(self) -> crate::journal::NewEvent {
+        (self.kind(), self.state(), self.to_value())
+    }
+}
+
+/// A fixed sentence serialized in place of a unit field.
+macro_rules! sentence {
+    ($($name:ident => $text:expr;)*) => {
+        $(fn $name<S: serde::Serializer>(_: &(), s: S) -> Result<S::Ok, S::Error> {
+            s.serialize_str($text)
+        })*
+    };
+}
+
+sentence! {
+    request_reused_decision => "same ID, same operation: attach to the existing execution";
+    intent_matched_decision =>
+        "same intent (fingerprint, actor, scope) as this execution: attach, do not run again";
+    resumed_why => "accepted, never authorized or dispatched: its client stopped; asking for \
+                    authorization now";
+    retry_same_id_reason => "idempotent operation with an unknown outcome: dispatching again \
+                             under the same execution ID";
+    redrive_reason => "this replica owns the execution and no call of it drives it any more (a \
+                       call that failed, say with a journal error): it applies the recovery \
+                       table, as after a takeover";
+    withheld_reason => "settled by another process before this one dispatched it; nothing was \
+                        sent";
+    dispatch_epoch_evidence =>
+        "announced by the host in its reply to the dispatch, before the start guard";
+    probe_absent_result => "absent";
+    probe_absent_decision => "dispatch again under the same ID";
+    resolved_probe => "absent, same epoch: the start guard was never crossed";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn unit_sentences_and_skipped_fields_serialize_as_the_old_json() {
+        let e = Evidence::ProbeAbsent {
+            result: (),
+            decision: (),
+        };
+        assert_eq!(e.kind(), EventKind::Probe);
+        assert_eq!(e.state(), None);
+        assert_eq!(
+            e.to_value(),
+            json!({"result": "absent", "decision": "dispatch again under the same ID"})
+        );
+        let f = Evidence::Finished {
+            state: State::Failed,
+            finish_record: "F".into(),
+            recovered: false,
+            reconnects: 2,
+        };
+        assert_eq!(f.kind(), EventKind::Failed);
+        assert_eq!(f.state(), Some(State::Failed));
+        assert_eq!(
+            f.to_value(),
+            json!({"finish_record": "F", "recovered": false, "reconnects": 2u32})
+        );
+        let r = Evidence::Resolved {
+            state: None,
+            decision: "retry",
+            by: "alice",
+            reason: "checked",
+            client: "1@h",
+            state_before: State::Unknown,
+            detail: Some(ResolvedDetail::ABSENT_SAME_EPOCH),
+        };
+        assert_eq!(
+            r.to_value(),
+            json!({"decision": "retry", "by": "alice", "reason": "checked", "client": "1@h",
+                   "state_before": "unknown",
+                   "detail": {"probe": "absent, same epoch: the start guard was never crossed"}})
+        );
+    }
+
+    #[test]
+    fn accepted_without_connection_or_intent_is_the_record_alone() {
+        let record = json!({"destination": "db-1", "port": 22});
+        let e = Evidence::Accepted {
+            record: record.clone(),
+            connection: None,
+            intent: None,
+        };
+        assert_eq!(e.to_value(), record);
+        assert_eq!(e.kind(), EventKind::Accepted);
+    }
+}
