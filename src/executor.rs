@@ -680,6 +680,9 @@ impl<J: ExecutionJournal> Executor<J> {
     /// is still in its retention window and not yet delivered attaches to that execution
     /// (live output, the stored result, or its review record) instead of starting another;
     /// see [`crate::intent`] and docs/DESIGN.md, intent matching.
+    // Long: admission in its order (reuse by ID, first contact, the intent and its evidence,
+    // accept-or-match with its bounded retry, attach): each step hands the next the record, the
+    // connection and the fingerprint it made, and the order is the guarantee.
     #[tracing::instrument(name = "execution", skip_all, fields(execution_id = tracing::field::Empty))]
     pub async fn execute(
         &mut self,
