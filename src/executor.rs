@@ -198,7 +198,7 @@ struct Run {
     /// Only events nothing is acted on before that: `authorized` (committed with `dispatched`,
     /// before anything is sent), `running` (with the outcome when the same reply carries it,
     /// else within [`HOLD_RUNNING`]) and the `reconnected` note.
-    held: Vec<(EventKind, Option<State>, serde_json::Value)>,
+    held: Vec<NewEvent>,
     /// When a `running` or `reconnected` event was put among the held ones: from then, they
     /// wait at most [`HOLD_RUNNING`] while a reply streams.
     held_since: Option<Instant>,
@@ -247,10 +247,7 @@ fn hold_left(run: &Run) -> Option<Duration> {
 /// they waited, another process (an `attach` of the same execution) recorded its result. A
 /// `running` after `completed` would make the journal say it is running again. Notes stay;
 /// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
-fn drop_overtaken(
-    held: &mut Vec<(EventKind, Option<State>, serde_json::Value)>,
-    now: Option<State>,
-) {
+fn drop_overtaken(held: &mut Vec<NewEvent>, now: Option<State>) {
     if now.is_some_and(State::has_result) {
         held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
     }

@@ -1691,11 +1691,7 @@ impl Journal {
     /// Append several events of one execution, in order, in one transaction (group-committed
     /// like [`Journal::append`]); returns the last as stored. For events that need not be
     /// durable on their own before the next one (the executor's held events).
-    pub fn append_all(
-        &mut self,
-        id: &ExecutionId,
-        events: Vec<(EventKind, Option<State>, serde_json::Value)>,
-    ) -> Result<Option<Event>> {
+    pub fn append_all(&mut self, id: &ExecutionId, events: Vec<NewEvent>) -> Result<Option<Event>> {
         // The stores keep a kind as its name.
         let events: Vec<_> = events
             .into_iter()

@@ -66,6 +66,21 @@ fn cairn_run(s: &TestSshd, journal: &Path, config: &Path, marker: &str) -> Outpu
         .unwrap_or_else(|e| panic!("cairn run against {}: {e}", s.port()))
 }
 
+/// `out` ran `echo marker` and sshd logged the login as a certificate's.
+fn assert_certificate_login(s: &TestSshd, out: &Output, marker: &str) {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.stdout, format!("{marker}\n").as_bytes());
+    assert!(
+        s.log().contains("ED25519-CERT"),
+        "sshd did not log a certificate login:\n{}",
+        s.log()
+    );
+}
+
 #[test]
 fn a_certificate_beside_the_key_logs_in_where_the_key_alone_cannot() {
     let (s, ca) = ca_only_sshd();
@@ -100,17 +115,7 @@ fn a_certificate_beside_the_key_logs_in_where_the_key_alone_cannot() {
         String::from_utf8_lossy(&ssh.stderr)
     );
     let out = cairn_run(&s, &journal, &s.ssh_config(), "cert-beside");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, b"cert-beside\n");
-    assert!(
-        s.log().contains("ED25519-CERT"),
-        "sshd did not log a certificate login:\n{}",
-        s.log()
-    );
+    assert_certificate_login(&s, &out, "cert-beside");
 }
 
 #[test]
@@ -227,15 +232,5 @@ fn a_certificate_held_by_ssh_agent_logs_in_with_no_key_file_on_disk() {
     let agent_line = format!("IdentityAgent {}", agent.sock.display());
     fs::write(&config, base.replace("IdentityAgent none", &agent_line)).unwrap();
     let out = cairn_run(&s, &journal, &config, "agent-cert");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(out.stdout, b"agent-cert\n");
-    assert!(
-        s.log().contains("ED25519-CERT"),
-        "sshd did not log a certificate login:\n{}",
-        s.log()
-    );
+    assert_certificate_login(&s, &out, "agent-cert");
 }
