@@ -173,6 +173,114 @@ pub enum Evidence<'a> {
     },
     /// `delivered`: the caller holds the result; `to` says how it got it.
     Delivered { to: &'a str },
+    /// `correlation` of an `attach`: which request of which session attached to this execution.
+    Attached {
+        correlation_id: &'a str,
+        session_id: Option<&'a str>,
+        #[serde(serialize_with = "attach_method")]
+        method: (),
+    },
+    /// `delivery-abandoned`: the caller's response stream closed before the result; `cancel`
+    /// says whether the execution's class cancels it then (otherwise it keeps running).
+    DeliveryAbandoned {
+        correlation_id: &'a str,
+        session_id: Option<&'a str>,
+        #[serde(serialize_with = "abandoned_reason")]
+        reason: (),
+        #[serde(rename = "decision", serialize_with = "abandoned_decision")]
+        cancel: bool,
+    },
+    /// `takeover`: a replica took over an execution whose owner's lease expired.
+    Takeover {
+        from: &'a str,
+        from_client: &'a str,
+        to: &'a str,
+        to_client: &'a str,
+        epoch: i64,
+        takeover: i32,
+        max_takeovers: i32,
+        lease_ms: i64,
+        #[serde(serialize_with = "takeover_reason")]
+        reason: (),
+    },
+    /// `host-epoch-changed`: the host's marker home is not the one this journal last saw.
+    HostEpochChanged {
+        destination: &'a str,
+        host_key: &'a str,
+        remote_dir: &'a str,
+        old: &'a str,
+        new: &'a str,
+        at: &'a str,
+        #[serde(serialize_with = "epoch_changed_meaning")]
+        meaning: (),
+    },
+    /// `host-key-shared`: two destinations present one host key with different epochs.
+    HostKeyShared {
+        host_key: &'a str,
+        remote_dir: &'a str,
+        destination: &'a str,
+        epoch: &'a str,
+        other_destination: &'a str,
+        other_epoch: &'a str,
+        at: &'a str,
+        #[serde(serialize_with = "key_shared_meaning")]
+        meaning: (),
+    },
+}
+
+/// The evidence of an entry a front appends to its session (the sessions chain), typed as
+/// [`Evidence`] is for executions: the kind of entry follows from the variant.
+#[derive(Clone, Debug, Serialize)]
+#[serde(untagged)]
+#[non_exhaustive]
+pub enum SessionEvidence<'a> {
+    /// `batch-resume`: the session resumes a batch.
+    BatchResume { batch_id: &'a str },
+    /// `refused`: an HTTP request refused before it reached a tool (the token is named by its
+    /// ID alone, never by its secret).
+    Refused {
+        status: u16,
+        reason: &'a str,
+        method: &'a str,
+        path: &'a str,
+        peer: String,
+        origin: Option<&'a str>,
+        token_id: Option<&'a str>,
+    },
+    /// `ended` of a batch: the exit code the batch ended with.
+    EndedWithExit { exit: i32 },
+    /// `ended` of a named operation's run.
+    EndedOperation { operation: &'a str },
+    /// `ended` of `cairn run`: the execution it made, if it made one.
+    EndedExecution { execution_id: Option<&'a str> },
+    /// `ended` of a server: why it stopped.
+    Ended { reason: &'a str },
+    /// `ended` of `cairn serve` on stdio: how many requests it answered before stdin closed.
+    EndedStdin {
+        requests: u64,
+        #[serde(serialize_with = "stdin_closed")]
+        reason: (),
+    },
+}
+
+impl SessionEvidence<'_> {
+    /// The kind of session entry this evidence belongs to.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            SessionEvidence::BatchResume { .. } => "batch-resume",
+            SessionEvidence::Refused { .. } => "refused",
+            SessionEvidence::EndedWithExit { .. }
+            | SessionEvidence::EndedOperation { .. }
+            | SessionEvidence::EndedExecution { .. }
+            | SessionEvidence::Ended { .. }
+            | SessionEvidence::EndedStdin { .. } => "ended",
+        }
+    }
+
+    /// The evidence as the journal stores it.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("session evidence serializes to JSON")
+    }
 }
 
 /// The intent fields of an `accepted` event (an execution accepted with a fingerprint).
@@ -228,6 +336,11 @@ impl Evidence<'_> {
                 EventKind::of_state(*state)
             }
             Evidence::Delivered { .. } => K::Delivered,
+            Evidence::Attached { .. } => K::Correlation,
+            Evidence::DeliveryAbandoned { .. } => K::DeliveryAbandoned,
+            Evidence::Takeover { .. } => K::Takeover,
+            Evidence::HostEpochChanged { .. } => K::HostEpochChanged,
+            Evidence::HostKeyShared { .. } => K::HostKeyShared,
         }
     }
 
@@ -286,6 +399,25 @@ sentence! {
     probe_absent_result => "absent";
     probe_absent_decision => "dispatch again under the same ID";
     resolved_probe => "absent, same epoch: the start guard was never crossed";
+    attach_method => "attach";
+    stdin_closed => "stdin closed";
+    abandoned_reason => "the caller's response stream closed before the result";
+    takeover_reason => "the owner's lease expired (no heartbeat in database time): this \
+                        replica owns the execution now and recovers it; the old owner's \
+                        appends are refused";
+    epoch_changed_meaning => "the host's marker home was wiped or replaced since this journal \
+                              last saw it; executions dispatched into the old epoch keep its rule \
+                              (a missing marker proves nothing)";
+    key_shared_meaning => "two destinations present one host key with different epochs (a \
+                           cloned image?); cairn keeps their bookkeeping and executions apart";
+}
+
+fn abandoned_decision<S: serde::Serializer>(cancel: &bool, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(if *cancel {
+        "cancel the execution (its class's setting)"
+    } else {
+        "keep running: a transport event never kills a dispatched command"
+    })
 }
 
 #[cfg(test)]
@@ -331,6 +463,32 @@ mod tests {
             json!({"decision": "retry", "by": "alice", "reason": "checked", "client": "1@h",
                    "state_before": "unknown",
                    "detail": {"probe": "absent, same epoch: the start guard was never crossed"}})
+        );
+    }
+
+    #[test]
+    fn fronts_evidence_serializes_as_the_old_json() {
+        let e = SessionEvidence::EndedStdin {
+            requests: 3,
+            reason: (),
+        };
+        assert_eq!(e.kind(), "ended");
+        assert_eq!(
+            e.to_value(),
+            json!({"requests": 3u64, "reason": "stdin closed"})
+        );
+        let d = Evidence::DeliveryAbandoned {
+            correlation_id: "c",
+            session_id: None,
+            reason: (),
+            cancel: true,
+        };
+        assert_eq!(d.kind(), EventKind::DeliveryAbandoned);
+        assert_eq!(
+            d.to_value(),
+            json!({"correlation_id": "c", "session_id": null,
+                   "reason": "the caller's response stream closed before the result",
+                   "decision": "cancel the execution (its class's setting)"})
         );
     }
 

@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::evidence::SessionEvidence;
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::id::ExecutionId;
@@ -423,7 +424,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
     let code = tokio::task::block_in_place(|| engine(plan));
     let _ = ex
         .journal
-        .session_event(&session, "ended", serde_json::json!({"exit": code}));
+        .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code });
     Ok(code)
 }
 
@@ -647,11 +648,9 @@ async fn resume(
         });
     }
     let session = crate::runner::prepare(&mut ex, &approve, "cli", &intent.actor)?;
-    let _ = ex.journal.session_event(
-        &session,
-        "batch-resume",
-        serde_json::json!({"batch_id": b.id}),
-    );
+    let _ = ex
+        .journal
+        .session_evidence(&session, SessionEvidence::BatchResume { batch_id: &b.id });
     if !json {
         let fresh = jobs.iter().filter(|j| j.mode == Mode::Fresh).count();
         eprintln!(
@@ -686,7 +685,7 @@ async fn resume(
     let code = tokio::task::block_in_place(|| engine(plan));
     let _ = ex
         .journal
-        .session_event(&session, "ended", serde_json::json!({"exit": code}));
+        .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code });
     Ok(code)
 }
 

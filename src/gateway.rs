@@ -17,11 +17,11 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::event::EventKind;
+use crate::evidence::{Evidence, SessionEvidence};
 use crate::executor::{ExecError, Executor, Outcome, Patience, RunRequest};
 use crate::id::ExecutionId;
 use crate::intent::{OpClass, OperationSpec};
-use crate::journal::Journal;
+use crate::journal::{ExecutionJournal, Journal};
 use crate::options::ApproveOptions;
 use crate::runner::ExecutorBuilder;
 use crate::ssh::ConnectOptions;
@@ -265,10 +265,10 @@ impl GatewayConfig {
         Ok(id)
     }
 
-    pub fn end_session(&self, evidence: Value) {
+    pub fn end_session(&self, evidence: SessionEvidence<'_>) {
         if let Some(s) = &self.session_id {
             if let Ok(mut j) = Journal::open(&self.journal) {
-                let _ = j.session_event(s, "ended", evidence);
+                let _ = j.session_evidence(s, evidence);
             }
         }
     }
@@ -599,11 +599,13 @@ pub async fn attach(
     let mut ex = cfg.executor()?;
     if let Some(c) = correlation_id {
         ex.journal
-            .append(
+            .append_evidence(
                 &id,
-                EventKind::Correlation,
-                None,
-                json!({"correlation_id": c, "session_id": cfg.session_id, "method": "attach"}),
+                Evidence::Attached {
+                    correlation_id: &c,
+                    session_id: cfg.session_id.as_deref(),
+                    method: (),
+                },
             )
             .map_err(ExecError::from)?;
     }

@@ -1162,6 +1162,15 @@ impl Journal {
         }
     }
 
+    /// Append a session entry from its typed evidence (its kind follows from it).
+    pub fn session_evidence(
+        &mut self,
+        session: &str,
+        evidence: crate::evidence::SessionEvidence<'_>,
+    ) -> Result<()> {
+        self.session_event(session, evidence.kind(), evidence.to_value())
+    }
+
     /// Append a session event (`ended`, `request` …).
     pub fn session_event(
         &mut self,

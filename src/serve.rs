@@ -17,6 +17,7 @@ use std::sync::mpsc;
 
 use serde_json::{json, Value};
 
+use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
 use crate::gateway::{self, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
@@ -41,7 +42,10 @@ pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     let code = tokio::task::spawn_blocking(move || {
         let stdin = std::io::stdin();
         let n = serve(&cfg, stdin.lock(), std::io::stdout());
-        cfg.end_session(json!({"requests": n, "reason": "stdin closed"}));
+        cfg.end_session(SessionEvidence::EndedStdin {
+            requests: n as u64,
+            reason: (),
+        });
         0
     })
     .await

@@ -23,11 +23,11 @@ use std::sync::{Arc, Mutex};
 use rmcp::model::{DetailedTask, ErrorData, JsonObject, Task, TaskPayload, TaskStatus};
 use serde_json::{json, Value};
 
-use crate::event::EventKind;
+use crate::evidence::Evidence;
 use crate::executor::ExecError;
 use crate::gateway::{self, GatewayConfig, GatewayError, Workers};
 use crate::id::ExecutionId;
-use crate::journal::Journal;
+use crate::journal::{ExecutionJournal, Journal};
 use crate::state::State;
 
 /// Suggested polling interval of a working task.
@@ -380,14 +380,14 @@ pub async fn stream_closed(
             let class = j.intent_of(&id).ok().flatten().map(|c| c.class);
             let cancel =
                 class.is_some_and(|class| cancel_classes.iter().any(|c| c.as_str() == class));
-            let _ = j.append(
+            let _ = j.append_evidence(
                 &id,
-                EventKind::DeliveryAbandoned,
-                None,
-                json!({"correlation_id": corr2, "session_id": c2.session_id,
-                       "reason": "the caller's response stream closed before the result",
-                       "decision": if cancel { "cancel the execution (its class's setting)" }
-                                   else { "keep running: a transport event never kills a dispatched command" }}),
+                Evidence::DeliveryAbandoned {
+                    correlation_id: &corr2,
+                    session_id: c2.session_id.as_deref(),
+                    reason: (),
+                    cancel,
+                },
             );
             out.push((id, cancel));
         }

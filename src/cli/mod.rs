@@ -16,6 +16,7 @@ pub mod gateway;
 pub mod listen;
 pub mod ops;
 
+use crate::evidence::SessionEvidence;
 use crate::executor::EXIT_UNKNOWN;
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::id::ExecutionId;
@@ -654,10 +655,11 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
     };
     let mut term = Terminal::new(args.json);
     let o = ex.execute(req, intent, &mut term).await;
-    let _ = ex.journal.session_event(
+    let _ = ex.journal.session_evidence(
         &session,
-        "ended",
-        serde_json::json!({"execution_id": o.as_ref().ok().map(|o| o.execution_id.clone())}),
+        SessionEvidence::EndedExecution {
+            execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
+        },
     );
     let o = o?;
     if o.attached && !args.json {

@@ -8,6 +8,7 @@ use clap::{Args, Subcommand};
 
 use super::gateway::ApproveArgs;
 use super::Common;
+use crate::evidence::SessionEvidence;
 use crate::executor::{ExecError, Executor, OutputSink, EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
 use crate::operations::call::{self, CallOptions, HostResult, Prepared};
 use crate::operations::OperationsFile;
@@ -177,10 +178,11 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
         let results = call::run(&p, &make, 1 << 20).await;
         many(&p, &results, a.json, &mut first)
     };
-    let _ = first.journal.session_event(
+    let _ = first.journal.session_evidence(
         &session,
-        "ended",
-        serde_json::json!({"operation": p.operation}),
+        SessionEvidence::EndedOperation {
+            operation: &p.operation,
+        },
     );
     code
 }

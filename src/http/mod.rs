@@ -31,6 +31,7 @@ use http::{HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
 use crate::caller::{HttpCaller, InFlight};
+use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
 use crate::gateway::{GatewayConfig, Workers};
 use crate::journal::Journal;
@@ -153,15 +154,16 @@ impl Front {
         seen: &Seen,
         token_id: Option<String>,
     ) -> Response {
-        let evidence = json!({
-            "status": status.as_u16(),
-            "reason": reason,
-            "method": seen.method,
-            "path": seen.path,
-            "peer": seen.peer.to_string(),
-            "origin": seen.origin,
-            "token_id": token_id,
-        });
+        let evidence = SessionEvidence::Refused {
+            status: status.as_u16(),
+            reason: &reason,
+            method: &seen.method,
+            path: &seen.path,
+            peer: seen.peer.to_string(),
+            origin: seen.origin.as_deref(),
+            token_id: token_id.as_deref(),
+        }
+        .to_value();
         self.local
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -421,9 +423,11 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
     )
     .with_graceful_shutdown(shutdown)
     .await;
-    cfg.end_session(
-        json!({"reason": match &r { Ok(()) => "signal".to_owned(), Err(e) => e.to_string() }}),
-    );
+    let why = match &r {
+        Ok(()) => "signal".to_owned(),
+        Err(e) => e.to_string(),
+    };
+    cfg.end_session(SessionEvidence::Ended { reason: &why });
     r.map_err(|e| ExecError::Setup(format!("http server: {e}")))?;
     // Calls still running stay in the journal as they are; a client's retry attaches.
     std::process::exit(0)

@@ -21,7 +21,7 @@ use super::hosts::{host_epoch_changed_evidence, host_key_shared_evidence};
 use super::{accepted_evidence, ExecutionRecord, Journal, SessionRecord};
 use crate::epoch::HostPlace;
 use crate::event::EventKind;
-use crate::evidence::{Evidence, ResolvedDetail};
+use crate::evidence::{Evidence, ResolvedDetail, SessionEvidence};
 use crate::id::ExecutionId;
 use crate::intent::OpClass;
 use crate::state::State;
@@ -111,16 +111,9 @@ fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
             },
         ),
         typed(a, decided(true)),
-        (
+        typed(a, host_epoch_changed_evidence(&place, OLD_EPOCH, EPOCH, at)),
+        typed(
             a,
-            K::HostEpochChanged,
-            None,
-            host_epoch_changed_evidence(&place, OLD_EPOCH, EPOCH, at),
-        ),
-        (
-            a,
-            K::HostKeyShared,
-            None,
             host_key_shared_evidence(&place, EPOCH, "db-2", OLD_EPOCH, at),
         ),
         typed(
@@ -271,19 +264,22 @@ fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
                 reason: (),
             },
         ),
-        (
+        typed(
             d,
-            K::DeliveryAbandoned,
-            None,
-            json!({"correlation_id": Some("rpc-9"), "session_id": Some(SESSION),
-                "reason": "the caller's response stream closed before the result",
-                "decision": "keep running: a transport event never kills a dispatched command"}),
+            Evidence::DeliveryAbandoned {
+                correlation_id: "rpc-9",
+                session_id: Some(SESSION),
+                reason: (),
+                cancel: false,
+            },
         ),
-        (
+        typed(
             d,
-            K::Correlation,
-            None,
-            json!({"correlation_id": "rpc-10", "session_id": Some(SESSION), "method": "attach"}),
+            Evidence::Attached {
+                correlation_id: "rpc-10",
+                session_id: Some(SESSION),
+                method: (),
+            },
         ),
         // e: never started, retried, interrupted; the shared journal's takeover; steps and notes
         typed(
@@ -311,19 +307,19 @@ fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
                 start_record: Some(START.into()),
             },
         ),
-        (
+        typed(
             e,
-            K::Takeover,
-            None,
-            json!({
-                "from": "rp_old", "from_client": "17@old-host",
-                "to": "rp_new", "to_client": BY,
-                "epoch": 2i64, "takeover": 1i32,
-                "max_takeovers": 5i32, "lease_ms": 10000i64,
-                "reason": "the owner's lease expired (no heartbeat in database time): this \
-                           replica owns the execution now and recovers it; the old owner's \
-                           appends are refused",
-            }),
+            Evidence::Takeover {
+                from: "rp_old",
+                from_client: "17@old-host",
+                to: "rp_new",
+                to_client: BY,
+                epoch: 2,
+                takeover: 1,
+                max_takeovers: 5,
+                lease_ms: 10000,
+                reason: (),
+            },
         ),
         (e, K::Step, None, json!({"i": 0})),
         (e, K::Note, None, json!({"n": 0})),
@@ -347,7 +343,7 @@ fn accepted(rec: &ExecutionRecord, with_intent: bool) -> Value {
 }
 
 /// The sessions journal: a session's record and the entries the fronts append to it.
-fn session_entries() -> (SessionRecord, Vec<(&'static str, Value)>) {
+fn session_entries() -> (SessionRecord, Vec<SessionEvidence<'static>>) {
     let s = SessionRecord {
         id: SESSION.into(),
         kind: "mcp".into(),
@@ -358,26 +354,28 @@ fn session_entries() -> (SessionRecord, Vec<(&'static str, Value)>) {
         detail: json!({"argv": ["cairn", "mcp"], "transport": "stdio"}),
     };
     let entries = vec![
-        ("batch-resume", json!({"batch_id": "ba_0190a1b2"})),
-        (
-            "refused",
-            json!({
-                "status": 401u16,
-                "reason": "no bearer token",
-                "method": "POST",
-                "path": "/mcp",
-                "peer": "127.0.0.1:50123",
-                "origin": None::<String>,
-                "token_id": None::<String>,
-            }),
-        ),
-        ("ended", json!({"exit": 0})),
-        ("ended", json!({"operation": "restart-web"})),
-        (
-            "ended",
-            json!({"execution_id": Some("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a01")}),
-        ),
-        ("ended", json!({"reason": "Cancelled"})),
+        SessionEvidence::BatchResume {
+            batch_id: "ba_0190a1b2",
+        },
+        SessionEvidence::Refused {
+            status: 401,
+            reason: "no bearer token",
+            method: "POST",
+            path: "/mcp",
+            peer: "127.0.0.1:50123".into(),
+            origin: None,
+            token_id: None,
+        },
+        SessionEvidence::EndedWithExit { exit: 0 },
+        SessionEvidence::EndedOperation {
+            operation: "restart-web",
+        },
+        SessionEvidence::EndedExecution {
+            execution_id: Some("0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a01"),
+        },
+        SessionEvidence::Ended {
+            reason: "Cancelled",
+        },
     ];
     (s, entries)
 }
@@ -398,8 +396,8 @@ pub(crate) fn write(path: &Path) {
         j.append(&ExecutionId::parse(id).unwrap(), kind, state, evidence)
             .unwrap();
     }
-    for (kind, evidence) in entries {
-        j.session_event(SESSION, kind, evidence).unwrap();
+    for evidence in entries {
+        j.session_evidence(SESSION, evidence).unwrap();
     }
 }
 

@@ -11,7 +11,7 @@ use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use super::{append_in, now_rfc3339, Backend, Journal, JournalError, Result};
 use crate::epoch::{self, Announced, HostPlace};
-use crate::event::EventKind;
+use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 
 impl Journal {
@@ -137,14 +137,8 @@ impl Journal {
         if let Some(old) = &a.changed_from {
             let ev = host_epoch_changed_evidence(place, old, epoch, &now);
             last_ev = Some(
-                append_in(
-                    &tx,
-                    id.as_str(),
-                    EventKind::HostEpochChanged.as_str(),
-                    None,
-                    &ev,
-                )
-                .map_err(sq)?,
+                append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
+                    .map_err(sq)?,
             );
         }
         for (other, other_epoch) in &a.shared_with {
@@ -158,14 +152,8 @@ impl Journal {
             .map_err(sq)?;
             let ev = host_key_shared_evidence(place, epoch, other, other_epoch, &now);
             last_ev = Some(
-                append_in(
-                    &tx,
-                    id.as_str(),
-                    EventKind::HostKeyShared.as_str(),
-                    None,
-                    &ev,
-                )
-                .map_err(sq)?,
+                append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
+                    .map_err(sq)?,
             );
         }
         tx.commit().map_err(sq)?;
@@ -178,41 +166,48 @@ impl Journal {
 }
 
 /// The evidence of a `host-epoch-changed` event (both backends write the same).
-pub(super) fn host_epoch_changed_evidence(
-    place: &HostPlace,
-    old: &str,
-    epoch: &str,
-    now: &str,
-) -> serde_json::Value {
-    serde_json::json!({
-        "destination": place.destination, "host_key": place.host_key,
-        "remote_dir": place.remote_dir, "old": old, "new": epoch, "at": now,
-        "meaning": "the host's marker home was wiped or replaced since this journal last saw it; \
-                    executions dispatched into the old epoch keep its rule (a missing marker proves nothing)",
-    })
+pub(super) fn host_epoch_changed_evidence<'a>(
+    place: &'a HostPlace,
+    old: &'a str,
+    epoch: &'a str,
+    now: &'a str,
+) -> Evidence<'a> {
+    Evidence::HostEpochChanged {
+        destination: &place.destination,
+        host_key: &place.host_key,
+        remote_dir: &place.remote_dir,
+        old,
+        new: epoch,
+        at: now,
+        meaning: (),
+    }
 }
 
 /// The evidence of a `host-key-shared` event.
-pub(super) fn host_key_shared_evidence(
-    place: &HostPlace,
-    epoch: &str,
-    other: &str,
-    other_epoch: &str,
-    now: &str,
-) -> serde_json::Value {
-    serde_json::json!({
-        "host_key": place.host_key, "remote_dir": place.remote_dir,
-        "destination": place.destination, "epoch": epoch,
-        "other_destination": other, "other_epoch": other_epoch, "at": now,
-        "meaning": "two destinations present one host key with different epochs (a cloned image?); \
-                    cairn keeps their bookkeeping and executions apart",
-    })
+pub(super) fn host_key_shared_evidence<'a>(
+    place: &'a HostPlace,
+    epoch: &'a str,
+    other: &'a str,
+    other_epoch: &'a str,
+    now: &'a str,
+) -> Evidence<'a> {
+    Evidence::HostKeyShared {
+        host_key: &place.host_key,
+        remote_dir: &place.remote_dir,
+        destination: &place.destination,
+        epoch,
+        other_destination: other,
+        other_epoch,
+        at: now,
+        meaning: (),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::tests::rec;
     use super::*;
+    use crate::event::EventKind;
 
     fn place(host: &str, key: &str) -> HostPlace {
         HostPlace::new("ops", host, 22, key, ".cairn")

@@ -49,6 +49,7 @@ use super::{
 };
 use crate::epoch::{self, Announced, HostPlace};
 use crate::event::EventKind;
+use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 use crate::state::State;
 
@@ -1414,14 +1415,8 @@ impl Pg {
             }
             if let Some(old) = &a.changed_from {
                 let ev = super::hosts::host_epoch_changed_evidence(place, old, epoch, &now);
-                self.append_in(
-                    &tx,
-                    id.as_str(),
-                    EventKind::HostEpochChanged.as_str(),
-                    None,
-                    &ev,
-                )
-                .await?;
+                self.append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
+                    .await?;
             }
             for (other, other_epoch) in &a.shared_with {
                 let (x, y) = epoch::pair(other, &place.destination);
@@ -1435,14 +1430,8 @@ impl Pg {
                 .map_err(|e| self.err(e))?;
                 let ev =
                     super::hosts::host_key_shared_evidence(place, epoch, other, other_epoch, &now);
-                self.append_in(
-                    &tx,
-                    id.as_str(),
-                    EventKind::HostKeyShared.as_str(),
-                    None,
-                    &ev,
-                )
-                .await?;
+                self.append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
+                    .await?;
             }
             tx.commit().await.map_err(|e| self.err(e))?;
             Ok(a)
@@ -1847,18 +1836,21 @@ impl Pg {
                 )
                 .await
                 .map_err(|e| self.err(e))?;
-                let evidence = serde_json::json!({
-                    "from": from, "from_client": from_client,
-                    "to": me, "to_client": client_identity(),
-                    "epoch": epoch + 1, "takeover": takeovers + 1,
-                    "max_takeovers": MAX_TAKEOVERS, "lease_ms": lease,
-                    "reason": "the owner's lease expired (no heartbeat in database time): this \
-                               replica owns the execution now and recovers it; the old owner's \
-                               appends are refused",
-                });
+                let evidence = Evidence::Takeover {
+                    from: &from,
+                    from_client: &from_client,
+                    to: me,
+                    to_client: client_identity(),
+                    epoch: epoch + 1,
+                    takeover: takeovers + 1,
+                    max_takeovers: MAX_TAKEOVERS,
+                    lease_ms: lease,
+                    reason: (),
+                };
                 // Whatever this process held of it before is over (the row is locked here).
                 owned().remove(xid.as_str());
-                self.append_in(&tx, xid.as_str(), "takeover", None, &evidence)
+                let (kind, state, evidence) = evidence.into_event();
+                self.append_in(&tx, xid.as_str(), kind.as_str(), state, &evidence)
                     .await?;
                 taken.push((xid, from, epoch + 1));
             }

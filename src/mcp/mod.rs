@@ -31,6 +31,7 @@ use rmcp::{tool, tool_handler, tool_router, ErrorData, RoleServer, ServerHandler
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
 use crate::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
@@ -501,7 +502,9 @@ pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
         .await
         .map_err(|e| ExecError::Setup(format!("mcp: {e}")))?;
     let r = running.waiting().await;
-    cfg.end_session(json!({"reason": format!("{r:?}")}));
+    cfg.end_session(SessionEvidence::Ended {
+        reason: &format!("{r:?}"),
+    });
     // The client is gone: stop now. Calls still running stay in the journal as they are
     // (dispatched/running, never delivered), so a reconnected client's retry attaches.
     std::process::exit(0)

@@ -1448,7 +1448,12 @@ fn report(
         killed_recoveries("recover"),
         killed_recoveries("attach"),
     );
-    say(&line);
+    // (again last, beside the totals: a CI log that keeps only its tail still names the
+    // seed and what went wrong)
+    for a in anomalies.iter().take(10) {
+        say(&format!("fault campaign: ANOMALY (seed {seed}): {a}"));
+    }
+    say(&format!("{line} seed={seed}"));
     assert_eq!(results.len(), trials, "every trial ran");
     assert!(
         anomalies.is_empty(),
