@@ -689,13 +689,8 @@ async fn resume(
     Ok(code)
 }
 
-/// Work one host to its end on this thread's runtime.
-fn run_host(
-    rt: &tokio::runtime::Runtime,
-    plan: &Plan,
-    job: &Job,
-    tx: &mpsc::Sender<Msg>,
-) -> HostResult {
+/// Work one host to its end on this thread (it may block on a commit; see [`crate::rt`]).
+fn run_host(plan: &Plan, job: &Job, tx: &mpsc::Sender<Msg>) -> HostResult {
     let t0 = Instant::now();
     let files = plan.output_dir.as_ref().map(|d| {
         let n = file_name(&job.destination);
@@ -717,7 +712,7 @@ fn run_host(
             ..Capture::default()
         },
     };
-    let r: Result<Outcome, ExecError> = rt.block_on(async {
+    let r: Result<Outcome, ExecError> = crate::rt::block_on(async {
         let mut ex = ExecutorBuilder::host(&plan.host)
             .approve(&plan.approve, "local-cli")
             .session(plan.session.clone())
@@ -953,34 +948,22 @@ fn engine(plan: Plan) -> i32 {
                 failures.clone(),
                 stop.clone(),
             );
-            handles.push(std::thread::spawn(move || {
-                let rt = match tokio::runtime::Builder::new_current_thread()
-                    .enable_all()
-                    .build()
-                {
-                    Ok(rt) => rt,
-                    Err(e) => {
-                        eprintln!("cairn: cannot start a worker runtime: {e}");
-                        return;
-                    }
-                };
-                loop {
-                    if stop.load(Ordering::SeqCst) {
-                        return;
-                    }
-                    let Some(job) = queue.lock().ok().and_then(|mut q| q.pop_front()) else {
-                        return;
-                    };
-                    let _ = tx.send(Msg::Started);
-                    let r = run_host(&rt, &plan, &job, &tx);
-                    if !r.ok() {
-                        let n = failures.fetch_add(1, Ordering::SeqCst) + 1;
-                        if plan.max_failures.is_some_and(|k| n > k) {
-                            stop.store(true, Ordering::SeqCst);
-                        }
-                    }
-                    let _ = tx.send(Msg::Done(Box::new(r)));
+            handles.push(std::thread::spawn(move || loop {
+                if stop.load(Ordering::SeqCst) {
+                    return;
                 }
+                let Some(job) = queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+                    return;
+                };
+                let _ = tx.send(Msg::Started);
+                let r = run_host(&plan, &job, &tx);
+                if !r.ok() {
+                    let n = failures.fetch_add(1, Ordering::SeqCst) + 1;
+                    if plan.max_failures.is_some_and(|k| n > k) {
+                        stop.store(true, Ordering::SeqCst);
+                    }
+                }
+                let _ = tx.send(Msg::Done(Box::new(r)));
             }));
         }
         drop(tx);

@@ -351,14 +351,9 @@ fn worker(mut rx: tokio::sync::mpsc::UnboundedReceiver<Job>) {
     }));
 }
 
-/// Run an executor future on a fresh current-thread runtime (the executor's futures are not
-/// `Send`; this keeps them on one thread).
+/// Drive an executor future on this thread, with the process's runtime ([`crate::rt`]).
 pub fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("a current-thread runtime")
-        .block_on(f)
+    crate::rt::block_on(f)
 }
 
 /// `execute` parameters.

@@ -23,6 +23,7 @@
 //!
 //! Running executions:
 //! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
+//! - [`rt`]: the process's one async runtime, and which threads may wait on a commit.
 //! - [`options`]: the plain option structs the library takes.
 //! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
 //! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover; the driver of
@@ -91,6 +92,7 @@ pub mod owner;
 pub mod pool;
 pub mod reach;
 pub mod review;
+pub mod rt;
 pub mod runner;
 pub mod serve;
 pub mod session;

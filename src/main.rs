@@ -21,18 +21,8 @@ fn main() {
         .with_level(false)
         .without_time()
         .init();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("cairn: cannot start the async runtime: {e}");
-            std::process::exit(255);
-        }
-    };
-    let code = rt.block_on(cairn::cli::main(cli));
-    drop(rt);
+    // The process's one runtime (see `cairn::rt`): the command runs on this thread, its I/O on
+    // the runtime's workers.
+    let code = cairn::rt::block_on(cairn::cli::main(cli));
     std::process::exit(code);
 }

@@ -154,18 +154,10 @@ fn closed(conn: &Shared) -> bool {
     }
 }
 
-/// The runtime every pooled connection's SSH session runs on (one thread, for the life of the
-/// process).
+/// The runtime every pooled connection's SSH session runs on: the process's one runtime, so a
+/// connection outlives the call that opened it.
 fn runtime() -> &'static tokio::runtime::Runtime {
-    static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name("cairn-ssh")
-            .enable_all()
-            .build()
-            .expect("a runtime for pooled SSH connections")
-    })
+    crate::rt::runtime()
 }
 
 impl Pool {
