@@ -1,8 +1,8 @@
 //! The gateway-facing operations shared by `cairn serve --stdio` (JSON-RPC 2.0) and
 //! `cairn mcp` (Model Context Protocol): execute, status, output, attach, recover, review,
-//! resolve. Each call opens its own journal handle and executor; the quick ones run it on a
-//! current-thread runtime of their own, and `execute` / `attach` are futures that the servers
-//! run as tasks on a few threads ([`Workers`]). The journal's
+//! resolve. Each call opens its own journal handle and executor; the quick ones drive it on the
+//! calling thread with [`block_on`] (the process's runtime, [`crate::rt`]), and `execute` /
+//! `attach` are futures that the servers run as tasks on a few threads ([`Workers`]). The journal's
 //! transactions (and intent matching's `BEGIN IMMEDIATE`) keep concurrent calls honest. The
 //! calls share SSH connections (a [`crate::pool::Pool`], several executions per connection
 //! on channels of their own) and SQLite connections (leased per journal operation).

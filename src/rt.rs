@@ -12,7 +12,7 @@
 //! fleet's host threads, the blocking pool (`spawn_blocking`) of the HTTP and MCP fronts, and
 //! the thread of a single `cairn run`. Each drives its futures with [`block_on`], so a commit
 //! stops that thread's own futures and nothing else, while the I/O they wait for is served by
-//! the runtime's workers. A thread per call, a runtime per call or per thread: neither is made.
+//! the runtime's workers. No runtime is built per call or per thread.
 //!
 //! The PostgreSQL journal keeps two threads of its own (see `journal::postgres`): its
 //! synchronous API may be called from anywhere, an async worker included, and a thread that
