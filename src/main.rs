@@ -24,5 +24,8 @@ fn main() {
     // The process's one runtime (see `cairn::rt`): the command runs on this thread, its I/O on
     // the runtime's workers.
     let code = cairn::rt::block_on(cairn::cli::main(cli));
+    // `exit` runs no destructor: stop the runtime first, so that what it holds ends as it
+    // would (a ProxyCommand is hung up and stops holding our stderr).
+    cairn::rt::shutdown();
     std::process::exit(code);
 }

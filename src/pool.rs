@@ -96,19 +96,14 @@ impl Lease {
                 conn.clone(),
                 dir.to_owned(),
                 helper,
-                runtime().handle(),
+                runtime(),
             );
         };
         e.sessions.retain(|(_, s)| !s.is_dead());
         if let Some((_, s)) = e.sessions.iter().find(|(d, _)| d == dir) {
             return s.clone();
         }
-        let s = crate::session::HostSession::start(
-            conn.clone(),
-            dir.to_owned(),
-            helper,
-            runtime().handle(),
-        );
+        let s = crate::session::HostSession::start(conn.clone(), dir.to_owned(), helper, runtime());
         e.sessions.push((dir.to_owned(), s.clone()));
         s
     }
@@ -156,8 +151,8 @@ fn closed(conn: &Shared) -> bool {
 
 /// The runtime every pooled connection's SSH session runs on: the process's one runtime, so a
 /// connection outlives the call that opened it.
-fn runtime() -> &'static tokio::runtime::Runtime {
-    crate::rt::runtime()
+fn runtime() -> &'static tokio::runtime::Handle {
+    crate::rt::handle()
 }
 
 impl Pool {

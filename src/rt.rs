@@ -19,23 +19,29 @@
 //! blocks on the database must not be the one that would drive the database's I/O.
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock, PoisonError};
 
-use tokio::runtime::{Builder, Runtime};
+use tokio::runtime::{Builder, Handle, Runtime};
 
 /// How many async worker threads the runtime has: they do I/O only, never a commit.
 pub const WORKERS: usize = 2;
 
-/// The runtime, started on first use and kept for the life of the process.
-pub fn runtime() -> &'static Runtime {
-    static RT: OnceLock<Runtime> = OnceLock::new();
-    RT.get_or_init(|| {
-        Builder::new_multi_thread()
+/// The runtime, held until [`shutdown`].
+static RT: Mutex<Option<Runtime>> = Mutex::new(None);
+
+/// The runtime's handle, started on first use.
+pub fn handle() -> &'static Handle {
+    static HANDLE: OnceLock<Handle> = OnceLock::new();
+    HANDLE.get_or_init(|| {
+        let rt = Builder::new_multi_thread()
             .worker_threads(WORKERS)
             .thread_name("cairn-rt")
             .enable_all()
             .build()
-            .expect("start cairn's async runtime")
+            .expect("start cairn's async runtime");
+        let h = rt.handle().clone();
+        *RT.lock().unwrap_or_else(PoisonError::into_inner) = Some(rt);
+        h
     })
 }
 
@@ -44,5 +50,13 @@ pub fn runtime() -> &'static Runtime {
 /// (an execution thread, `spawn_blocking`, `main`); like every `block_on`, it panics on an async
 /// worker.
 pub fn block_on<F: Future>(f: F) -> F::Output {
-    runtime().handle().block_on(f)
+    handle().block_on(f)
+}
+
+/// Stop the runtime: every task still on it is dropped, as when its last user lets go of it
+/// (an SSH connection closes, a ProxyCommand's process group is hung up). The binary calls it
+/// before it exits, since `process::exit` runs no destructor; nothing may use the runtime after.
+pub fn shutdown() {
+    let rt = RT.lock().unwrap_or_else(PoisonError::into_inner).take();
+    drop(rt);
 }
