@@ -19,7 +19,7 @@
 //! dispatched anywhere; 254 when some host is `interrupted` or `unknown` (or still running);
 //! 1 otherwise (some host failed, exited non-zero, or was skipped).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
 use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
@@ -380,22 +380,23 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
             mode: Mode::Fresh,
         })
         .collect();
-    let options = serde_json::json!({
-        "remote_dir": args.remote_dir,
-        "timeout_secs": timeout_secs,
-        "parallel": f.parallel,
-        "batch_size": f.batch_size,
-        "max_failures": max_failures,
-        "actor": intent.actor,
-        "cwd": intent.cwd,
-        "env": intent.env,
-        "secret_env": intent.secret_env,
-        "credential_ref": intent.credential_ref,
-        "class": intent.class,
-        "scope": intent.scope,
-        "retention_secs": intent.retention.map(|d| d.as_secs()),
-        "connect": connect_flags(&args.host.connect),
-    });
+    let options = BatchOptions {
+        remote_dir: Some(args.remote_dir.clone()),
+        timeout_secs,
+        parallel: Some(f.parallel),
+        batch_size: f.batch_size,
+        max_failures,
+        actor: Some(intent.actor.clone()),
+        cwd: intent.cwd.clone(),
+        env: intent.env.clone(),
+        secret_env: intent.secret_env.clone(),
+        credential_ref: intent.credential_ref.clone(),
+        class: intent.class,
+        scope: intent.scope.clone(),
+        retention_secs: intent.retention.map(|d| d.as_secs()),
+        connect: ConnectRecord::of(&args.host.connect),
+    }
+    .to_value();
     let members: Vec<(String, ExecutionId)> = jobs
         .iter()
         .map(|j| (j.destination.clone(), j.id.clone()))
@@ -559,38 +560,84 @@ fn counts_text(c: &BTreeMap<String, usize>) -> String {
         .join(", ")
 }
 
-/// The connection flags of a batch, recorded with it (paths made absolute; no key material).
-fn connect_flags(c: &ConnectOptions) -> serde_json::Value {
-    let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
-    serde_json::json!({
-        "ssh_config": c.ssh_config.as_ref().map(abs),
-        "identity": c.identity.iter().map(abs).collect::<Vec<_>>(),
-        "known_hosts": c.known_hosts.as_ref().map(abs),
-        "port": c.port,
-        "jump": c.jump,
-    })
+/// What a batch records of how it was started (`batches.options`), so that `batch resume`
+/// continues it the same way. No secret: `secret_env` holds the variables' names only.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct BatchOptions {
+    remote_dir: Option<String>,
+    timeout_secs: u64,
+    parallel: Option<usize>,
+    batch_size: Option<usize>,
+    max_failures: Option<usize>,
+    actor: Option<String>,
+    cwd: Option<String>,
+    env: BTreeMap<String, String>,
+    secret_env: BTreeSet<String>,
+    credential_ref: Option<String>,
+    class: OpClass,
+    scope: Option<String>,
+    retention_secs: Option<u64>,
+    connect: ConnectRecord,
 }
 
-/// Fill in the recorded connection flags the command line of `batch resume` does not give.
-fn apply_connect_flags(rec: &serde_json::Value, c: &mut ConnectOptions) {
-    let path = |v: &serde_json::Value| v.as_str().map(PathBuf::from);
-    if c.ssh_config.is_none() {
-        c.ssh_config = path(&rec["ssh_config"]);
+impl BatchOptions {
+    fn to_value(&self) -> serde_json::Value {
+        serde_json::to_value(self).expect("batch options serialize to JSON")
     }
-    if c.identity.is_empty() {
-        c.identity = rec["identity"]
-            .as_array()
-            .map(|a| a.iter().filter_map(path).collect())
-            .unwrap_or_default();
+
+    /// The record of batch `id` as stored; a record that does not read is an error that names
+    /// the batch, never a default that would resume it otherwise.
+    fn read(id: &str, v: &serde_json::Value) -> Result<BatchOptions, ExecError> {
+        <BatchOptions as serde::Deserialize>::deserialize(v).map_err(|e| {
+            ExecError::Internal(format!(
+                "batch {id}: its recorded options do not read ({e}); the journal row is damaged, \
+                 nothing was resumed"
+            ))
+        })
     }
-    if c.known_hosts.is_none() {
-        c.known_hosts = path(&rec["known_hosts"]);
+}
+
+/// The connection flags of a batch, recorded with it (paths made absolute; no key material).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+struct ConnectRecord {
+    ssh_config: Option<PathBuf>,
+    identity: Vec<PathBuf>,
+    known_hosts: Option<PathBuf>,
+    port: Option<u16>,
+    jump: Option<String>,
+}
+
+impl ConnectRecord {
+    fn of(c: &ConnectOptions) -> ConnectRecord {
+        let abs = |p: &PathBuf| std::path::absolute(p).unwrap_or_else(|_| p.clone());
+        ConnectRecord {
+            ssh_config: c.ssh_config.as_ref().map(abs),
+            identity: c.identity.iter().map(abs).collect(),
+            known_hosts: c.known_hosts.as_ref().map(abs),
+            port: c.port,
+            jump: c.jump.clone(),
+        }
     }
-    if c.port.is_none() {
-        c.port = rec["port"].as_u64().and_then(|p| u16::try_from(p).ok());
-    }
-    if c.jump.is_none() {
-        c.jump = rec["jump"].as_str().map(str::to_owned);
+
+    /// Fill in the recorded flags the command line of `batch resume` does not give.
+    fn apply(self, c: &mut ConnectOptions) {
+        if c.ssh_config.is_none() {
+            c.ssh_config = self.ssh_config;
+        }
+        if c.identity.is_empty() {
+            c.identity = self.identity;
+        }
+        if c.known_hosts.is_none() {
+            c.known_hosts = self.known_hosts;
+        }
+        if c.port.is_none() {
+            c.port = self.port;
+        }
+        if c.jump.is_none() {
+            c.jump = self.jump;
+        }
     }
 }
 
@@ -609,23 +656,22 @@ async fn resume(
             ex.journal.location()
         ))
     })?;
-    let o = &b.options;
+    let o = BatchOptions::read(&b.id, &b.options)?;
     // Hosts never reached are connected to as the batch was, unless flags say otherwise (those
     // already accepted follow their own recorded connection).
     let mut host = host;
-    apply_connect_flags(&o["connect"], &mut host.connect);
+    o.connect.apply(&mut host.connect);
     let intent = Intent {
-        actor: o["actor"]
-            .as_str()
-            .map(str::to_owned)
+        actor: o
+            .actor
             .unwrap_or_else(|| crate::intent::local_actor("local")),
-        cwd: o["cwd"].as_str().map(str::to_owned),
-        env: serde_json::from_value(o["env"].clone()).unwrap_or_default(),
-        secret_env: serde_json::from_value(o["secret_env"].clone()).unwrap_or_default(),
-        credential_ref: o["credential_ref"].as_str().map(str::to_owned),
-        class: serde_json::from_value::<OpClass>(o["class"].clone()).unwrap_or_default(),
-        scope: o["scope"].as_str().map(str::to_owned),
-        retention: o["retention_secs"].as_u64().map(Duration::from_secs),
+        cwd: o.cwd,
+        env: o.env,
+        secret_env: o.secret_env,
+        credential_ref: o.credential_ref,
+        class: o.class,
+        scope: o.scope,
+        retention: o.retention_secs.map(Duration::from_secs),
         ..Intent::default()
     };
     let mut jobs = Vec::new();
@@ -663,19 +709,15 @@ async fn resume(
     let plan = Plan {
         batch_id: b.id.clone(),
         command: b.command.clone(),
-        remote_dir: o["remote_dir"]
-            .as_str()
-            .unwrap_or(crate::options::DEFAULT_REMOTE_DIR)
-            .to_owned(),
-        timeout_secs: o["timeout_secs"].as_u64().unwrap_or(0),
+        remote_dir: o
+            .remote_dir
+            .unwrap_or_else(|| crate::options::DEFAULT_REMOTE_DIR.to_owned()),
+        timeout_secs: o.timeout_secs,
         intent,
         jobs,
-        parallel: parallel
-            .or(o["parallel"].as_u64().map(|p| p as usize))
-            .unwrap_or(DEFAULT_PARALLEL)
-            .max(1),
-        batch_size: o["batch_size"].as_u64().map(|p| (p as usize).max(1)),
-        max_failures: o["max_failures"].as_u64().map(|p| p as usize),
+        parallel: parallel.or(o.parallel).unwrap_or(DEFAULT_PARALLEL).max(1),
+        batch_size: o.batch_size.map(|p| p.max(1)),
+        max_failures: o.max_failures,
         output_dir,
         json,
         host: host.clone(),
@@ -1107,6 +1149,46 @@ fn summary(batch_id: &str, results: &[HostResult], json: bool, code: i32, dir: O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_options_are_the_record_batches_always_wrote_and_a_damaged_one_is_refused() {
+        let o = BatchOptions {
+            remote_dir: Some("~/.cairn".into()),
+            timeout_secs: 30,
+            parallel: Some(4),
+            batch_size: None,
+            max_failures: Some(0),
+            actor: Some("ops".into()),
+            env: BTreeMap::from([("A".to_owned(), "1".to_owned())]),
+            secret_env: BTreeSet::from(["TOKEN".to_owned()]),
+            retention_secs: Some(60),
+            connect: ConnectRecord {
+                identity: vec!["/k/id".into()],
+                port: Some(2222),
+                ..ConnectRecord::default()
+            },
+            ..BatchOptions::default()
+        };
+        // the JSON the fleet wrote with `json!` before the record was typed
+        let old = serde_json::json!({
+            "remote_dir": "~/.cairn", "timeout_secs": 30, "parallel": 4, "batch_size": null,
+            "max_failures": 0, "actor": "ops", "cwd": null, "env": {"A": "1"},
+            "secret_env": ["TOKEN"], "credential_ref": null, "class": OpClass::default(),
+            "scope": null, "retention_secs": 60,
+            "connect": {"ssh_config": null, "identity": ["/k/id"], "known_hosts": null,
+                        "port": 2222, "jump": null},
+        });
+        assert_eq!(o.to_value(), old);
+        let back = BatchOptions::read("bt_1", &old).unwrap();
+        assert_eq!(back.to_value(), old);
+        // an older record without the later fields reads with their defaults
+        let sparse = BatchOptions::read("bt_1", &serde_json::json!({"actor": "ops"})).unwrap();
+        assert_eq!(sparse.actor.as_deref(), Some("ops"));
+        assert!(sparse.connect.identity.is_empty() && sparse.parallel.is_none());
+        // a damaged one is an error naming the batch, not a batch resumed with defaults
+        let e = BatchOptions::read("bt_1", &serde_json::json!({"parallel": "four"})).unwrap_err();
+        assert!(e.to_string().contains("batch bt_1") && e.to_string().contains("damaged"));
+    }
 
     #[test]
     fn inventory_lines() {
