@@ -2831,7 +2831,21 @@ impl<J: ExecutionJournal> Executor<J> {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         if run.out_off < NO_BYTES && run.done.is_some() {
-            if let Ok(ci) = self.connection(target).await {
+            // The bytes are on the host alone. A connection that fails or breaks part-way is
+            // tried again within the reconnect window, from the offsets received so far; past
+            // it, say so rather than answer `completed` with output that is not all there.
+            let deadline = Instant::now() + self.patience.reconnect_for;
+            let unread = |id: &ExecutionId, e: &dyn std::fmt::Display| {
+                ExecError::Ssh(SshError::Disconnected(format!(
+                    "{id} is settled, but its output could not be read from the host ({e}); \
+                     nothing was run again; ask for it again (attach or output)"
+                )))
+            };
+            loop {
+                let ci = self
+                    .connection_for_replay(target, deadline)
+                    .await
+                    .map_err(|e| unread(&run.rec.id, &e))?;
                 let nonce = marker::new_nonce();
                 let idc = run.rec.id.clone();
                 let op = Op::Watch {
@@ -2840,12 +2854,40 @@ impl<J: ExecutionJournal> Executor<J> {
                     err_off: run.err_off,
                     wait: false,
                 };
-                let _ = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
+                let reply = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
+                let Some(why) = reply.broken else { break };
+                self.drop_connection(ci);
+                if Instant::now() >= deadline {
+                    return Err(unread(&run.rec.id, &why));
+                }
+                tracing::debug!("cairn: reading the output of {}: {why}; again", run.rec.id);
+                tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
         let mut o = self.outcome_from_journal(run)?;
         o.recovered = true;
         Ok(o)
+    }
+
+    /// A connection to read a settled execution's output: a transient failure is tried again
+    /// until `deadline` (backing off up to 2 s); any other is returned at once.
+    async fn connection_for_replay(
+        &mut self,
+        target: &Target,
+        deadline: Instant,
+    ) -> Result<usize, SshError> {
+        let mut wait = Duration::from_millis(200);
+        loop {
+            match self.connection(target).await {
+                Ok(ci) => return Ok(ci),
+                Err(e) if e.is_transient() && Instant::now() + wait < deadline => {
+                    tracing::debug!("cairn: reading output: {e}; trying again in {wait:?}");
+                    tokio::time::sleep(wait).await;
+                    wait = (wait * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Before the bytes of a dispatch leave: for a fresh one, the journal read again and the
