@@ -587,8 +587,18 @@ cmd_wipe_markers() {
   resolve "$1"
   local mp; mp=$(home_mount)
   [ -e "$mp/.cairn" ] || { note "wipe-markers: $H_ALIAS has no marker home"; return 0; }
-  priv rm -rf "$mp/.cairn" || die "wipe-markers: cannot remove $mp/.cairn (readonly-markers still on? run writable-markers $H_ALIAS)"
-  [ ! -e "$mp/.cairn" ] || die "wipe-markers: $mp/.cairn is still there"
+  # A supervisor still running on the host (an earlier execution's) may create an entry while
+  # rm walks the tree, and rm then fails with "Directory not empty"; an operator would run rm
+  # again, so this does too, a bounded number of times. Once rm succeeds the home was gone at
+  # that moment: a supervisor that recreates it afterwards is the host's doing, not the wipe's.
+  local try
+  for try in 1 2 3 4 5 6 7 8 9; do
+    priv rm -rf "$mp/.cairn" 2>/dev/null && break
+    note "wipe-markers: try $try: $mp/.cairn rm failed, trying again"
+    sleep 0.1
+  done
+  [ ! -e "$mp/.cairn" ] || priv rm -rf "$mp/.cairn" \
+    || die "wipe-markers: cannot remove $mp/.cairn after 10 tries (readonly-markers still on? run writable-markers $H_ALIAS)"
   priv sync -f "$mp"
   note "wiped the marker home of $H_ALIAS ($mp/.cairn)"
 }
