@@ -520,9 +520,15 @@ cmd_fill_disk() {
   fi
   # Then byte by byte-ish until the filesystem refuses (bounded by its size).
   priv dd if=/dev/zero of="$mp/$FILL_PREFIX.1" bs=4096 2>/dev/null || true
-  priv dd if=/dev/zero of="$mp/$FILL_PREFIX.2" bs=1 2>/dev/null || true
-  priv sync -f "$mp"
-  avail=$(stat -f -c '%a' "$mp")
+  # A supervisor still running may free a file meanwhile (a rename over an older record): fill
+  # what it freed, a bounded number of times, as the fill's own last step does.
+  local try
+  for try in 2 3 4 5 6; do
+    priv dd if=/dev/zero of="$mp/$FILL_PREFIX.$try" bs=1 2>/dev/null || true
+    priv sync -f "$mp"
+    avail=$(stat -f -c '%a' "$mp")
+    [ "$avail" = 0 ] && break
+  done
   [ "$avail" = 0 ] || die "fill-disk: $avail blocks still free on $mp"
   note "filled $H_ALIAS's home ($mp, $(df -h --output=size "$mp" | tail -n1 | tr -d ' '))"
 }
