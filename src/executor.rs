@@ -24,7 +24,7 @@ use crate::journal::{
 };
 use crate::machine::{Answer, Event, Machine, Mode, Note, Step, Wait, Why};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
-use crate::recovery::{Liveness, Prior, Probe};
+use crate::recovery::{Backoff, Liveness, Prior, Probe};
 use crate::ssh::{ConnectOptions, Connection, ExecEvent, SshError, Target};
 use crate::state::State;
 
@@ -2832,9 +2832,12 @@ impl<J: ExecutionJournal> Executor<J> {
     ) -> Result<Outcome, ExecError> {
         if run.out_off < NO_BYTES && run.done.is_some() {
             // The bytes are on the host alone. A connection that fails or breaks part-way is
-            // tried again within the reconnect window, from the offsets received so far; past
-            // it, say so rather than answer `completed` with output that is not all there.
-            let deadline = Instant::now() + self.patience.reconnect_for;
+            // tried again within the reconnect window, from the offsets received so far, with
+            // the pauses a drive's reconnect takes; past the window, say so rather than answer
+            // `completed` with output that is not all there.
+            let began = Instant::now();
+            let p = &self.patience;
+            let mut backoff = Backoff::new(p.backoff_min, p.backoff_max, p.fast_for);
             let unread = |id: &ExecutionId, e: &dyn std::fmt::Display| {
                 ExecError::Ssh(SshError::Disconnected(format!(
                     "{id} is settled, but its output could not be read from the host ({e}); \
@@ -2842,52 +2845,39 @@ impl<J: ExecutionJournal> Executor<J> {
                 )))
             };
             loop {
-                let ci = self
-                    .connection_for_replay(target, deadline)
-                    .await
-                    .map_err(|e| unread(&run.rec.id, &e))?;
-                let nonce = marker::new_nonce();
-                let idc = run.rec.id.clone();
-                let op = Op::Watch {
-                    id: &idc,
-                    out_off: run.out_off,
-                    err_off: run.err_off,
-                    wait: false,
+                let why = match self.connection(target).await {
+                    Err(e) if !e.is_transient() => return Err(unread(&run.rec.id, &e)),
+                    Err(e) => e.to_string(),
+                    Ok(ci) => {
+                        let nonce = marker::new_nonce();
+                        let idc = run.rec.id.clone();
+                        let op = Op::Watch {
+                            id: &idc,
+                            out_off: run.out_off,
+                            err_off: run.err_off,
+                            wait: false,
+                        };
+                        let reply = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
+                        let Some(why) = reply.broken else { break };
+                        self.drop_connection(ci);
+                        why
+                    }
                 };
-                let reply = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
-                let Some(why) = reply.broken else { break };
-                self.drop_connection(ci);
-                if Instant::now() >= deadline {
+                let pause = backoff.pause();
+                if began.elapsed() + pause >= self.patience.reconnect_for {
                     return Err(unread(&run.rec.id, &why));
                 }
-                tracing::debug!("cairn: reading the output of {}: {why}; again", run.rec.id);
-                tokio::time::sleep(Duration::from_millis(200)).await;
+                tracing::debug!(
+                    "cairn: reading the output of {}: {why}; again in {pause:?}",
+                    run.rec.id
+                );
+                tokio::time::sleep(pause).await;
+                backoff.after_pause(began.elapsed());
             }
         }
         let mut o = self.outcome_from_journal(run)?;
         o.recovered = true;
         Ok(o)
-    }
-
-    /// A connection to read a settled execution's output: a transient failure is tried again
-    /// until `deadline` (backing off up to 2 s); any other is returned at once.
-    async fn connection_for_replay(
-        &mut self,
-        target: &Target,
-        deadline: Instant,
-    ) -> Result<usize, SshError> {
-        let mut wait = Duration::from_millis(200);
-        loop {
-            match self.connection(target).await {
-                Ok(ci) => return Ok(ci),
-                Err(e) if e.is_transient() && Instant::now() + wait < deadline => {
-                    tracing::debug!("cairn: reading output: {e}; trying again in {wait:?}");
-                    tokio::time::sleep(wait).await;
-                    wait = (wait * 2).min(Duration::from_secs(2));
-                }
-                Err(e) => return Err(e),
-            }
-        }
     }
 
     /// Before the bytes of a dispatch leave: for a fresh one, the journal read again and the

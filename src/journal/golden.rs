@@ -66,8 +66,8 @@ fn typed(id: &'static str, e: Evidence<'_>) -> (&'static str, EventKind, Option<
 /// Every kind of event cairn appends, each with its evidence built as the code that appends it
 /// builds it (the same fields, the same kinds of value, sample values in place of live ones):
 /// each from its typed [`Evidence`] (all but the free-form `step` and `note`), so this history
-/// (and the fixture it is compared with) holds their JSON byte for byte. `(execution, kind, state, evidence)` in
-/// append order.
+/// (and the fixture it is compared with) holds their JSON byte for byte.
+/// `(execution, kind, state, evidence)` in append order.
 // One list, long because it names every kind: splitting it would hide which are covered.
 fn history() -> Vec<(&'static str, EventKind, Option<State>, Value)> {
     use EventKind as K;
