@@ -38,6 +38,7 @@ use crate::journal::Journal;
 use crate::token::Caller;
 
 mod events;
+mod headers;
 pub mod listen;
 mod metrics;
 mod rpc;
@@ -399,8 +400,15 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         .map_err(|e| ExecError::Setup(format!("listener address: {e}")))?;
     let front = front(&cfg, &opts, addr);
     let ct = tokio_util::sync::CancellationToken::new();
-    let app = axum::Router::new()
+    // /mcp: what a client left out of its headers is read from its body (src/http/headers.rs).
+    let mcp = axum::Router::new()
         .route_service("/mcp", mcp_service(&front, &opts, ct.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            front.clone(),
+            headers::normalize,
+        ));
+    let app = axum::Router::new()
+        .merge(mcp)
         .route("/rpc", axum::routing::post(rpc::rpc))
         .route("/healthz", axum::routing::get(healthz))
         .route("/metrics", axum::routing::get(metrics_text))

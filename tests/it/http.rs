@@ -79,7 +79,7 @@ impl Server {
         Server { child, port, log }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
@@ -454,45 +454,55 @@ fn json_rpc_over_http_acts_as_the_token_actor_who_alone_sees_its_executions() {
     assert_eq!(status, 401, "metrics need a token too");
 }
 
-/// The shared Python environment with the official MCP SDK (`target/mcp-venv`, or
-/// `CAIRN_PY_VENV`). Missing: created here, except in CI, where that is a failure.
-fn python() -> PathBuf {
+/// The shared Python environment with the MCP clients the project did not write, at the
+/// versions pinned in `tests/it/py/requirements.txt` (the official SDK, FastMCP and its tasks
+/// extension): `target/mcp-venv`, or `CAIRN_PY_VENV`. Missing: created here, except in CI,
+/// where that is a failure.
+pub(crate) fn python() -> PathBuf {
     let venv = std::env::var_os("CAIRN_PY_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv"));
     let py = venv.join("bin/python");
-    let has_mcp = |py: &PathBuf| {
+    let has_clients = |py: &PathBuf| {
         Command::new(py)
-            .args(["-c", "import mcp"])
+            .args(["-c", "import mcp, fastmcp, fastmcp_tasks"])
             .status()
             .is_ok_and(|s| s.success())
     };
-    if has_mcp(&py) {
+    if has_clients(&py) {
         return py;
     }
+    let reqs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/requirements.txt");
     assert!(
         std::env::var_os("CI").is_none(),
-        "CI: the Python MCP SDK is missing at {} (python3 -m venv target/mcp-venv && \
-         target/mcp-venv/bin/pip install mcp)",
-        venv.display()
+        "CI: the Python MCP clients are missing at {} (python3 -m venv target/mcp-venv && \
+         target/mcp-venv/bin/pip install -r {})",
+        venv.display(),
+        reqs.display()
     );
-    let ok = Command::new("python3")
-        .arg("-m")
-        .arg("venv")
-        .arg(&venv)
-        .status()
-        .unwrap()
-        .success()
+    let ok = (py.exists()
+        || Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv)
+            .status()
+            .unwrap()
+            .success())
         && Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "mcp"])
+            .args(["install", "-q", "-r"])
+            .arg(&reqs)
             .status()
             .unwrap()
             .success();
-    assert!(ok && has_mcp(&py), "could not create {}", venv.display());
+    assert!(
+        ok && has_clients(&py),
+        "could not create {}",
+        venv.display()
+    );
     py
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/it/py")
         .join(name)

@@ -11,6 +11,7 @@ mod host_helper;
 mod http;
 mod jump;
 mod known_hosts_diff;
+mod mcp_clients;
 mod operations;
 mod passphrase;
 mod recorded;
