@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::support::host::*;
 use crate::support::Proxy;
 
-const T: Duration = Duration::from_secs(60);
+pub(crate) const T: Duration = Duration::from_secs(60);
 
 /// A `cairn mcp --listen` process.
 pub(crate) struct Server {
@@ -104,7 +104,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

@@ -100,3 +100,121 @@ fn fastmcp_call_is_tasked_polled_to_its_result_and_runs_once() {
     // The result reached the client through tasks/get: recorded delivered.
     assert_eq!(h.state(&id), cairn::State::Delivered);
 }
+
+// A task outlives the server: created, the server killed with -9 and started again on the same
+// port, the same client polls on to the result; then a second task cancelled by tasks/cancel.
+#[test]
+fn fastmcp_task_survives_kill_and_restart_and_tasks_cancel_stops_the_command() {
+    let h = Host::new();
+    let tok = token(&h, "agent:fastmcp", &[]);
+    let port = crate::http::free_port();
+    let mut s = Server::start(&h, port, &[]);
+    let url = s.url();
+    let mut c = FastMcp::start(&url, &tok);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo survived",
+        h.count(),
+        go.display()
+    );
+    let t = c.ask(json!({"op": "start", "tool": "run_command", "args": run_args(&cmd)}));
+    assert_eq!(t["status"], "working", "{t}");
+    let task = t["task_id"].as_str().unwrap().to_owned();
+    assert!(task.starts_with("ex_"), "the task is the execution: {t}");
+    assert_eq!(h.wait_started(), task);
+
+    s.kill9();
+    let _s2 = Server::start(&h, port, &[]);
+    let st = c.ask(json!({"op": "status", "task_id": task}));
+    assert_eq!(st["status"], "working", "still running on the host: {st}");
+    std::fs::write(&go, "").unwrap();
+    let r = c.ask(json!({"op": "result", "task_id": task}));
+    assert_eq!(r["is_error"], false, "{r}");
+    assert_eq!(r["structured"]["execution_id"], task.as_str(), "{r}");
+    assert_eq!(r["structured"]["stdout"], "survived\n", "{r}");
+    assert_eq!(r["structured"]["certainty"], "settled", "{r}");
+    assert_eq!(h.runs(), 1, "ran once across the restart");
+    assert_eq!(r["sent"]["methods"]["tools/call"], 1, "{r}");
+
+    let cmd2 = format!("{}sleep 300; echo never", h.count());
+    let t2 = c.ask(json!({"op": "start", "tool": "run_command", "args": run_args(&cmd2)}));
+    let task2 = t2["task_id"].as_str().unwrap().to_owned();
+    wait_for("the second started", crate::http::T, || {
+        (h.runs() == 2).then_some(())
+    });
+    let st = c.ask(json!({"op": "cancel", "task_id": task2}));
+    // tasks/cancel answers once the cancel is recorded; the status then reads cancelled.
+    let st = if st["status"] == "cancelled" {
+        st
+    } else {
+        wait_for("the task cancelled", crate::http::T, || {
+            let st = c.ask(json!({"op": "status", "task_id": task2}));
+            (st["status"] != "working").then_some(st)
+        })
+    };
+    assert_eq!(st["status"], "cancelled", "{st}");
+    assert_eq!(h.state(&task2), cairn::State::Cancelled);
+    assert_eq!(h.runs(), 2, "nothing ran again");
+    assert_eq!(h.executions(), 2);
+}
+
+// What an agent's client reads before it calls: every tool's annotations (the replay contract
+// in the protocol's words) and its output schema, as FastMCP parses them.
+#[test]
+fn fastmcp_lists_annotations_and_output_schemas_for_every_tool() {
+    let h = Host::new();
+    let tok = token(&h, "agent:fastmcp", &[]);
+    let s = Server::start(&h, 0, &[]);
+    let mut c = FastMcp::start(&s.url(), &tok);
+    let r = c.ask(json!({"op": "list"}));
+    let tools = r["tools"].as_array().unwrap_or_else(|| panic!("{r}"));
+    let tool = |n: &str| {
+        tools
+            .iter()
+            .find(|t| t["name"] == n)
+            .unwrap_or_else(|| panic!("{n} in {r}"))
+            .clone()
+    };
+    let run = tool("run_command");
+    let a = &run["annotations"];
+    assert_eq!(a["readOnlyHint"], false, "{run}");
+    assert_eq!(a["idempotentHint"], false, "{run}");
+    assert_eq!(a["openWorldHint"], true, "{run}");
+    assert!(
+        run["description"]
+            .as_str()
+            .unwrap()
+            .contains("attached=true"),
+        "says how a retry attaches: {run}"
+    );
+    for n in ["execution_status", "read_output"] {
+        let t = tool(n);
+        assert_eq!(t["annotations"]["readOnlyHint"], true, "{t}");
+        assert_eq!(t["annotations"]["idempotentHint"], true, "{t}");
+    }
+    for t in tools {
+        let schema = &t["output_schema"];
+        assert_eq!(schema["type"], "object", "{t}");
+        assert!(
+            schema["required"].as_array().is_some_and(|r| !r.is_empty()),
+            "{t}"
+        );
+    }
+    for f in [
+        "execution_id",
+        "state",
+        "certainty",
+        "exit_code",
+        "attached",
+        "needs_review",
+        "reason",
+    ] {
+        assert!(
+            run["output_schema"]["required"]
+                .as_array()
+                .unwrap()
+                .contains(&json!(f)),
+            "{f}: {run}"
+        );
+    }
+}
