@@ -24,12 +24,12 @@ use super::Front;
 
 /// The protocol's "header mismatch" error code (2026-07-28, Streamable HTTP).
 pub const HEADER_MISMATCH: i64 = -32020;
-/// The protocol version header.
-const VERSION: &str = "mcp-protocol-version";
+/// The routing headers: (name as `HeaderName` wants it, as the protocol spells it).
+const VERSION: (&str, &str) = ("mcp-protocol-version", "MCP-Protocol-Version");
 /// The `_meta` key of a 2026-07-28 request that carries its protocol version.
 const META_VERSION: &str = "io.modelcontextprotocol/protocolVersion";
-const METHOD: &str = "mcp-method";
-const NAME: &str = "mcp-name";
+const METHOD: (&str, &str) = ("mcp-method", "Mcp-Method");
+const NAME: (&str, &str) = ("mcp-name", "Mcp-Name");
 const B64_PREFIX: &str = "=?base64?";
 const B64_SUFFIX: &str = "?=";
 
@@ -98,13 +98,35 @@ pub fn reconcile(headers: &mut HeaderMap, msg: &Value) -> Result<(), String> {
     Ok(())
 }
 
+/// A `tasks/*` request names its task by a string `taskId`; anything else is invalid params
+/// (rmcp would answer "method not found" for a body it cannot read as the method's).
+fn task_id_is_a_string(msg: &Value) -> Result<(), String> {
+    let method = msg
+        .get("method")
+        .and_then(Value::as_str)
+        .unwrap_or_default();
+    if name_field(method) != Some("taskId") {
+        return Ok(());
+    }
+    match msg.get("params").and_then(|p| p.get("taskId")) {
+        Some(Value::String(_)) => Ok(()),
+        Some(other) => Err(format!("{method}: taskId must be a string, not {other}")),
+        None => Err(format!("{method}: taskId is required")),
+    }
+}
+
 /// One routing header against the body's value: filled in when absent, refused when it
 /// disagrees or appears twice.
-fn hint(headers: &mut HeaderMap, name: &'static str, body: &str, what: &str) -> Result<(), String> {
-    let mut values = headers.get_all(name).iter();
+fn hint(
+    headers: &mut HeaderMap,
+    (key, name): (&'static str, &str),
+    body: &str,
+    what: &str,
+) -> Result<(), String> {
+    let mut values = headers.get_all(key).iter();
     let Some(first) = values.next() else {
         if let Ok(v) = HeaderValue::from_str(&encode(body)) {
-            headers.insert(HeaderName::from_static(name), v);
+            headers.insert(HeaderName::from_static(key), v);
         }
         return Ok(());
     };
@@ -228,6 +250,10 @@ pub(super) async fn normalize(
         }
     };
     fill_media_types(&mut parts.headers);
+    if let Err(why) = task_id_is_a_string(&msg) {
+        let id = msg.get("id").cloned().unwrap_or(Value::Null);
+        return rpc_error(StatusCode::OK, id, -32602, why);
+    }
     if let Err(why) = reconcile(&mut parts.headers, &msg) {
         let id = msg.get("id").cloned().unwrap_or(Value::Null);
         return rpc_error(StatusCode::BAD_REQUEST, id, HEADER_MISMATCH, why);

@@ -142,7 +142,8 @@ pub fn operation() -> Arc<JsonObject> {
     let mut props = outcome_properties();
     let extra = json!({
         "operation": {"type": "string"},
-        "contract": {"type": "object", "description": "The operation's replay contract."},
+        "contract": {"type": "string", "description":
+            "The digest of the operation's replay contract (sha256:…), as in the tool's _meta."},
         "results": {"type": "array", "items": {"type": "object", "properties": outcome_properties()}}
     });
     if let (Some(p), Some(e)) = (props.as_object_mut(), extra.as_object()) {

@@ -218,3 +218,126 @@ fn fastmcp_lists_annotations_and_output_schemas_for_every_tool() {
         );
     }
 }
+
+// The official SDK checks every successful result against the tool's output schema: a retry in
+// flight that attaches, the status and the output of that execution, all conform; an unknown
+// ID is an error result. The retry says it attached, in fields; the command ran once.
+#[test]
+fn official_sdk_validates_every_tool_result_against_its_schema_and_a_retry_says_it_attached() {
+    let h = Host::new();
+    let tok = token(&h, "agent:sdk", &[]);
+    let s = Server::start(&h, 0, &[]);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo schema-once",
+        h.count(),
+        go.display()
+    );
+    let mut child = Command::new(python())
+        .arg(script("mcp_sdk_tools.py"))
+        .args([&s.url(), &tok, &cmd])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let listed: Value = serde_json::from_str(&lines.next().unwrap().unwrap()).unwrap();
+    assert_eq!(listed["event"], "listed", "{listed}");
+    let tools = &listed["tools"];
+    assert_eq!(tools["run_command"]["annotations"]["openWorldHint"], true);
+    assert_eq!(tools["read_output"]["annotations"]["readOnlyHint"], true);
+    let id = h.wait_started();
+    writeln!(stdin, "again").unwrap();
+    stdin.flush().unwrap();
+    wait_for("the retry attached", crate::http::T, || {
+        h.kinds(&id)
+            .contains(&"intent-matched".to_owned())
+            .then_some(())
+    });
+    std::fs::write(&go, "").unwrap();
+    let last: Value = serde_json::from_str(&lines.next().expect("a result").unwrap()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        last.get("error").is_none(),
+        "{last}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (first, again) = (&last["first"]["structured"], &last["again"]["structured"]);
+    assert_eq!(first["execution_id"], id.as_str(), "{last}");
+    assert_eq!(first["attached"], false, "{last}");
+    assert_eq!(again["execution_id"], id.as_str(), "{last}");
+    assert_eq!(again["attached"], true, "{last}");
+    for v in [first, again] {
+        assert_eq!(v["stdout"], "schema-once\n", "{last}");
+        assert_eq!(v["certainty"], "settled", "{last}");
+    }
+    let status = &last["status"]["structured"];
+    assert_eq!(status["state"], "completed", "{last}");
+    assert!(
+        status["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|e| e["kind"] == "delivered"),
+        "{last}"
+    );
+    assert_eq!(
+        last["output"]["structured"]["data"], "schema-once\n",
+        "{last}"
+    );
+    assert_eq!(last["output"]["structured"]["eof"], true, "{last}");
+    assert_eq!(last["unknown"]["is_error"], true, "{last}");
+    assert_eq!(h.runs(), 1, "the command ran once");
+    assert_eq!(h.executions(), 1);
+}
+
+// rmcp's Streamable HTTP client lists what the Python clients list: annotations and an output
+// schema on every tool; a call's structured content has the schema's required fields.
+#[tokio::test(flavor = "multi_thread")]
+async fn rmcp_client_lists_annotations_and_output_schemas_and_results_carry_them() {
+    use rmcp::model::CallToolRequestParams;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::ServiceExt;
+    let h = Host::new();
+    let tok = token(&h, "agent:rs", &[]);
+    let s = tokio::task::block_in_place(|| Server::start(&h, 0, &[]));
+    let cfg = StreamableHttpClientTransportConfig::with_uri(s.url()).auth_header(tok);
+    let client = ().serve(StreamableHttpClientTransport::from_config(cfg)).await.unwrap();
+    let tools = client.list_all_tools().await.unwrap();
+    assert_eq!(tools.len(), 3, "{tools:?}");
+    for t in &tools {
+        let a = t.annotations.as_ref().unwrap_or_else(|| panic!("{t:?}"));
+        let schema = t.output_schema.as_ref().unwrap_or_else(|| panic!("{t:?}"));
+        assert_eq!(schema["type"], "object", "{t:?}");
+        let read_only = t.name != "run_command";
+        assert_eq!(a.read_only_hint, Some(read_only), "{t:?}");
+        assert_eq!(a.idempotent_hint, Some(read_only), "{t:?}");
+        assert_eq!(a.open_world_hint, Some(true), "{t:?}");
+    }
+    let run = tools.iter().find(|t| t.name == "run_command").unwrap();
+    let required: Vec<String> = run.output_schema.as_ref().unwrap()["required"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    let call = CallToolRequestParams::new("run_command").with_arguments(
+        json!({"destination": "127.0.0.1", "command": format!("{}exit 3", h.count())})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    let r = client.call_tool(call).await.unwrap();
+    let v = r.structured_content.clone().expect("structured content");
+    for f in &required {
+        assert!(v.get(f).is_some(), "{f} missing from {v}");
+    }
+    // Exit 3 is a completed run, known: settled, not an error of the tool.
+    assert_eq!(v["exit_code"], 3, "{v}");
+    assert_eq!(v["certainty"], "settled", "{v}");
+    assert_eq!(h.runs(), 1);
+    let _ = client.cancel().await;
+}
