@@ -745,7 +745,7 @@ async fn rmcp_http_client_resumes_across_a_server_kill_and_restart_and_gets_the_
 
 /// One MCP request of the 2026-07-28 revision (no session; protocol version, client info and
 /// capabilities in `_meta`), declaring the tasks extension; the JSON-RPC response.
-fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Value {
+pub(crate) fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Value {
     let (headers, body) = request_2026(token, id, method, params, true);
     let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (status, text) = request(port, "POST", "/mcp", &h, &body);
@@ -763,7 +763,7 @@ fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Val
 }
 
 /// The headers and body of a 2026-07-28 request (`tasks`: declare the tasks extension).
-fn request_2026(
+pub(crate) fn request_2026(
     token: &str,
     id: u64,
     method: &str,
@@ -800,7 +800,7 @@ fn request_2026(
     (headers, body.to_string())
 }
 
-fn task_of(port: u16, token: &str, task: &str) -> Value {
+pub(crate) fn task_of(port: u16, token: &str, task: &str) -> Value {
     let r = mcp_2026(port, token, 90, "tasks/get", json!({"taskId": task}));
     assert!(r.get("result").is_some(), "{r}");
     r["result"].clone()

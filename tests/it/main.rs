@@ -12,6 +12,7 @@ mod http;
 mod jump;
 mod known_hosts_diff;
 mod mcp_clients;
+mod mcp_conformance;
 mod operations;
 mod passphrase;
 mod recorded;
