@@ -155,11 +155,20 @@ enum Owner {
 
 fn owner(cfg: &GatewayConfig, id: &ExecutionId) -> Result<Owner, GatewayError> {
     let j = Journal::open(&cfg.journal).map_err(ExecError::from)?;
-    match j.intent_of(id).map_err(ExecError::from)? {
-        Some(c) => Ok(Owner::Actor(Some(c.actor))),
-        None if j.execution(id).map_err(ExecError::from)?.is_some() => Ok(Owner::Actor(None)),
-        None => Ok(Owner::Nobody),
+    if let Some(c) = j.intent_of(id).map_err(ExecError::from)? {
+        return Ok(Owner::Actor(Some(c.actor)));
     }
+    if j.execution(id).map_err(ExecError::from)?.is_none() {
+        return Ok(Owner::Nobody);
+    }
+    // A host never identified has no intent: who asked is in its `accepted` event. Without
+    // it (an older journal), the execution is nobody's to read over HTTP.
+    let events = j.events(id).map_err(ExecError::from)?;
+    let asked_by = events
+        .iter()
+        .find(|e| e.kind == "accepted")
+        .and_then(|e| e.evidence.get("actor")?.as_str().map(str::to_owned));
+    Ok(Owner::Actor(asked_by))
 }
 
 /// The scope an HTTP caller acts in: its token's prefix when none is given; a given one must

@@ -767,10 +767,12 @@ impl<J: ExecutionJournal> Executor<J> {
             Ok(i) => i,
             Err(e) => {
                 tracing::Span::current().record("execution_id", tracing::field::display(&id));
+                let actor = intent.actor.trim();
                 let evidence = Evidence::Accepted {
                     record: crate::journal::accepted_evidence(&rec),
                     connection: Some(&reach),
                     intent: None,
+                    asked_by: Some(actor),
                 };
                 self.journal
                     .accept(&rec, evidence.to_value())
@@ -817,6 +819,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 session_id: cols.session_id.as_deref(),
                 intent: &cols.intent,
             }),
+            asked_by: None,
         }
         .to_value();
         let match_evidence = Evidence::IntentMatched {

@@ -391,9 +391,9 @@ impl CairnMcp {
                 let t =
                     crate::tasks::get(cfg.clone(), &self.workers, &self.tasks.results, id.as_str())
                         .await?;
-                let mut task = t.task;
-                task.status = rmcp::model::TaskStatus::Working;
-                return Ok(rmcp::model::CreateTaskResult::new(task).into());
+                // The task as the journal has it now: a call that failed at first contact is
+                // already `failed`, never reported as working.
+                return Ok(rmcp::model::CreateTaskResult::new(t.task).into());
             }
         }
         let r = tokio::select! {
