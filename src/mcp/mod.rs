@@ -438,7 +438,12 @@ impl ServerHandler for CairnMcp {
             .enable_tools()
             .enable_tasks()
             .build();
-        ServerConfig::new(caps).with_instructions(
+        ServerConfig::new(caps)
+            .with_server_info(rmcp::model::Implementation::new(
+                "cairn",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
             "cairn runs commands on remote hosts over SSH so that a retry never becomes a second \
              run. Call run_command again with the same arguments after a timeout or crash: it \
              attaches to the first execution. Treat OUTCOME UNKNOWN as unknown.",

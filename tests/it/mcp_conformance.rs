@@ -629,10 +629,8 @@ fn streamable_http_checks_headers_meta_versions_and_methods_before_anything_runs
     assert!(supported.contains(&"2026-07-28"), "{d}");
     assert!(discovered["capabilities"]["tools"].is_object(), "{d}");
     let server_info = &discovered["_meta"]["io.modelcontextprotocol/serverInfo"];
-    assert!(
-        server_info["name"].is_string() && server_info["version"].is_string(),
-        "{d}"
-    );
+    assert_eq!(server_info["name"], "cairn", "{d}");
+    assert!(server_info["version"].is_string(), "{d}");
 
     // stateless.ts `sep-2575-server-declares-prompts-in-discover` and
     // `sep-2575-discover-capabilities-match-handlers`: tools advertised and served; prompts
