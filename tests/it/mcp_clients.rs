@@ -20,9 +20,28 @@ struct FastMcp {
 
 impl FastMcp {
     fn start(url: &str, token: &str) -> FastMcp {
-        let mut child = Command::new(python())
+        FastMcp::spawn(&[url, token], &[])
+    }
+
+    /// A client that starts this `cairn mcp` command as its server over stdio.
+    fn stdio(server: &Command) -> FastMcp {
+        let mut argv = vec![server.get_program().to_string_lossy().into_owned()];
+        argv.extend(server.get_args().map(|a| a.to_string_lossy().into_owned()));
+        let env: Vec<_> = server.get_envs().collect();
+        FastMcp::spawn(&["stdio", &json!(argv).to_string()], &env)
+    }
+
+    fn spawn(args: &[&str], env: &[(&std::ffi::OsStr, Option<&std::ffi::OsStr>)]) -> FastMcp {
+        let mut c = Command::new(python());
+        for (k, v) in env {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        let mut child = c
             .arg(script("fastmcp_client.py"))
-            .args([url, token])
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -340,4 +359,89 @@ async fn rmcp_client_lists_annotations_and_output_schemas_and_results_carry_them
     assert_eq!(v["certainty"], "settled", "{v}");
     assert_eq!(h.runs(), 1);
     let _ = client.cancel().await;
+}
+
+// A named operation through FastMCP: its class-derived annotations and output schema listed,
+// its call tasked and polled to the result like run_command's, and run once.
+#[test]
+fn fastmcp_calls_a_named_operation_as_a_task_and_reads_its_contract_hints() {
+    let h = Host::new();
+    let tok = token(&h, "agent:fastmcp", &[]);
+    let ops = h.sshd.dir().join("operations.toml");
+    std::fs::write(
+        &ops,
+        format!(
+            r#"
+[operations.note]
+description = "Print a note"
+class = "idempotent"
+hosts = ["127.0.0.1"]
+argv = ["sh", "-c", "echo ran >> '{counter}'; printf '%s' \"$1\"", "note", "{{note}}"]
+
+[operations.note.args]
+note = {{ type = "string", pattern = "^[a-z-]+$" }}
+"#,
+            counter = h.counter.display()
+        ),
+    )
+    .unwrap();
+    let s = Server::start(&h, 0, &["--operations", ops.to_str().unwrap()]);
+    let mut c = FastMcp::start(&s.url(), &tok);
+    let listed = c.ask(json!({"op": "list"}));
+    let note = listed["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "note")
+        .unwrap_or_else(|| panic!("{listed}"))
+        .clone();
+    assert_eq!(note["annotations"]["idempotentHint"], true, "{note}");
+    assert_eq!(note["annotations"]["readOnlyHint"], false, "{note}");
+    assert_eq!(note["annotations"]["openWorldHint"], true, "{note}");
+    assert_eq!(note["output_schema"]["type"], "object", "{note}");
+    let r = c.ask(json!({"op": "call", "tool": "note", "args": {"note": "op-via-fastmcp"}}));
+    assert_eq!(r["is_error"], false, "{r}\n{}", s.log());
+    assert_eq!(r["structured"]["stdout"], "op-via-fastmcp", "{r}");
+    assert_eq!(r["structured"]["certainty"], "settled", "{r}");
+    assert!(
+        r["sent"]["methods"]["tasks/get"].as_u64().unwrap_or(0) >= 1,
+        "tasked and polled: {r}"
+    );
+    assert_eq!(h.runs(), 1);
+    assert_eq!(h.executions(), 1);
+}
+
+// Over stdio too: FastMCP starts `cairn mcp` as its child, a call is tasked and polled to its
+// result, and a retry of the same call by a second client process attaches.
+#[test]
+fn fastmcp_over_stdio_runs_a_tasked_call_once_and_a_second_client_attaches() {
+    let h = Host::new();
+    let mut server = Command::new(BIN);
+    server.arg("mcp").args(["--actor", "agent:stdio"]);
+    h.conn_args(&mut server, "60s");
+    server.arg("--remote-dir").arg(&h.remote_dir);
+    let go = h.sshd.dir().join("go");
+    let cmd = format!(
+        "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo stdio-once",
+        h.count(),
+        go.display()
+    );
+    let mut first = FastMcp::stdio(&server);
+    let t = first.ask(json!({"op": "start", "tool": "run_command", "args": run_args(&cmd)}));
+    let task = t["task_id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{t}"))
+        .to_owned();
+    assert_eq!(h.wait_started(), task);
+    // The first client and its server go away; a second client sends the same call.
+    drop(first);
+    let mut second = FastMcp::stdio(&server);
+    std::fs::write(&go, "").unwrap();
+    let r = second.ask(json!({"op": "call", "tool": "run_command", "args": run_args(&cmd)}));
+    assert_eq!(r["is_error"], false, "{r}");
+    assert_eq!(r["structured"]["execution_id"], task.as_str(), "{r}");
+    assert_eq!(r["structured"]["attached"], true, "{r}");
+    assert_eq!(r["structured"]["stdout"], "stdio-once\n", "{r}");
+    assert_eq!(h.runs(), 1, "ran once");
+    assert_eq!(h.executions(), 1);
 }

@@ -1,6 +1,7 @@
 """A FastMCP client (with the tasks extension from fastmcp-tasks) driven by JSON lines.
 
 Usage: fastmcp_client.py URL TOKEN
+       fastmcp_client.py stdio ARGV_JSON   (the server as a child process over stdio)
 
 FastMCP's client advertises `io.modelcontextprotocol/tasks` by itself; when a server answers
 a `tools/call` with a task, `call_tool` polls `tasks/get` to the result under the hood. The
@@ -19,11 +20,12 @@ sent so far (POSTs by JSON-RPC method, and the Mcp-Name headers it set).
 
 import asyncio
 import json
+import os
 import sys
 
 import httpx2
 from fastmcp import Client
-from fastmcp.client.transports import StreamableHttpTransport
+from fastmcp.client.transports import StdioTransport, StreamableHttpTransport
 from fastmcp_tasks import call_tool_task
 
 SENT: dict = {"methods": {}, "mcp_name": []}
@@ -93,8 +95,12 @@ async def run(client: Client, tasks: dict, cmd: dict) -> dict:
 
 
 async def main() -> None:
-    url, token = sys.argv[1], sys.argv[2]
-    transport = StreamableHttpTransport(url, auth=token, httpx_client_factory=factory)
+    if sys.argv[1] == "stdio":
+        argv = json.loads(sys.argv[2])
+        transport = StdioTransport(argv[0], argv[1:], env=dict(os.environ))
+    else:
+        url, token = sys.argv[1], sys.argv[2]
+        transport = StreamableHttpTransport(url, auth=token, httpx_client_factory=factory)
     tasks: dict = {}
     loop = asyncio.get_event_loop()
     async with Client(transport) as client:
