@@ -44,7 +44,16 @@ impl Host {
     /// A host whose sessions find the tools in `first` before the usual ones (see
     /// `TestSshd::start_with_path`).
     pub fn with_path(first: Option<&Path>) -> Host {
-        let sshd = TestSshd::start_with_path(first);
+        Host::on(TestSshd::start_with_path(first))
+    }
+
+    /// A host whose server is Dropbear (see `Server::Dropbear`).
+    pub fn dropbear() -> Host {
+        Host::on(TestSshd::start_dropbear())
+    }
+
+    /// A host on this server, with a proxy in front of it.
+    pub fn on(sshd: TestSshd) -> Host {
         let proxy = Proxy::start(sshd.port());
         let known_hosts = sshd.known_hosts_for_port(proxy.port());
         let journal = sshd.dir().join("state").join("journal.db");
