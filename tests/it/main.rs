@@ -1,4 +1,5 @@
 mod audit;
+mod bootstrap;
 mod certs;
 mod docker;
 mod docker_epochs;
