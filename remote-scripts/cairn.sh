@@ -598,6 +598,8 @@ rmhelpers() {
 	for f_ in "$MARKER_DIR"/bin/cairn-host-*; do
 		if [ -e "$f_" ] && [ "$f_" != "$MARKER_DIR/bin/cairn-host-$1" ] && ! hused "$f_"; then
 			rm -f "$f_" && HELPERS_REMOVED=$((HELPERS_REMOVED + 1))
+			# (and the helper's seal of its own hash, HOST-HELPER.md)
+			rm -f "$MARKER_DIR/bin/.${f_##*/}.seal"
 		fi
 	done
 	set -f

@@ -105,6 +105,22 @@ fn the_host_helper_is_a_static_executable_that_refuses_another_hash() {
         .output()
         .expect("run the helper");
     assert_eq!(String::from_utf8_lossy(&ok.stdout), "cairn-host ok v=1\n");
+    // hashed once, then sealed: later uses check a stat against the seal
+    let seal = dir.path().join(".cairn-host.seal");
+    let sealed = std::fs::read_to_string(&seal).expect("the helper sealed its hash");
+    assert!(sealed.starts_with(cairn::host_helper::SHA256), "{sealed}");
+    // the file changed in place after it was sealed (one byte): its change time no longer
+    // matches, so it is hashed again and refused
+    let mut bytes = cairn::host_helper::BINARY.to_vec();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&helper, &bytes).expect("rewrite the helper");
+    let changed = Command::new(&helper)
+        .args([cairn::host_helper::SHA256, "selftest"])
+        .output()
+        .expect("run the helper");
+    assert_eq!(changed.status.code(), Some(125), "{changed:?}");
+    std::fs::write(&helper, cairn::host_helper::BINARY).expect("restore the helper");
     // any other hash: refused before anything is done (the client falls back to the script)
     let other = "0".repeat(64);
     let bad = Command::new(&helper)
