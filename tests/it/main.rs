@@ -22,6 +22,7 @@ mod replica_wait;
 mod replicas;
 mod run;
 mod script;
+mod servers;
 mod ssh;
 mod ssh_config_diff;
 mod support;
