@@ -11,6 +11,7 @@ use cairn::State;
 
 use crate::run;
 use crate::support::host::{json_of, output, Host};
+use crate::support::TestSshd;
 
 const LIMIT: Duration = Duration::from_secs(60);
 
@@ -70,4 +71,71 @@ fn detach_then_attach_on_openssh() {
 #[test]
 fn dropbear_detach_then_attach() {
     detach_then_attach(&Host::dropbear());
+}
+
+/// A Dropbear host whose /bin/sh is busybox ash, the script (not the helper) on it.
+fn busybox_host() -> Host {
+    let mut h = Host::on(TestSshd::start_dropbear_busybox());
+    h.env
+        .push(("CAIRN_HOST_HELPER".to_owned(), "never".to_owned()));
+    h
+}
+
+#[test]
+fn a_busybox_ash_host_runs_reattaches_after_a_cut_and_recovers_after_kill_9() {
+    let h = busybox_host();
+    let out = output(
+        h.run_cmd(&["--id", "bb1"], "/bin/sh --help 2>&1 | head -n 1"),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{out:?}");
+    let first = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        first.starts_with("BusyBox"),
+        "/bin/sh there is not busybox: {first}"
+    );
+    assert!(installed_script(&h).exists());
+    run::runs_a_command_and_exits_with_its_status_on(&busybox_host());
+    run::cut_during_the_run_reattaches_and_output_is_complete_and_in_order_on(&busybox_host());
+    run::kill_9_of_the_client_then_recover_completes_from_the_marker_on(&busybox_host());
+}
+
+fn installed_script(h: &Host) -> std::path::PathBuf {
+    h.remote_dir
+        .join("bin")
+        .join(format!("cairn-sh-{}", cairn::marker::script_sha256()))
+}
+
+#[test]
+fn a_host_without_sha256sum_gets_the_script_checked_by_cksum_and_the_helper_too() {
+    let h = Host::new();
+    h.sshd.hide_tools(&["sha256sum"]);
+    let out = output(
+        h.run_cmd(
+            &["--id", "ns1", "--host-helper", "never"],
+            &format!("{}command -v sha256sum || echo none", h.count()),
+        ),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"none\n", "the host still has sha256sum");
+    assert_eq!(
+        std::fs::read(installed_script(&h)).unwrap(),
+        cairn::marker::session_script().as_bytes()
+    );
+    // the helper: uploaded and run there as well (its own hash check needs no tool)
+    let out = output(
+        h.run_cmd(&["--id", "ns2"], &format!("{}echo helper", h.count())),
+        LIMIT,
+    );
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(out.stdout, b"helper\n");
+    let ev = h
+        .journal()
+        .events(&cairn::ExecutionId::parse("ns2").unwrap())
+        .unwrap();
+    let running = ev.iter().find(|e| e.kind == "running").unwrap();
+    assert_eq!(running.evidence["host_side"], "helper");
+    assert_eq!(h.runs(), 2);
+    assert_eq!(h.state("ns1"), State::Delivered);
 }

@@ -34,6 +34,8 @@ pub struct Host {
     pub journal: PathBuf,
     pub remote_dir: PathBuf,
     pub counter: PathBuf,
+    /// Environment for every `cairn` this host's helpers start (`CAIRN_HOST_HELPER=never`, say).
+    pub env: Vec<(String, String)>,
 }
 
 impl Host {
@@ -66,6 +68,7 @@ impl Host {
             journal,
             remote_dir,
             counter,
+            env: Vec::new(),
         }
     }
 
@@ -78,6 +81,7 @@ impl Host {
             .env_remove("CAIRN_SCOPE")
             .env_remove("CAIRN_POLICY")
             .env("CAIRN_LOG", "cairn=info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("--journal")
             .arg(&self.journal)
             .args(["-F", "/dev/null", "-p", &self.proxy.port().to_string()])

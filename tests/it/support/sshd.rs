@@ -32,6 +32,8 @@ pub enum Server {
     /// `~/.ssh/authorized_keys` only: it runs in a mount namespace of its own (`unshare -m`)
     /// where that directory is this server's temp directory, so the real one is never touched.
     Dropbear,
+    /// Dropbear on a host whose /bin/sh is busybox ash.
+    DropbearBusybox,
 }
 
 /// Key types the test harness can generate.
@@ -116,7 +118,8 @@ pub const MAX_EXEC_LEN: usize = cairn::marker::MAX_EXEC_LEN;
 
 /// Write `DIR/exec-guard`, the server's forced command: it records the length of every exec
 /// request's command (`${#SSH_ORIGINAL_COMMAND}`, bytes under dash) in `DIR/exec-lengths`, and
-/// the head of any longer than [`MAX_EXEC_LEN`] in `DIR/exec-too-long`, then runs it through
+/// the head of any longer than [`MAX_EXEC_LEN`] in `DIR/exec-too-long`, reads
+/// `DIR/session-env` if there is one (a host shaped by [`TestSshd::hide_tools`]), then runs it through
 /// the login shell as the server would have (a shell request gets the login shell). The
 /// server's owner fails the test when `exec-too-long` exists ([`check_exec_lengths`]).
 pub fn write_exec_guard(d: &Path) {
@@ -131,6 +134,7 @@ pub fn write_exec_guard(d: &Path) {
              if [ \"${{#c}}\" -gt {MAX_EXEC_LEN} ]; then\n\
              \x20 printf '%s bytes: %.300s\\n' \"${{#c}}\" \"$c\" >>'{d}/exec-too-long'\n\
              fi\n\
+             if [ -r '{d}/session-env' ]; then . '{d}/session-env'; fi\n\
              [ -n \"$c\" ] || exec \"${{SHELL:-/bin/sh}}\" -l\n\
              exec \"${{SHELL:-/bin/sh}}\" -c \"$c\"\n",
             d = d.display()
@@ -178,6 +182,12 @@ impl TestSshd {
         TestSshd::start_server(Server::Dropbear, None)
     }
 
+    /// A Dropbear server on a host whose /bin/sh is busybox ash: in the server's mount
+    /// namespace, busybox is mounted over the file /bin/sh names.
+    pub fn start_dropbear_busybox() -> TestSshd {
+        TestSshd::start_server(Server::DropbearBusybox, None)
+    }
+
     /// A server of kind `server` whose sessions have `first` ahead of the usual directories
     /// in PATH.
     pub fn start_server(server: Server, first: Option<&Path>) -> TestSshd {
@@ -192,12 +202,12 @@ impl TestSshd {
         }
         match server {
             Server::OpenSsh => keygen(&d.join("ssh_host_ed25519_key"), KeyKind::Ed25519, ""),
-            Server::Dropbear => dropbear_keygen(d),
+            Server::Dropbear | Server::DropbearBusybox => dropbear_keygen(d),
         }
         keygen(&d.join("id_ed25519"), KeyKind::Ed25519, "");
         let authorized = match server {
             Server::OpenSsh => d.join("authorized_keys"),
-            Server::Dropbear => {
+            Server::Dropbear | Server::DropbearBusybox => {
                 fs::create_dir(d.join("dotssh")).unwrap();
                 d.join("dotssh").join("authorized_keys")
             }
@@ -277,7 +287,7 @@ impl TestSshd {
                     .arg(self.port.to_string());
                 c
             }
-            Server::Dropbear => self.dropbear_command(),
+            Server::Dropbear | Server::DropbearBusybox => self.dropbear_command(),
         };
         let mut child = cmd
             .stdin(Stdio::null())
@@ -356,9 +366,16 @@ impl TestSshd {
             use std::os::unix::fs::PermissionsExt;
             let _ = fs::set_permissions(&dotssh, fs::Permissions::from_mode(0o700));
         }
+        let busybox = if self.server == Server::DropbearBusybox {
+            "mount --bind /bin/busybox /bin/sh && "
+        } else {
+            ""
+        };
         let mut c = Command::new("unshare");
-        c.args(["-m", "--propagation", "private", "sh", "-c"])
-            .arg("mount --bind \"$1\" \"$2\" && shift 2 && exec \"$@\"")
+        c.args(["-m", "--propagation", "private", "/bin/bash", "-c"])
+            .arg(format!(
+                "mount --bind \"$1\" \"$2\" && {busybox}shift 2 && exec \"$@\""
+            ))
             .arg("cairn-dropbear")
             .arg(d.join("dotssh"))
             .arg(&dotssh)
@@ -380,6 +397,36 @@ impl TestSshd {
             );
         }
         c
+    }
+
+    /// Make this host one without the tools named in `hide` (`sha256sum`, say): its sessions'
+    /// PATH becomes a directory with every other program of the usual directories.
+    pub fn hide_tools(&self, hide: &[&str]) {
+        let bin = self.dir.path().join("path-bin");
+        fs::create_dir_all(&bin).unwrap();
+        for d in [
+            "/usr/local/sbin",
+            "/usr/local/bin",
+            "/usr/sbin",
+            "/usr/bin",
+            "/sbin",
+            "/bin",
+        ] {
+            let Ok(rd) = fs::read_dir(d) else { continue };
+            for e in rd.flatten() {
+                let name = e.file_name();
+                if hide.iter().any(|h| name == std::ffi::OsStr::new(h)) {
+                    continue;
+                }
+                // (the first directory wins, as in PATH)
+                let _ = std::os::unix::fs::symlink(e.path(), bin.join(&name));
+            }
+        }
+        fs::write(
+            self.dir.path().join("session-env"),
+            format!("PATH='{}'; export PATH\n", bin.display()),
+        )
+        .unwrap();
     }
 
     /// Which server this is.
@@ -504,7 +551,9 @@ impl TestSshd {
     pub fn authorized_keys(&self) -> PathBuf {
         match self.server {
             Server::OpenSsh => self.dir.path().join("authorized_keys"),
-            Server::Dropbear => self.dir.path().join("dotssh").join("authorized_keys"),
+            Server::Dropbear | Server::DropbearBusybox => {
+                self.dir.path().join("dotssh").join("authorized_keys")
+            }
         }
     }
     pub fn log(&self) -> String {
