@@ -2162,11 +2162,17 @@ impl<J: ExecutionJournal> Executor<J> {
                     .await?
                 {
                     Ok(reply) => return Ok(reply),
-                    Err(why) => {
-                        if !self.script_missing(ci, &dir, attempt, why).await {
-                            break;
+                    Err(why) => match self.script_missing(ci, &dir, attempt, why).await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        // (the connection, not the host: the machine reconnects)
+                        Err(e) => {
+                            return Ok(Reply {
+                                broken: Some(e.to_string()),
+                                ..Reply::default()
+                            })
                         }
-                    }
+                    },
                 }
             }
         }
@@ -2183,13 +2189,21 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// The installed script did not run (`why`) on attempt `attempt` (0 or 1): install it and
     /// say whether to try it again; otherwise this connection streams the script from now on.
-    async fn script_missing(&mut self, ci: usize, dir: &str, attempt: usize, why: String) -> bool {
+    /// `Err`: the installer's exec could not even start (the connection's fault, not the
+    /// host's: nothing is decided).
+    async fn script_missing(
+        &mut self,
+        ci: usize,
+        dir: &str,
+        attempt: usize,
+        why: String,
+    ) -> Result<bool, crate::ssh::SshError> {
         tracing::debug!("cairn: the host script did not run ({why})");
         let why = if attempt > 0 {
             format!("installed, the host script still did not run ({why})")
         } else {
-            match self.install_script(ci, dir).await {
-                Ok(()) => return true,
+            match self.install_script(ci, dir).await? {
+                Ok(()) => return Ok(true),
                 Err(e) => e,
             }
         };
@@ -2197,7 +2211,7 @@ impl<J: ExecutionJournal> Executor<J> {
         if let Some((k, _, _)) = self.conns.get(ci) {
             cache_put(script_cache(), &format!("{k}\n{dir}"), Err(why));
         }
-        false
+        Ok(false)
     }
 
     /// Whether this connection streams the script to `dir` (it could not be installed there).
@@ -2210,13 +2224,18 @@ impl<J: ExecutionJournal> Executor<J> {
         })
     }
 
-    /// Install the host script into marker home `dir` (docs/HOST-HELPER.md).
-    async fn install_script(&mut self, ci: usize, dir: &str) -> Result<(), String> {
+    /// Install the host script into marker home `dir` (docs/HOST-HELPER.md): `Ok(Err)`, why
+    /// the host could not hold it; `Err`, the exec could not start.
+    async fn install_script(
+        &mut self,
+        ci: usize,
+        dir: &str,
+    ) -> Result<Result<(), String>, crate::ssh::SshError> {
         let nonce = marker::new_nonce();
         let cmd = marker::install_invocation(dir, &nonce);
         let text = marker::session_script().as_bytes();
         let (lines, errors, exit) = self.small_exec_raw(ci, cmd, &nonce, Some(text)).await?;
-        if lines.contains(&Line::Installed) {
+        Ok(if lines.contains(&Line::Installed) {
             tracing::info!("cairn: installed the host script ({} bytes)", text.len());
             Ok(())
         } else if !errors.is_empty() {
@@ -2225,7 +2244,7 @@ impl<J: ExecutionJournal> Executor<J> {
             Err(format!(
                 "installing the host script ended without an answer (exit status {exit:?})"
             ))
-        }
+        })
     }
 
     /// Which side runs the marker protocol on this connection and marker home: decided once
@@ -2331,12 +2350,19 @@ impl<J: ExecutionJournal> Executor<J> {
             for attempt in 0..2 {
                 let nonce = marker::new_nonce();
                 let cmd = marker::invocation(op, dir, &nonce);
-                let (lines, errors, exit) = self.small_exec_raw(ci, cmd, &nonce, stdin).await?;
+                let (lines, errors, exit) = self
+                    .small_exec_raw(ci, cmd, &nonce, stdin)
+                    .await
+                    .map_err(|e| e.to_string())?;
                 if !lines.is_empty() || !errors.is_empty() || !marker::script_did_not_run(exit) {
                     return Ok((lines, errors));
                 }
                 let why = format!("exit status {}, no protocol line", exit.unwrap_or(0));
-                if !self.script_missing(ci, dir, attempt, why).await {
+                let again = self
+                    .script_missing(ci, dir, attempt, why)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !again {
                     break;
                 }
             }
@@ -2344,7 +2370,10 @@ impl<J: ExecutionJournal> Executor<J> {
         let nonce = marker::new_nonce();
         let (cmd, mut input) = marker::streamed_invocation(op, dir, &nonce);
         input.extend_from_slice(stdin.unwrap_or_default());
-        let (lines, errors, _) = self.small_exec_raw(ci, cmd, &nonce, Some(&input)).await?;
+        let (lines, errors, _) = self
+            .small_exec_raw(ci, cmd, &nonce, Some(&input))
+            .await
+            .map_err(|e| e.to_string())?;
         Ok((lines, errors))
     }
 
@@ -2356,12 +2385,12 @@ impl<J: ExecutionJournal> Executor<J> {
         cmd: String,
         nonce: &str,
         stdin: Option<&[u8]>,
-    ) -> Result<(Vec<Line>, Vec<String>, Option<u32>), String> {
+    ) -> Result<(Vec<Line>, Vec<String>, Option<u32>), crate::ssh::SshError> {
         let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
         drop(cmd);
-        let mut exec = exec.map_err(|e| e.to_string())?;
+        let mut exec = exec?;
         if let Some(data) = stdin {
-            exec.write_stdin(data).await.map_err(|e| e.to_string())?;
+            exec.write_stdin(data).await?;
         }
         let _ = exec.close_stdin().await;
         let mut demux = StderrDemux::new(nonce);
@@ -2383,7 +2412,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 Ok(Some(ExecEvent::ExitStatus(c))) => exit = Some(c),
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e),
             }
         }
         Ok((lines, errors, exit))

@@ -440,6 +440,22 @@ fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_onc
     assert!(lab.front.connections() >= 2, "the chain was rebuilt");
 }
 
+/// A jump host that forwards nothing (tinysshd has no `direct-tcpip`): the run fails before
+/// any dispatch, naming it, and the target never saw a connection.
+#[test]
+fn a_jump_host_without_port_forwarding_fails_before_any_dispatch_naming_it() {
+    let lab = Lab::with_bastion(TestSshd::start_server(
+        crate::support::sshd::Server::TinySsh,
+        None,
+    ));
+    let o = output(lab.run(&[], "target", "echo through"), LIMIT);
+    assert_eq!(o.status.code(), Some(255), "{o:?}");
+    assert!(stderr(&o).contains("refuses to forward"), "{}", stderr(&o));
+    assert_eq!(lab.runs(), 0);
+    assert_eq!(lab.inner.connections(), 0, "the target was reached");
+    assert!(lab.front.connections() >= 1);
+}
+
 #[test]
 fn a_proxy_command_that_exits_mid_run_is_a_lost_connection() {
     let lab = Lab::new();

@@ -11,6 +11,7 @@ use cairn::State;
 
 use crate::run;
 use crate::support::host::{json_of, output, Host};
+use crate::support::sshd::Server;
 use crate::support::TestSshd;
 
 const LIMIT: Duration = Duration::from_secs(60);
@@ -138,4 +139,27 @@ fn a_host_without_sha256sum_gets_the_script_checked_by_cksum_and_the_helper_too(
     assert_eq!(running.evidence["host_side"], "helper");
     assert_eq!(h.runs(), 2);
     assert_eq!(h.state("ns1"), State::Delivered);
+}
+
+/// Debian's tinysshd: it allows one session channel per connection, and cairn needs several
+/// on one (hello, install, dispatch): the first contact fails before any dispatch, naming
+/// what the server lacks, and nothing ran.
+#[test]
+fn tinysshd_fails_before_any_dispatch_naming_the_channel_it_refuses() {
+    let h = Host::on(TestSshd::start_server(Server::TinySsh, None));
+    let out = output(
+        h.run_cmd(&["--id", "ty1"], &format!("{}echo tiny", h.count())),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(255), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("never dispatched"), "{err}");
+    assert!(err.contains("one channel per connection"), "{err}");
+    assert_eq!(h.runs(), 0);
+    assert_eq!(h.state("ty1"), State::Failed);
+    let kinds = h.kinds("ty1");
+    assert!(!kinds.contains(&"dispatched".to_owned()), "{kinds:?}");
+    assert!(!h.x().join("ty1.start").exists());
+    // it was tinysshd that answered
+    assert!(h.sshd.log().contains("tinysshd"), "{}", h.sshd.log());
 }

@@ -22,6 +22,8 @@ pub struct TestSshd {
     child: Mutex<Option<Child>>,
     server: Server,
     path_first: Option<PathBuf>,
+    /// The accept loop's stop flag (tinysshd).
+    tiny_stop: Mutex<Option<std::sync::Arc<std::sync::atomic::AtomicBool>>>,
 }
 
 /// Which SSH server a [`TestSshd`] runs.
@@ -34,6 +36,10 @@ pub enum Server {
     Dropbear,
     /// Dropbear on a host whose /bin/sh is busybox ash.
     DropbearBusybox,
+    /// Debian's `tinysshd`: a minimal server that speaks on its stdin and stdout, started per
+    /// connection by an accept loop here (in the same kind of mount namespace as Dropbear). It
+    /// has no forced command (its exec requests are not measured) and no port forwarding.
+    TinySsh,
 }
 
 /// Key types the test harness can generate.
@@ -91,6 +97,27 @@ fn dropbear_keygen(d: &Path) {
         .lines()
         .find(|l| l.starts_with("ssh-"))
         .expect("dropbearkey -y printed no public key");
+    fs::write(d.join("ssh_host_ed25519_key.pub"), format!("{line}\n")).unwrap();
+}
+
+/// A tinysshd key directory at `d/tinykeys`, and its ed25519 public line at
+/// `d/ssh_host_ed25519_key.pub`.
+fn tinyssh_keygen(d: &Path) {
+    let keys = d.join("tinykeys");
+    let st = Command::new("tinysshd-makekey")
+        .arg(&keys)
+        .status()
+        .expect("tinysshd-makekey is needed (apt-get install -y tinysshd)");
+    assert!(st.success(), "tinysshd-makekey failed");
+    let out = Command::new("tinysshd-printkey")
+        .arg(&keys)
+        .output()
+        .expect("tinysshd-printkey");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("ssh-ed25519 "))
+        .expect("tinysshd-printkey printed no ed25519 key");
     fs::write(d.join("ssh_host_ed25519_key.pub"), format!("{line}\n")).unwrap();
 }
 
@@ -203,11 +230,12 @@ impl TestSshd {
         match server {
             Server::OpenSsh => keygen(&d.join("ssh_host_ed25519_key"), KeyKind::Ed25519, ""),
             Server::Dropbear | Server::DropbearBusybox => dropbear_keygen(d),
+            Server::TinySsh => tinyssh_keygen(d),
         }
         keygen(&d.join("id_ed25519"), KeyKind::Ed25519, "");
         let authorized = match server {
             Server::OpenSsh => d.join("authorized_keys"),
-            Server::Dropbear | Server::DropbearBusybox => {
+            Server::Dropbear | Server::DropbearBusybox | Server::TinySsh => {
                 fs::create_dir(d.join("dotssh")).unwrap();
                 d.join("dotssh").join("authorized_keys")
             }
@@ -254,6 +282,7 @@ impl TestSshd {
             child: Mutex::new(None),
             server,
             path_first: first.map(Path::to_path_buf),
+            tiny_stop: Mutex::new(None),
         };
         // A free port can be taken between our probe and sshd's bind: retry a few times.
         let mut last_err = String::new();
@@ -271,6 +300,9 @@ impl TestSshd {
     }
 
     fn spawn(&self) -> Result<(), String> {
+        if self.server == Server::TinySsh {
+            return self.spawn_tinyssh();
+        }
         let log = fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -288,6 +320,7 @@ impl TestSshd {
                 c
             }
             Server::Dropbear | Server::DropbearBusybox => self.dropbear_command(),
+            Server::TinySsh => unreachable!("started by spawn_tinyssh"),
         };
         let mut child = cmd
             .stdin(Stdio::null())
@@ -429,6 +462,56 @@ impl TestSshd {
         .unwrap();
     }
 
+    /// The accept loop of a tinysshd server: one `tinysshd` per connection, the socket as its
+    /// stdin and stdout, in a mount namespace where `~/.ssh` is this server's `dotssh`. Stopped
+    /// by `stop_sshd` (the flag, then a connection that wakes the loop).
+    fn spawn_tinyssh(&self) -> Result<(), String> {
+        let listener = TcpListener::bind(("127.0.0.1", self.port)).map_err(|e| e.to_string())?;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let d = self.dir.path().to_path_buf();
+        let dotssh = self.home().join(".ssh");
+        if !dotssh.exists() {
+            let _ = fs::create_dir(&dotssh);
+            use std::os::unix::fs::PermissionsExt;
+            let _ = fs::set_permissions(&dotssh, fs::Permissions::from_mode(0o700));
+        }
+        let flag = stop.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if flag.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(conn) = conn else { continue };
+                let log = fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(d.join("sshd.log"));
+                let (Ok(input), Ok(log)) = (conn.try_clone(), log) else {
+                    continue;
+                };
+                let child = Command::new("unshare")
+                    .args(["-m", "--propagation", "private", "/bin/bash", "-c"])
+                    .arg("mount --bind \"$1\" \"$2\" && shift 2 && exec \"$@\"")
+                    .arg("cairn-tinysshd")
+                    .arg(d.join("dotssh"))
+                    .arg(&dotssh)
+                    .args(["/usr/sbin/tinysshd", "-v"])
+                    .arg(d.join("tinykeys"))
+                    .env("SHLVL", "1")
+                    .env("CAIRN_BOOT_ID_FILE", d.join("boot_id"))
+                    .stdin(Stdio::from(std::os::fd::OwnedFd::from(input)))
+                    .stdout(Stdio::from(std::os::fd::OwnedFd::from(conn)))
+                    .stderr(log)
+                    .spawn();
+                if let Ok(mut c) = child {
+                    std::thread::spawn(move || c.wait());
+                }
+            }
+        });
+        *self.tiny_stop.lock().unwrap() = Some(stop);
+        Ok(())
+    }
+
     /// Which server this is.
     pub fn server(&self) -> Server {
         self.server
@@ -452,6 +535,10 @@ impl TestSshd {
         if let Some(mut c) = self.child.lock().unwrap().take() {
             let _ = c.kill();
             let _ = c.wait();
+        }
+        if let Some(stop) = self.tiny_stop.lock().unwrap().take() {
+            stop.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = TcpStream::connect(("127.0.0.1", self.port));
         }
     }
 
@@ -551,7 +638,7 @@ impl TestSshd {
     pub fn authorized_keys(&self) -> PathBuf {
         match self.server {
             Server::OpenSsh => self.dir.path().join("authorized_keys"),
-            Server::Dropbear | Server::DropbearBusybox => {
+            Server::Dropbear | Server::DropbearBusybox | Server::TinySsh => {
                 self.dir.path().join("dotssh").join("authorized_keys")
             }
         }
