@@ -276,3 +276,62 @@ fn an_execution_the_inline_script_of_earlier_clients_started_is_recovered_by_thi
     assert_eq!(h.runs(), 2);
     assert_eq!(h.state("v1done"), State::Delivered);
 }
+
+#[test]
+fn a_host_session_gets_the_script_streamed_where_it_cannot_be_installed() {
+    use std::io::{BufRead, BufReader};
+    let h = Host::new();
+    fs::create_dir_all(&h.remote_dir).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&h.remote_dir, fs::Permissions::from_mode(0o700)).unwrap();
+    let _ro = ReadOnly::tmpfs(&h.remote_dir.join("bin"));
+    let log = h.sshd.dir().join("serve.log");
+    let mut c = Command::new(crate::support::host::BIN);
+    c.arg("serve");
+    h.conn_args(&mut c, "60s");
+    c.arg("--stdio")
+        .arg("--remote-dir")
+        .arg(&h.remote_dir)
+        .args(["--host-session", "--host-helper", "never"])
+        .env("CAIRN_LOG", "cairn=info")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(fs::File::create(&log).unwrap());
+    let mut child = c.spawn().unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    for n in 1..=3 {
+        let req = serde_json::json!({
+            "jsonrpc": "2.0", "id": n, "method": "execute",
+            "params": {"destination": "127.0.0.1",
+                       "command": format!("{}echo s{n}", h.count())}
+        });
+        writeln!(stdin, "{req}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut seen = Vec::new();
+    while seen.len() < 3 {
+        let line = rx.recv_timeout(LIMIT).expect("a response");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        seen.push(v);
+    }
+    drop(stdin);
+    let _ = crate::support::host::wait_child(child, LIMIT);
+    for v in &seen {
+        let n = v["id"].as_u64().unwrap();
+        assert_eq!(v["result"]["state"], "completed", "{v}");
+        assert_eq!(v["result"]["stdout"], format!("s{n}\n"), "{v}");
+    }
+    assert_eq!(h.runs(), 3);
+    let text = fs::read_to_string(&log).unwrap();
+    assert!(text.contains("using the sh script, streamed"), "{text}");
+    assert!(!installed(&h, &h.remote_dir).exists());
+}
