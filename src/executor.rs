@@ -343,20 +343,28 @@ fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
     C.get_or_init(Default::default)
 }
 const SCRIPT_DECISION_FOR: Duration = Duration::from_secs(600);
+/// Where the host script cannot be installed, by connection and marker home: `Err` (it is
+/// streamed with each operation, and why), asked again after [`SCRIPT_DECISION_FOR`].
+fn script_cache() -> &'static std::sync::Mutex<SideCache> {
+    static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
+    C.get_or_init(Default::default)
+}
 fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
-    let c = host_helper_cache()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    cache_get(host_helper_cache(), key)
+}
+fn host_helper_cache_put(key: &str, d: Result<(), String>) {
+    cache_put(host_helper_cache(), key, d)
+}
+fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), String>> {
+    let c = c.lock().unwrap_or_else(|e| e.into_inner());
     match c.get(key) {
         Some((at, Err(_))) if at.elapsed() > SCRIPT_DECISION_FOR => None,
         Some((_, d)) => Some(d.clone()),
         None => None,
     }
 }
-fn host_helper_cache_put(key: &str, d: Result<(), String>) {
-    let mut c = host_helper_cache()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), String>) {
+    let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
     c.insert(key.to_owned(), (Instant::now(), d));
 }
 
@@ -2123,7 +2131,15 @@ impl<J: ExecutionJournal> Executor<J> {
             let cmd = host_helper::invocation(op, &dir, nonce);
             run.host_side = Some(Side::Helper);
             match self
-                .exec_cmd(ci, cmd, nonce, stdin, run, sink, true)
+                .exec_cmd(
+                    ci,
+                    cmd,
+                    nonce,
+                    stdin,
+                    run,
+                    sink,
+                    Some(host_helper::did_not_run),
+                )
                 .await?
             {
                 Ok(reply) => return Ok(reply),
@@ -2137,15 +2153,101 @@ impl<J: ExecutionJournal> Executor<J> {
                 }
             }
         }
-        let cmd = marker::invocation(op, &dir, nonce);
         run.host_side = Some(Side::Script);
+        // The script installed in the marker home; where it is not (yet) there, installed
+        // first; where it cannot be, streamed on stdin (docs/HOST-HELPER.md).
+        if !self.script_streamed(ci, &dir) {
+            for attempt in 0..2 {
+                let cmd = marker::invocation(op, &dir, nonce);
+                let not_run = Some(marker::script_did_not_run as fn(Option<u32>) -> bool);
+                match self
+                    .exec_cmd(ci, cmd, nonce, stdin, run, sink, not_run)
+                    .await?
+                {
+                    Ok(reply) => return Ok(reply),
+                    Err(why) => match self.script_missing(ci, &dir, attempt, why).await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        // (the connection, not the host: the machine reconnects)
+                        Err(e) => {
+                            return Ok(Reply {
+                                broken: Some(e.to_string()),
+                                ..Reply::default()
+                            })
+                        }
+                    },
+                }
+            }
+        }
+        let (cmd, mut input) = marker::streamed_invocation(op, &dir, nonce);
+        input.extend_from_slice(stdin.unwrap_or_default());
         match self
-            .exec_cmd(ci, cmd, nonce, stdin, run, sink, false)
+            .exec_cmd(ci, cmd, nonce, Some(&input), run, sink, None)
             .await?
         {
             Ok(reply) => Ok(reply),
             Err(why) => Err(ExecError::HostReported(why)),
         }
+    }
+
+    /// The installed script did not run (`why`) on attempt `attempt` (0 or 1): install it and
+    /// say whether to try it again; otherwise this connection streams the script from now on.
+    /// `Err`: the installer's exec could not even start (the connection's fault, not the
+    /// host's: nothing is decided).
+    async fn script_missing(
+        &mut self,
+        ci: usize,
+        dir: &str,
+        attempt: usize,
+        why: String,
+    ) -> Result<bool, crate::ssh::SshError> {
+        tracing::debug!("cairn: the host script did not run ({why})");
+        let why = if attempt > 0 {
+            format!("installed, the host script still did not run ({why})")
+        } else {
+            match self.install_script(ci, dir).await? {
+                Ok(()) => return Ok(true),
+                Err(e) => e,
+            }
+        };
+        tracing::info!("cairn: {why}; streaming the script with each operation");
+        if let Some((k, _, _)) = self.conns.get(ci) {
+            cache_put(script_cache(), &format!("{k}\n{dir}"), Err(why));
+        }
+        Ok(false)
+    }
+
+    /// Whether this connection streams the script to `dir` (it could not be installed there).
+    fn script_streamed(&self, ci: usize, dir: &str) -> bool {
+        self.conns.get(ci).is_some_and(|(k, _, _)| {
+            matches!(
+                cache_get(script_cache(), &format!("{k}\n{dir}")),
+                Some(Err(_))
+            )
+        })
+    }
+
+    /// Install the host script into marker home `dir` (docs/HOST-HELPER.md): `Ok(Err)`, why
+    /// the host could not hold it; `Err`, the exec could not start.
+    async fn install_script(
+        &mut self,
+        ci: usize,
+        dir: &str,
+    ) -> Result<Result<(), String>, crate::ssh::SshError> {
+        let nonce = marker::new_nonce();
+        let cmd = marker::install_invocation(dir, &nonce);
+        let text = marker::session_script().as_bytes();
+        let (lines, errors, exit) = self.small_exec_raw(ci, cmd, &nonce, Some(text)).await?;
+        Ok(if lines.contains(&Line::Installed) {
+            tracing::info!("cairn: installed the host script ({} bytes)", text.len());
+            Ok(())
+        } else if !errors.is_empty() {
+            Err(errors.join("; "))
+        } else {
+            Err(format!(
+                "installing the host script ended without an answer (exit status {exit:?})"
+            ))
+        })
     }
 
     /// Which side runs the marker protocol on this connection and marker home: decided once
@@ -2238,6 +2340,8 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// One exec of the script whose reply is a few protocol lines: those, and the errors.
+    /// The script installed in the marker home (installed first when it is missing), or
+    /// streamed where it cannot be installed.
     async fn small_exec(
         &mut self,
         ci: usize,
@@ -2245,17 +2349,55 @@ impl<J: ExecutionJournal> Executor<J> {
         dir: &str,
         stdin: Option<&[u8]>,
     ) -> Result<(Vec<Line>, Vec<String>), String> {
+        if !self.script_streamed(ci, dir) {
+            for attempt in 0..2 {
+                let nonce = marker::new_nonce();
+                let cmd = marker::invocation(op, dir, &nonce);
+                let (lines, errors, exit) = self
+                    .small_exec_raw(ci, cmd, &nonce, stdin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !lines.is_empty() || !errors.is_empty() || !marker::script_did_not_run(exit) {
+                    return Ok((lines, errors));
+                }
+                let why = format!("exit status {}, no protocol line", exit.unwrap_or(0));
+                let again = self
+                    .script_missing(ci, dir, attempt, why)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !again {
+                    break;
+                }
+            }
+        }
         let nonce = marker::new_nonce();
-        let cmd = marker::invocation(op, dir, &nonce);
+        let (cmd, mut input) = marker::streamed_invocation(op, dir, &nonce);
+        input.extend_from_slice(stdin.unwrap_or_default());
+        let (lines, errors, _) = self
+            .small_exec_raw(ci, cmd, &nonce, Some(&input))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((lines, errors))
+    }
+
+    /// One exec of `cmd` whose reply is a few protocol lines: those, the errors, the exit
+    /// status.
+    async fn small_exec_raw(
+        &mut self,
+        ci: usize,
+        cmd: String,
+        nonce: &str,
+        stdin: Option<&[u8]>,
+    ) -> Result<(Vec<Line>, Vec<String>, Option<u32>), crate::ssh::SshError> {
         let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
         drop(cmd);
-        let mut exec = exec.map_err(|e| e.to_string())?;
+        let mut exec = exec?;
         if let Some(data) = stdin {
-            exec.write_stdin(data).await.map_err(|e| e.to_string())?;
+            exec.write_stdin(data).await?;
         }
         let _ = exec.close_stdin().await;
-        let mut demux = StderrDemux::new(&nonce);
-        let (mut lines, mut errors) = (Vec::new(), Vec::new());
+        let mut demux = StderrDemux::new(nonce);
+        let (mut lines, mut errors, mut exit) = (Vec::new(), Vec::new(), None);
         loop {
             match exec.next().await {
                 Ok(Some(ExecEvent::Stderr(d))) => {
@@ -2270,17 +2412,18 @@ impl<J: ExecutionJournal> Executor<J> {
                         }
                     }
                 }
+                Ok(Some(ExecEvent::ExitStatus(c))) => exit = Some(c),
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e),
             }
         }
-        Ok((lines, errors))
+        Ok((lines, errors, exit))
     }
 
-    /// One exec of `cmd`. `Err(why)`: a helper (`helper`) that did not run: no protocol line,
-    /// an exit status saying it was not executed or refused itself; what it wrote is held
-    /// back, not taken as the command's output.
+    /// One exec of `cmd`. `Err(why)`: a host side that did not run (`not_run` says so of the
+    /// exit status, and no protocol line came): what it wrote is held back, not taken as the
+    /// command's output.
     #[allow(clippy::too_many_arguments)]
     async fn exec_cmd(
         &mut self,
@@ -2290,12 +2433,10 @@ impl<J: ExecutionJournal> Executor<J> {
         stdin: Option<&[u8]>,
         run: &mut Run,
         sink: &mut dyn OutputSink,
-        helper: bool,
+        not_run: Option<fn(Option<u32>) -> bool>,
     ) -> Result<Result<Reply, String>, ExecError> {
         let mut reply = Reply::default();
         let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
-        // The invocation carries the whole host script (about 23 KiB): not kept while the
-        // command runs (a gateway has a thousand of these in flight).
         drop(cmd);
         let mut exec = match exec {
             Ok(e) => e,
@@ -2315,7 +2456,7 @@ impl<J: ExecutionJournal> Executor<J> {
         let mut demux = StderrDemux::new(nonce);
         let mut pieces = Vec::new();
         // (a helper's bytes before its first protocol line: held until that line comes)
-        let mut held: Option<Vec<(bool, Vec<u8>)>> = helper.then(Vec::new);
+        let mut held: Option<Vec<(bool, Vec<u8>)>> = not_run.map(|_| Vec::new());
         let mut exit = None;
         loop {
             let next = match hold_left(run) {
@@ -2368,7 +2509,7 @@ impl<J: ExecutionJournal> Executor<J> {
             }
         }
         if let Some(h) = held {
-            if reply.broken.is_none() && host_helper::did_not_run(exit) {
+            if reply.broken.is_none() && not_run.is_some_and(|f| f(exit)) {
                 let text: Vec<u8> = h.into_iter().flat_map(|(_, b)| b).collect();
                 let text = String::from_utf8_lossy(&text).trim().replace('\n', " ");
                 return Ok(Err(format!("exit status {}: {text}", exit.unwrap_or(0))));
@@ -2527,7 +2668,7 @@ impl<J: ExecutionJournal> Executor<J> {
             Line::Cancel(c) => reply.cancel = Some(c),
             Line::OutputGone => reply.output_gone = true,
             Line::Gc(g) => reply.gc = Some(g),
-            Line::Helper(_) => {}
+            Line::Helper(_) | Line::Installed => {}
             Line::End => reply.ended = true,
         }
         Ok(())

@@ -1,4 +1,5 @@
 mod audit;
+mod bootstrap;
 mod certs;
 mod docker;
 mod docker_epochs;
@@ -23,6 +24,7 @@ mod replica_wait;
 mod replicas;
 mod run;
 mod script;
+mod servers;
 mod ssh;
 mod ssh_config_diff;
 mod support;

@@ -47,7 +47,11 @@ fn slow_lines(h: &Host, n: usize, delay: &str, code: i32) -> String {
 
 #[test]
 fn runs_a_command_and_exits_with_its_status() {
-    let h = Host::new();
+    runs_a_command_and_exits_with_its_status_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn runs_a_command_and_exits_with_its_status_on(h: &Host) {
     let out = h
         .run_cmd(
             &[],
@@ -100,10 +104,14 @@ fn json_output_has_the_documented_fields() {
 
 #[test]
 fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order() {
-    let h = Host::new();
-    let child = spawn(h.run_cmd(&["--json"], &slow_lines(&h, 30, "0.1", 7)));
+    cut_during_the_run_reattaches_and_output_is_complete_and_in_order_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order_on(h: &Host) {
+    let child = spawn(h.run_cmd(&["--json"], &slow_lines(h, 30, "0.1", 7)));
     let started = h.wait_started();
-    wait_out_lines(&h, &started, 5);
+    wait_out_lines(h, &started, 5);
     h.proxy.set_refuse(true);
     h.proxy.cut();
     std::thread::sleep(Duration::from_millis(700));
@@ -193,7 +201,11 @@ fn cut_before_the_start_guard_dispatches_again_under_the_same_id() {
 
 #[test]
 fn kill_9_of_the_client_then_recover_completes_from_the_marker() {
-    let h = Host::new();
+    kill_9_of_the_client_then_recover_completes_from_the_marker_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn kill_9_of_the_client_then_recover_completes_from_the_marker_on(h: &Host) {
     let mut child = spawn(h.run_cmd(
         &[],
         &format!(
@@ -594,7 +606,11 @@ fn timeout_is_enforced_on_the_host() {
 
 #[test]
 fn detach_then_cancel_stops_the_process_group() {
-    let h = Host::new();
+    detach_then_cancel_stops_the_process_group_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn detach_then_cancel_stops_the_process_group_on(h: &Host) {
     let marker = h.sshd.dir().join("still-running");
     let out = h
         .run_cmd(
