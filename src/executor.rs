@@ -401,8 +401,7 @@ pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
         | State::Completed
         | State::Cancelled => true,
         State::Unknown | State::Interrupted => {
-            let class: OpClass = c.class.parse().unwrap_or_default();
-            class.after_unknown(unsettled) != AfterUnknown::RunAgain
+            crate::intent::after_unknown_recorded(&c.class, unsettled) != AfterUnknown::RunAgain
         }
         State::Failed | State::Rejected | State::Delivered => false,
     })
@@ -1127,10 +1126,9 @@ impl<J: ExecutionJournal> Executor<J> {
         if state == State::Failed {
             return Ok(None);
         }
-        let class: OpClass = c.class.parse().unwrap_or_default();
         let o = match state {
             State::Interrupted => self.review_outcome(&c.id)?,
-            State::Unknown => match class.after_unknown(0) {
+            State::Unknown => match crate::intent::after_unknown_recorded(&c.class, 0) {
                 AfterUnknown::Review | AfterUnknown::RunAgain => self.review_outcome(&c.id)?,
                 AfterUnknown::ProbeMarker => {
                     let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
@@ -1148,8 +1146,13 @@ impl<J: ExecutionJournal> Executor<J> {
                     if o.state == State::Unknown && o.held_by.is_none() {
                         // Idempotent: running it again is harmless; do it under the same
                         // execution ID (the start guard still holds where the marker exists).
-                        self.journal
-                            .append_evidence(&c.id, Evidence::RetrySameId { class, reason: () })?;
+                        self.journal.append_evidence(
+                            &c.id,
+                            Evidence::RetrySameId {
+                                class: OpClass::Idempotent,
+                                reason: (),
+                            },
+                        )?;
                         self.redispatch(&c.id, detach, sink).await?
                     } else {
                         o
