@@ -471,7 +471,7 @@ fn python() -> PathBuf {
         return py;
     }
     assert!(
-        std::env::var_os("CI").is_none(),
+        !crate::support::ci::is_ci(),
         "CI: the Python MCP SDK is missing at {} (python3 -m venv target/mcp-venv && \
          target/mcp-venv/bin/pip install mcp)",
         venv.display()
