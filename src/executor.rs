@@ -2930,6 +2930,7 @@ impl<J: ExecutionJournal> Executor<J> {
         // after every check here), the `dispatched` event is refused and nothing is sent.
         let mut held = std::mem::take(&mut run.held);
         held.push(dispatched);
+        crate::failpoint::pause("before-dispatched");
         if let Err(e) = self.journal.append_all(&run.rec.id, held.clone()) {
             let refused = e.refused().ok_or(e)?;
             // What this process held stays on record as the withheld note's evidence.

@@ -76,6 +76,8 @@ pub mod cli;
 pub mod error;
 pub mod evidence;
 pub mod executor;
+#[doc(hidden)]
+pub mod failpoint;
 pub mod fleet;
 pub mod gate;
 pub mod gateway;
