@@ -9,6 +9,12 @@
 //!
 //! The points:
 //! - `before-dispatched`: the executor decided to dispatch and is about to append `dispatched`.
+//!
+//! `CAIRN_TEST_FAIL=NAME[*N][,NAME[*N]…]` makes the check [`fails`] at `NAME` say "fail" (the
+//! first `N` times, or every time): how a test makes one journal operation fail while the rest
+//! of the process works, to see the caller fail closed or retry. The checks:
+//! - `session-lookup`, `session-bind`: the HTTP front's reading and recording of which actor an
+//!   MCP session belongs to.
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,5 +51,39 @@ pub fn pause(name: &str) {
     let t0 = Instant::now();
     while !go.exists() && t0.elapsed() < MAX_PAUSE {
         std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Whether the tests made the operation `name` fail this time (see the module documentation).
+pub fn fails(name: &str) -> bool {
+    /// Each armed check, and how many more times it fails (`None`: always).
+    type Left = std::sync::Mutex<std::collections::HashMap<String, Option<u32>>>;
+    static LEFT: OnceLock<Option<Left>> = OnceLock::new();
+    let Some(left) = LEFT
+        .get_or_init(|| {
+            let v = std::env::var("CAIRN_TEST_FAIL").ok()?;
+            let points = v
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(|p| match p.split_once('*') {
+                    Some((n, times)) => (n.to_owned(), times.parse().ok()),
+                    None => (p.to_owned(), None),
+                })
+                .collect();
+            Some(Left::new(points))
+        })
+        .as_ref()
+    else {
+        return false;
+    };
+    let mut left = left.lock().unwrap_or_else(|e| e.into_inner());
+    match left.get_mut(name) {
+        None => false,
+        Some(None) => true,
+        Some(Some(0)) => false,
+        Some(Some(n)) => {
+            *n -= 1;
+            true
+        }
     }
 }

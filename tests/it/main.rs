@@ -9,6 +9,7 @@ mod fuzz;
 mod gateway;
 mod host_helper;
 mod http;
+mod http_sessions;
 mod jump;
 mod known_hosts_diff;
 mod operations;
