@@ -15,6 +15,8 @@
 //! of the process works, to see the caller fail closed or retry. The checks:
 //! - `session-lookup`, `session-bind`: the HTTP front's reading and recording of which actor an
 //!   MCP session belongs to.
+//! - `evidence-append`: each attempt of `journal::append_evidence_retrying` (a session's end, a
+//!   delivery, an abandoned stream, a resumable stream's record).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -1393,6 +1393,58 @@ fn advance_anchor(anchor: &anchor::Anchor, ev: &Event) {
     }
 }
 
+/// How many times an append of evidence that nothing else would redo (a session's end, a
+/// delivery, an abandoned stream) is tried before it is reported lost.
+pub const EVIDENCE_ATTEMPTS: u32 = 3;
+
+static EVIDENCE_LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Evidence appends given up after [`EVIDENCE_ATTEMPTS`] in this process (`/metrics`:
+/// `cairn_evidence_lost_total`).
+pub fn evidence_lost() -> u64 {
+    EVIDENCE_LOST.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Append evidence that nothing else would redo, with `append` (which opens the journal as it
+/// needs; a refusal of the lifecycle is its answer to give as `Ok`): tried up to
+/// [`EVIDENCE_ATTEMPTS`] times, pausing 50 ms, then 200 ms; then reported: an error line naming
+/// `what` and the cause, and [`evidence_lost`] counts it. Returns the last attempt's result.
+pub fn append_evidence_retrying<T, E>(
+    what: &str,
+    mut append: impl FnMut() -> std::result::Result<T, E>,
+) -> std::result::Result<T, E>
+where
+    E: From<JournalError> + std::fmt::Display,
+{
+    let mut pause = Duration::from_millis(50);
+    let mut attempt = 1;
+    loop {
+        let failed = if crate::failpoint::fails("evidence-append") {
+            E::from(JournalError::Io {
+                path: PathBuf::new(),
+                message: "the append failed (test)".into(),
+            })
+        } else {
+            match append() {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            }
+        };
+        if attempt >= EVIDENCE_ATTEMPTS {
+            EVIDENCE_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(
+                "cairn: evidence lost: {what} could not be recorded after {attempt} attempts: \
+                 {failed}"
+            );
+            return Err(failed);
+        }
+        tracing::warn!("cairn: recording {what} (attempt {attempt}): {failed}; trying again");
+        std::thread::sleep(pause);
+        pause *= 4;
+        attempt += 1;
+    }
+}
+
 /// Status from a sequence of transition states (see [`status_from_events`]).
 pub fn status_from_states(states: &[State]) -> Option<Status> {
     let mut state: Option<State> = None;

@@ -1169,6 +1169,41 @@ fn a_cancel_inside_the_pause_before_the_dispatched_append_means_nothing_runs() {
     );
 }
 
+/// Evidence nothing else would redo (here: the end of the `cairn run` session) is tried again
+/// when an append fails, and, given up, is said as lost, never dropped in silence.
+#[test]
+fn the_end_of_a_session_is_retried_and_a_lost_one_is_reported() {
+    let h = Host::new();
+    let ended = |h: &Host| {
+        h.journal()
+            .sessions()
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.ended_at.is_some())
+            .count()
+    };
+    // Two failed attempts, then recorded.
+    let mut c = h.run_cmd(&[], &format!("{}echo one", h.count()));
+    c.env("CAIRN_TEST_FAIL", "evidence-append*2");
+    let out = output(c, LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(ended(&h), 1, "{:?}", h.journal().sessions().unwrap());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("trying again").count(), 2, "{err}");
+    // Every attempt fails: the run's answer stands, and the loss is said.
+    let mut c = h.run_cmd(&[], &format!("{}echo two", h.count()));
+    c.env("CAIRN_TEST_FAIL", "evidence-append");
+    let out = output(c, LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("evidence lost: the end of the session could not be recorded after 3"),
+        "{err}"
+    );
+    assert_eq!(ended(&h), 1);
+    assert_eq!(h.runs(), 2);
+}
+
 /// The reader of cairn's output goes away mid-run (a closed pipe): the run ends with an error
 /// after the dispatch boundary. That is never "nothing was dispatched" (255): cairn exits 254,
 /// names the execution, and `recover --wait` finds the one run's result.
