@@ -2717,6 +2717,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 }
                 Step::Send => {
                     let i = ci.ok_or_else(|| not_connected(run))?;
+                    crate::failpoint::pause("before-send");
                     let reply = self.send(i, run, mode.detach, &secrets, sink).await?;
                     self.heard(run, &reply, true)?;
                     let (answer, probe) = self.answer_of(run, &reply);

@@ -9,6 +9,7 @@
 //!
 //! The points:
 //! - `before-dispatched`: the executor decided to dispatch and is about to append `dispatched`.
+//! - `before-send`: `dispatched` is committed; the dispatch's bytes are about to be sent.
 //!
 //! `CAIRN_TEST_FAIL=NAME[*N][,NAME[*N]…]` makes the check [`fails`] at `NAME` say "fail" (the
 //! first `N` times, or every time): how a test makes one journal operation fail while the rest
