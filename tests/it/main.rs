@@ -25,3 +25,4 @@ mod script;
 mod ssh;
 mod ssh_config_diff;
 mod support;
+mod tasks_window;
