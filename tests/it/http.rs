@@ -474,7 +474,7 @@ pub(crate) fn python() -> PathBuf {
     }
     let reqs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/requirements.txt");
     assert!(
-        std::env::var_os("CI").is_none(),
+        !crate::support::ci::is_ci(),
         "CI: the Python MCP clients are missing at {} (python3 -m venv target/mcp-venv && \
          target/mcp-venv/bin/pip install -r {})",
         venv.display(),
