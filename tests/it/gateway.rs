@@ -1493,13 +1493,15 @@ async fn mcp_retried_tools_call_after_reconnect_attaches_and_runs_once() {
     let props = run.input_schema.get("properties").unwrap();
     assert!(props.get("destination").is_some() && props.get("command").is_some());
 
-    let cmd = format!("{}sleep 2; echo mcp-once", h.count());
+    let cmd = format!("{}sleep 4; echo mcp-once", h.count());
     let call = || {
         CallToolRequestParams::new("run_command")
             .with_arguments(args(json!({"destination": "127.0.0.1", "command": cmd})))
     };
-    // The first call is cut off: the client gives up and goes away while it runs.
-    let first = tokio::time::timeout(Duration::from_millis(700), client.call_tool(call())).await;
+    // The first call is cut off: the client gives up and goes away while it runs. (2 s: first
+    // contact, the script's install and the helper's upload included, must have dispatched it
+    // by then, on a loaded machine too; a call cut off before its dispatch is cancelled.)
+    let first = tokio::time::timeout(Duration::from_secs(2), client.call_tool(call())).await;
     assert!(first.is_err(), "the first call should still be running");
     let hh = &h;
     let id = tokio::task::block_in_place(|| hh.wait_started());
