@@ -22,6 +22,7 @@ use crate::journal::{
     now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionJournal, ExecutionRecord,
     IntentColumns, Journal, NewEvent,
 };
+use crate::lifecycle::Illegal;
 use crate::machine::{Answer, Event, Machine, Mode, Note, Step, Wait, Why};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
 use crate::recovery::{Backoff, Liveness, Prior, Probe};
@@ -202,6 +203,9 @@ struct Run {
     /// When a `running` or `reconnected` event was put among the held ones: from then, they
     /// wait at most [`HOLD_RUNNING`] while a reply streams.
     held_since: Option<Instant>,
+    /// The state another process had recorded when the journal refused this run's
+    /// `dispatched` event (the evidence of the `dispatch-withheld` note).
+    withheld_at: Option<State>,
 }
 
 /// How long a held `running` (or `reconnected`) event may wait, while a reply streams, for the
@@ -241,16 +245,6 @@ fn hold_left(run: &Run) -> Option<Duration> {
     run.held_since
         .filter(|_| !run.held.is_empty())
         .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()))
-}
-
-/// Leave out of `held` the transitions that would move an execution's state backwards: while
-/// they waited, another process (an `attach` of the same execution) recorded its result. A
-/// `running` after `completed` would make the journal say it is running again. Notes stay;
-/// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
-fn drop_overtaken(held: &mut Vec<NewEvent>, now: Option<State>) {
-    if now.is_some_and(State::has_result) {
-        held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
-    }
 }
 
 /// The bookkeeping place of an execution's host (see [`crate::epoch`]).
@@ -392,6 +386,7 @@ impl Run {
             host_side: None,
             held: Vec::new(),
             held_since: None,
+            withheld_at: None,
         }
     }
 }
@@ -414,8 +409,7 @@ pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
         | State::Completed
         | State::Cancelled => true,
         State::Unknown | State::Interrupted => {
-            let class: OpClass = c.class.parse().unwrap_or_default();
-            class.after_unknown(unsettled) != AfterUnknown::RunAgain
+            crate::intent::after_unknown_recorded(&c.class, unsettled) != AfterUnknown::RunAgain
         }
         State::Failed | State::Rejected | State::Delivered => false,
     })
@@ -775,10 +769,12 @@ impl<J: ExecutionJournal> Executor<J> {
             Ok(i) => i,
             Err(e) => {
                 tracing::Span::current().record("execution_id", tracing::field::display(&id));
+                let actor = intent.actor.trim();
                 let evidence = Evidence::Accepted {
                     record: crate::journal::accepted_evidence(&rec),
                     connection: Some(&reach),
                     intent: None,
+                    asked_by: Some(actor),
                 };
                 self.journal
                     .accept(&rec, evidence.to_value())
@@ -825,6 +821,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 session_id: cols.session_id.as_deref(),
                 intent: &cols.intent,
             }),
+            asked_by: None,
         }
         .to_value();
         let match_evidence = Evidence::IntentMatched {
@@ -1140,10 +1137,9 @@ impl<J: ExecutionJournal> Executor<J> {
         if state == State::Failed {
             return Ok(None);
         }
-        let class: OpClass = c.class.parse().unwrap_or_default();
         let o = match state {
             State::Interrupted => self.review_outcome(&c.id)?,
-            State::Unknown => match class.after_unknown(0) {
+            State::Unknown => match crate::intent::after_unknown_recorded(&c.class, 0) {
                 AfterUnknown::Review | AfterUnknown::RunAgain => self.review_outcome(&c.id)?,
                 AfterUnknown::ProbeMarker => {
                     let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
@@ -1161,8 +1157,13 @@ impl<J: ExecutionJournal> Executor<J> {
                     if o.state == State::Unknown && o.held_by.is_none() {
                         // Idempotent: running it again is harmless; do it under the same
                         // execution ID (the start guard still holds where the marker exists).
-                        self.journal
-                            .append_evidence(&c.id, Evidence::RetrySameId { class, reason: () })?;
+                        self.journal.append_evidence(
+                            &c.id,
+                            Evidence::RetrySameId {
+                                class: OpClass::Idempotent,
+                                reason: (),
+                            },
+                        )?;
                         self.redispatch(&c.id, detach, sink).await?
                     } else {
                         o
@@ -1645,13 +1646,34 @@ impl<J: ExecutionJournal> Executor<J> {
             return self.outcome_from_journal(&run);
         }
         if matches!(run.m.prior(), Prior::NotDispatched | Prior::Held) {
-            // A live owner checks the state again before its `dispatched` event and does not
-            // send a cancelled execution.
-            return self.conclude(
-                &mut run,
-                State::Cancelled,
-                "cancelled before dispatch: nothing was sent",
-            );
+            // Recorded only while the execution is still accepted or authorized, in the append
+            // itself: then a live owner's `dispatched` event after it is refused by the journal,
+            // and nothing is sent. An owner that dispatched first makes this refused, and the
+            // cancel goes to the host.
+            let reason = "cancelled before dispatch: nothing was sent";
+            let concluded = Evidence::Concluded {
+                state: State::Cancelled,
+                reason,
+                reconnects: run.reconnects,
+                start_record: None,
+            }
+            .into_event();
+            let before = [State::Accepted, State::Authorized];
+            match self.journal.append_all_if(id, &before, vec![concluded]) {
+                Ok(_) => {
+                    run.m.set_prior(Prior::Settled);
+                    let mut o = self.outcome_from_journal(&run)?;
+                    o.reason = Some(reason.to_owned());
+                    return Ok(o);
+                }
+                Err(e) => match e.refused() {
+                    Some(r) if r.from.is_some_and(State::is_settled) => {
+                        return self.outcome_from_journal(&run);
+                    }
+                    Some(_) => run = self.load(id)?,
+                    None => return Err(e.into()),
+                },
+            }
         }
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
@@ -2839,6 +2861,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 }
                 Step::Send => {
                     let i = ci.ok_or_else(|| not_connected(run))?;
+                    crate::failpoint::pause("before-send");
                     let reply = self.send(i, run, mode.detach, &secrets, sink).await?;
                     self.heard(run, &reply, true)?;
                     let (answer, probe) = self.answer_of(run, &reply);
@@ -3021,8 +3044,8 @@ impl<J: ExecutionJournal> Executor<J> {
         Ok(o)
     }
 
-    /// Before the bytes of a dispatch leave: for a fresh one, the journal read again and the
-    /// request's gate crossed; then the `dispatched` event made durable. Returns what happened
+    /// Before the bytes of a dispatch leave: for a fresh one, the request's gate crossed; then
+    /// the `dispatched` event made durable, or refused by the journal. Returns what happened
     /// for the machine, and the secrets to send.
     fn prepare_dispatch(
         &mut self,
@@ -3030,14 +3053,6 @@ impl<J: ExecutionJournal> Executor<J> {
         fresh: bool,
         detach: bool,
     ) -> Result<(Event, Vec<u8>), ExecError> {
-        if fresh {
-            // Settled by another process while this one prepared it (a `cancel` of an
-            // execution waiting for its approval): it is not sent.
-            let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
-            if now.is_some_and(|s| !matches!(s, State::Accepted | State::Authorized)) {
-                return Ok((Event::SettledElsewhere, Vec::new()));
-            }
-        }
         // A new execution whose request's caller is gone sends nothing (src/gate.rs).
         let gate = fresh.then(crate::gate::current).flatten();
         let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
@@ -3055,7 +3070,21 @@ impl<J: ExecutionJournal> Executor<J> {
             timeout_secs: run.rec.timeout_secs,
         }
         .into_event();
-        self.record(run, dispatched)?;
+        // The journal decides in the append itself: settled by another process while this one
+        // prepared it (a `cancel` of an execution waiting for its approval, even one that came
+        // after every check here), the `dispatched` event is refused and nothing is sent.
+        let mut held = std::mem::take(&mut run.held);
+        held.push(dispatched);
+        crate::failpoint::pause("before-dispatched");
+        if let Err(e) = self.journal.append_all(&run.rec.id, held.clone()) {
+            let refused = e.refused().ok_or(e)?;
+            // What this process held stays on record as the withheld note's evidence.
+            held.pop();
+            run.held = held;
+            run.withheld_at = refused.from;
+            return Ok((Event::SettledElsewhere, Vec::new()));
+        }
+        run.held_since = None;
         drop(crossing);
         Ok((Event::Dispatched, secrets))
     }
@@ -3063,7 +3092,7 @@ impl<J: ExecutionJournal> Executor<J> {
     /// Another process settled the execution before this one sent it: its approval stays on
     /// record as a note (a transition now would move the settled state back).
     fn withhold(&mut self, run: &mut Run) -> Result<Outcome, ExecError> {
-        let s = self.journal.status(&run.rec.id)?.map(|s| s.state);
+        let s = run.withheld_at;
         let held = std::mem::take(&mut run.held);
         let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
         self.journal.append_evidence(
@@ -3183,25 +3212,36 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// Append an event of `run`, in one transaction with the events it holds (see `Run::held`).
-    fn record(&mut self, run: &mut Run, event: NewEvent) -> Result<(), ExecError> {
+    /// `Some`: the journal refused a transition among them (see [`Executor::flush_held`]).
+    fn record(&mut self, run: &mut Run, event: NewEvent) -> Result<Option<Illegal>, ExecError> {
         run.held.push(event);
         self.flush_held(run)
     }
 
-    /// Commit the events `run` holds, if any.
-    fn flush_held(&mut self, run: &mut Run) -> Result<(), ExecError> {
+    /// Commit the events `run` holds, if any, in one transaction. The journal checks each
+    /// transition against the state recorded at that moment: when another process moved the
+    /// execution on meanwhile (an `attach` recorded its result, a `cancel` came first) it
+    /// refuses them all, and that state stands; the held notes are then committed alone and
+    /// the refusal returned, for the caller that acts on it.
+    fn flush_held(&mut self, run: &mut Run) -> Result<Option<Illegal>, ExecError> {
+        let mut refused = None;
         if !run.held.is_empty() {
-            let mut held = std::mem::take(&mut run.held);
-            if held.iter().any(|(_, s, _)| s.is_some()) {
-                let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
-                drop_overtaken(&mut held, now);
-            }
-            if !held.is_empty() {
-                self.journal.append_all(&run.rec.id, held)?;
+            let held = std::mem::take(&mut run.held);
+            let notes: Vec<NewEvent> = held.iter().filter(|e| e.1.is_none()).cloned().collect();
+            match self.journal.append_all(&run.rec.id, held) {
+                Ok(_) => {}
+                Err(e) => {
+                    let r = e.refused().ok_or(e)?;
+                    tracing::debug!("cairn: {}: {r}", run.rec.id);
+                    refused = Some(r);
+                    if !notes.is_empty() {
+                        self.journal.append_all(&run.rec.id, notes)?;
+                    }
+                }
             }
         }
         run.held_since = None;
-        Ok(())
+        Ok(refused)
     }
 
     fn complete(
@@ -3215,18 +3255,6 @@ impl<J: ExecutionJournal> Executor<J> {
         } else {
             State::Completed
         };
-        // Another process attached to the same execution may have recorded it already.
-        let already = self
-            .journal
-            .status(&run.rec.id)?
-            .is_some_and(|s| s.state.has_result());
-        if already {
-            run.done = Some(done);
-            run.m.set_prior(Prior::Settled);
-            let mut o = self.outcome_from_journal(run)?;
-            o.recovered = recovered;
-            return Ok(o);
-        }
         let finished = Evidence::Finished {
             state,
             finish_record: finish_text(&done),
@@ -3234,6 +3262,8 @@ impl<J: ExecutionJournal> Executor<J> {
             reconnects: run.reconnects,
         }
         .into_event();
+        // Another process attached to the same execution may have recorded it already: the
+        // journal then refuses this one, and the outcome is the one it holds.
         self.record(run, finished)?;
         run.done = Some(done);
         run.m.set_prior(Prior::Settled);
@@ -3248,26 +3278,6 @@ impl<J: ExecutionJournal> Executor<J> {
         state: State,
         reason: &str,
     ) -> Result<Outcome, ExecError> {
-        // Another process (a `recover`, an `attach`) may have settled the execution while this
-        // one could not reach the host. Its verdict stands: an `unknown` appended after it
-        // would contradict the host, and this process has none of the result to hand on.
-        if !state.is_settled() {
-            if let Some(st) = self
-                .journal
-                .status(&run.rec.id)?
-                .filter(|s| s.state.is_settled())
-            {
-                let mut o = self.outcome_from_journal(run)?;
-                o.state = state;
-                o.needs_review = true;
-                o.reason = Some(format!(
-                    "{reason}; meanwhile another process recorded it as {}: `cairn attach {}` \
-                     returns its result (do not send it again)",
-                    st.state, run.rec.id
-                ));
-                return Ok(o);
-            }
-        }
         let concluded = Evidence::Concluded {
             state,
             reason,
@@ -3275,7 +3285,9 @@ impl<J: ExecutionJournal> Executor<J> {
             start_record: run.start.as_ref().map(start_text),
         }
         .into_event();
-        self.record(run, concluded)?;
+        if let Some(refused) = self.record(run, concluded)? {
+            return self.overtaken(run, state, reason, refused);
+        }
         if state.is_settled() {
             run.m.set_prior(Prior::Settled);
         }
@@ -3284,15 +3296,50 @@ impl<J: ExecutionJournal> Executor<J> {
         Ok(o)
     }
 
-    /// Record `delivered` for an execution whose result the caller now holds.
-    pub fn mark_delivered(&mut self, id: &ExecutionId, how: &str) -> Result<(), ExecError> {
-        if let Some(st) = self.journal.status(id)? {
-            if st.state.has_result() && st.state != State::Delivered {
-                self.journal
-                    .append_evidence(id, Evidence::Delivered { to: how })?;
-            }
+    /// The answer of a conclusion the journal refused: another process (a `recover`, an
+    /// `attach`, a `cancel`) settled the execution while this one could not reach the host.
+    /// Its verdict stands: an `unknown` appended after it would contradict the host, and this
+    /// process has none of the result to hand on.
+    fn overtaken(
+        &mut self,
+        run: &mut Run,
+        state: State,
+        reason: &str,
+        refused: Illegal,
+    ) -> Result<Outcome, ExecError> {
+        let mut o = self.outcome_from_journal(run)?;
+        let recorded = refused.from.unwrap_or(o.state);
+        if recorded.is_settled() {
+            run.m.set_prior(Prior::Settled);
         }
-        Ok(())
+        if recorded == state {
+            // (recorded already: a retry of a `failed` one that failed again)
+            o.reason = Some(reason.to_owned());
+            return Ok(o);
+        }
+        if !state.is_settled() {
+            o.state = state;
+            o.needs_review = true;
+        }
+        o.reason = Some(format!(
+            "{reason}; meanwhile another process recorded it as {recorded}: `cairn attach {}` \
+             returns its result (do not send it again)",
+            run.rec.id
+        ));
+        Ok(o)
+    }
+
+    /// Record `delivered` for an execution whose result the caller now holds. The journal
+    /// takes it only after a result (`completed`, `cancelled`), once: a refusal means there is
+    /// nothing (more) to record.
+    pub fn mark_delivered(&mut self, id: &ExecutionId, how: &str) -> Result<(), ExecError> {
+        match self
+            .journal
+            .append_evidence(id, Evidence::Delivered { to: how })
+        {
+            Err(e) if e.refused().is_none() => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 
     fn outcome_from_journal(&self, run: &Run) -> Result<Outcome, ExecError> {
@@ -3435,47 +3482,66 @@ mod tests {
         assert_send(&ex.gc_host(&rec, Duration::ZERO, Duration::ZERO));
     }
 
-    fn held(
-        states: &[(&str, Option<State>)],
-    ) -> Vec<(EventKind, Option<State>, serde_json::Value)> {
-        states
-            .iter()
-            .map(|(k, s)| (EventKind::parse(k), *s, json!({})))
-            .collect()
-    }
-
-    fn kinds(h: &[(EventKind, Option<State>, serde_json::Value)]) -> Vec<&str> {
-        h.iter().map(|(k, _, _)| k.as_str()).collect()
-    }
-
+    /// Events a run held while another process recorded the execution's result: the journal
+    /// refuses the held `running` (the result stands), and the held note is still recorded.
     #[test]
-    fn held_transitions_overtaken_by_a_result_are_left_out() {
-        let mut h = held(&[("reconnected", None), ("running", Some(State::Running))]);
-        drop_overtaken(&mut h, Some(State::Completed));
-        assert_eq!(kinds(&h), ["reconnected"], "a note stays, running goes");
-        let mut h = held(&[("running", Some(State::Running))]);
-        drop_overtaken(&mut h, Some(State::Delivered));
-        assert!(h.is_empty());
-        // the run's own outcome in the same batch is kept whatever the journal says
-        let mut h = held(&[
-            ("running", Some(State::Running)),
-            ("completed", Some(State::Completed)),
-        ]);
-        drop_overtaken(&mut h, Some(State::Dispatched));
-        assert_eq!(kinds(&h), ["running", "completed"]);
-        // after a state without a result, a start seen on the host is new evidence
-        for now in [
-            State::Failed,
-            State::Unknown,
-            State::Interrupted,
-            State::Running,
-        ] {
-            let mut h = held(&[("running", Some(State::Running))]);
-            drop_overtaken(&mut h, Some(now));
-            assert_eq!(kinds(&h), ["running"], "after {now}");
-        }
-        let mut h = held(&[("authorized", Some(State::Authorized))]);
-        drop_overtaken(&mut h, None);
-        assert_eq!(kinds(&h), ["authorized"]);
+    fn held_transitions_overtaken_by_a_result_are_refused_and_the_notes_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let rec = crate::journal::tests::rec("ex_held");
+        j.accept(&rec, crate::journal::accepted_evidence(&rec))
+            .unwrap();
+        crate::journal::tests::walk(
+            &mut j,
+            &rec.id,
+            &[State::Authorized, State::Dispatched, State::Completed],
+        );
+        let mut ex = Executor::new(j, ConnectOptions::default(), Patience::default());
+        let mut run = ex.load(&rec.id).unwrap();
+        run.held = vec![
+            Evidence::Reconnected { reconnects: 1 }.into_event(),
+            (EventKind::Running, Some(State::Running), json!({})),
+        ];
+        let refused = ex.flush_held(&mut run).unwrap();
+        assert_eq!(
+            refused,
+            Some(Illegal {
+                from: Some(State::Completed),
+                to: State::Running
+            })
+        );
+        assert!(run.held.is_empty());
+        let kinds: Vec<String> = ex
+            .journal
+            .events(&rec.id)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.to_string())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "accepted",
+                "authorized",
+                "dispatched",
+                "completed",
+                "reconnected"
+            ]
+        );
+        assert_eq!(
+            ex.journal.status(&rec.id).unwrap().unwrap().state,
+            State::Completed
+        );
+        // and a delivery is recorded once: the second is refused by the journal, quietly
+        ex.mark_delivered(&rec.id, "test").unwrap();
+        ex.mark_delivered(&rec.id, "test").unwrap();
+        let delivered = ex
+            .journal
+            .events(&rec.id)
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == EventKind::Delivered)
+            .count();
+        assert_eq!(delivered, 1);
     }
 }
