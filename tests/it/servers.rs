@@ -163,3 +163,31 @@ fn tinysshd_fails_before_any_dispatch_naming_the_channel_it_refuses() {
     // it was tinysshd that answered
     assert!(h.sshd.log().contains("tinysshd"), "{}", h.sshd.log());
 }
+
+/// The forced command's check can fail: an exec request of 1,025 bytes (sent here directly,
+/// not by cairn) is recorded and named, on OpenSSH and on Dropbear; 1,024 passes.
+#[test]
+fn the_exec_length_guard_names_a_command_string_past_one_kib() {
+    for s in [TestSshd::start(), TestSshd::start_dropbear()] {
+        let t = s.target();
+        cairn::rt::block_on(async {
+            let c = cairn::ssh::Connection::connect(&t, &cairn::ssh::ConnectOptions::default())
+                .await
+                .expect("connect");
+            for n in [1024, 1025] {
+                // `:` and a comment: the shell runs nothing
+                let cmd = format!(": #{}", "x".repeat(n - 3));
+                let mut ex = c.exec(cmd.as_bytes()).await.expect("exec");
+                while ex.next().await.expect("read").is_some() {}
+            }
+        });
+        let lens = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| s.exec_lengths()));
+        let why = lens.expect_err("a 1,025-byte exec request passed the guard");
+        let why = why.downcast_ref::<String>().cloned().unwrap_or_default();
+        assert!(why.contains("1025 bytes: : #xxx"), "{why}");
+        assert!(!why.contains("\n1024 bytes"), "{why}");
+        // (checked: the server's drop would fail this test again)
+        std::fs::remove_file(s.dir().join("exec-too-long")).unwrap();
+        assert_eq!(s.exec_lengths(), vec![1024, 1025]);
+    }
+}
