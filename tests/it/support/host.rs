@@ -176,6 +176,18 @@ impl Host {
         self.remote_dir.join("x")
     }
 
+    /// [`Host::wait_started`] for async tests: waits without holding a runtime thread, so a
+    /// call in flight can be raced against it (`tokio::select!`).
+    pub async fn started(&self) -> String {
+        for _ in 0..400 {
+            if let Some(id) = self.started_id() {
+                return id;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("no started record within 20 s");
+    }
+
     pub fn wait_started(&self) -> String {
         wait_for("a started record", Duration::from_secs(20), || {
             let rd = fs::read_dir(self.x()).ok()?;
