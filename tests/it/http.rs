@@ -223,17 +223,7 @@ fn requests_without_a_valid_token_or_from_a_foreign_origin_are_refused_and_only_
     let h = Host::new();
     let good = token(&h, "agent:alice", &[]);
     let revoked = token(&h, "agent:mallory", &[]);
-    let ls = token_cmd(&h, &["ls", "--json"]);
-    let tokens: Value = serde_json::from_slice(&ls.stdout).unwrap();
-    let revoked_id = tokens
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|t| t["actor"] == "agent:mallory")
-        .unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let revoked_id = token_id(&h, "agent:mallory");
     let out = token_cmd(&h, &["revoke", &revoked_id]);
     assert!(out.status.success(), "{out:?}");
     let s = Server::start(&h, 0, &[]);
