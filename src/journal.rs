@@ -3241,6 +3241,26 @@ pub(crate) mod tests {
             "{e}"
         );
         assert_eq!(j.events(&mine).unwrap().len(), before, "nothing written");
+        // Fenced out, this process appends nothing more to it: not even a note, which it
+        // would otherwise write unfenced as a non-owner.
+        let e = j
+            .append(
+                &mine,
+                EventKind::Note,
+                None,
+                serde_json::json!({"late": true}),
+            )
+            .unwrap_err();
+        assert!(e.is_fenced(), "{e}");
+        let e = j
+            .append_all_if(
+                &mine,
+                &[State::Dispatched],
+                vec![(EventKind::Cancelled, Some(State::Cancelled), json!({}))],
+            )
+            .unwrap_err();
+        assert!(e.is_fenced(), "{e}");
+        assert_eq!(j.events(&mine).unwrap().len(), before, "nothing written");
         let o = j.ownership(&mine).unwrap().unwrap();
         assert!(!o.mine && o.live, "{o:?}");
         // A live owner's execution is not taken.
