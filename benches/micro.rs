@@ -1,7 +1,8 @@
 //! Library micro-benchmarks (criterion): `cargo bench --bench micro`.
 //!
-//! - journal: one durable event append (`Journal::append`: one transaction, one WAL fsync),
-//!   and one whole happy-path execution (accept + 5 appends).
+//! - journal: one durable event append (`Journal::append`: one transaction, one WAL fsync), as
+//!   a note and as a transition (which the journal checks against the lifecycle), and one whole
+//!   happy-path execution (accept + 5 appends).
 //! - `StderrDemux`: throughput splitting the channel's stderr stream into command stderr and
 //!   protocol lines, for plain stderr, stderr dense with `@` (boundary candidates), and a stream
 //!   of protocol lines. (Output fingerprinting is not implemented in cairn yet: nothing to
@@ -39,8 +40,26 @@ fn journal(c: &mut Criterion) {
     let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
     let id = ExecutionId::generate();
     j.accept(&record(&id), serde_json::json!({})).unwrap();
+    // (`running` again after `running`: a transition the lifecycle allows every time)
+    for s in [State::Authorized, State::Dispatched, State::Running] {
+        j.append(&id, EventKind::of_state(s), Some(s), serde_json::json!({}))
+            .unwrap();
+    }
     let mut g = c.benchmark_group("journal");
     g.sample_size(20).measurement_time(Duration::from_secs(3));
+    // The same append as a note: no lifecycle check (the transition's row above pays for
+    // reading the execution's state inside its transaction; the two side by side show it).
+    g.bench_function("append one note (1 transaction, fsync)", |b| {
+        b.iter(|| {
+            j.append(
+                &id,
+                EventKind::Note,
+                None,
+                serde_json::json!({"start_record": "v=1 id=x len=4 digest=d epoch=e boot=b"}),
+            )
+            .unwrap()
+        })
+    });
     g.bench_function("append one event (1 transaction, fsync)", |b| {
         b.iter(|| {
             j.append(

@@ -206,6 +206,10 @@ struct Run {
     /// The state another process had recorded when the journal refused this run's
     /// `dispatched` event (the evidence of the `dispatch-withheld` note).
     withheld_at: Option<State>,
+    /// The states the next `dispatched` event may be appended from, when the lifecycle's own
+    /// rule is not enough for this run's decision (a retry of a `failed` one: not after another
+    /// retry's `dispatched`); checked in the append's transaction.
+    dispatch_from: Option<&'static [State]>,
 }
 
 /// How long a held `running` (or `reconnected`) event may wait, while a reply streams, for the
@@ -387,6 +391,7 @@ impl Run {
             held: Vec::new(),
             held_since: None,
             withheld_at: None,
+            dispatch_from: None,
         }
     }
 }
@@ -1252,6 +1257,8 @@ impl<J: ExecutionJournal> Executor<J> {
         };
         run.last_seen_epoch.clone_from(&run.dispatch_epoch);
         run.m.set_prior(Prior::Dispatched);
+        // Two retries racing: the journal lets only the first `dispatched` follow `failed`.
+        run.dispatch_from = Some(&[State::Failed]);
         self.drive(&target, &mut run, true, false, true, sink).await
     }
 
@@ -3076,7 +3083,14 @@ impl<J: ExecutionJournal> Executor<J> {
         let mut held = std::mem::take(&mut run.held);
         held.push(dispatched);
         crate::failpoint::pause("before-dispatched");
-        if let Err(e) = self.journal.append_all(&run.rec.id, held.clone()) {
+        let appended = match run.dispatch_from.take() {
+            Some(from) => self
+                .journal
+                .append_all_if(&run.rec.id, from, held.clone())
+                .map(Some),
+            None => self.journal.append_all(&run.rec.id, held.clone()),
+        };
+        if let Err(e) = appended {
             let refused = e.refused().ok_or(e)?;
             // What this process held stays on record as the withheld note's evidence.
             held.pop();

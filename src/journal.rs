@@ -1491,22 +1491,41 @@ pub fn accepted_evidence(rec: &ExecutionRecord) -> serde_json::Value {
 }
 
 /// The state `id` holds inside the caller's transaction, as [`status_from_states`] derives it
-/// (what the lifecycle check compares against). A state name this build does not know fails
-/// the append rather than being skipped.
+/// (what the lifecycle check compares against), from at most two reads of the index on
+/// `(execution_id, seq)`: the last transition; when it is `unknown`, the last one before the
+/// `unknown`s (a settled state there stands: journals written before the lifecycle was enforced
+/// may hold an `unknown` after it). A state name this build does not know fails the append
+/// rather than being skipped.
 fn state_in(tx: &rusqlite::Transaction<'_>, id: &str) -> rusqlite::Result<Option<State>> {
-    let mut stmt = tx.prepare_cached(
-        "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq",
-    )?;
-    let names = stmt.query_map([id], |r| r.get::<_, String>(0))?;
-    let mut states = Vec::new();
-    for name in names {
-        let name = name?;
-        let state = name.parse::<State>().map_err(|e| {
+    let parse = |name: String| {
+        name.parse::<State>().map_err(|e| {
             rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.into())
-        })?;
-        states.push(state);
+        })
+    };
+    let last: Option<String> = tx
+        .prepare_cached(
+            "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL
+             ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    let Some(last) = last.map(parse).transpose()? else {
+        return Ok(None);
+    };
+    if last != State::Unknown {
+        return Ok(Some(last));
     }
-    Ok(status_from_states(&states).map(|s| s.state))
+    let before: Option<String> = tx
+        .prepare_cached(
+            "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL
+             AND state <> 'unknown' ORDER BY seq DESC LIMIT 1",
+        )?
+        .query_row([id], |r| r.get(0))
+        .optional()?;
+    Ok(match before.map(parse).transpose()? {
+        Some(s) if s.is_settled() => Some(s),
+        _ => Some(State::Unknown),
+    })
 }
 
 /// Derive the current status from an execution's events.
@@ -2302,6 +2321,47 @@ pub(crate) mod tests {
                 }
             }
             assert_eq!(dispatched + cancelled, 40, "{backend}");
+        }
+    }
+
+    /// The state the lifecycle check reads (two indexed reads) is the state `status` derives
+    /// from the whole history, for every history of up to three transitions after `accepted`,
+    /// lawful or not (journals written before the check may hold any).
+    #[test]
+    fn the_state_the_check_reads_is_the_state_status_derives() {
+        let dir = tempfile::tempdir().unwrap();
+        let j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let mut c = j.conn().unwrap();
+        let tx = c.transaction().unwrap();
+        let mut histories: Vec<Vec<State>> = vec![vec![]];
+        for _ in 0..3 {
+            let longer: Vec<Vec<State>> = histories
+                .iter()
+                .filter(|h| h.len() == histories.last().unwrap().len())
+                .flat_map(|h| {
+                    State::ALL.into_iter().map(move |s| {
+                        let mut h = h.clone();
+                        h.push(s);
+                        h
+                    })
+                })
+                .collect();
+            histories.extend(longer);
+        }
+        assert_eq!(histories.len(), 1 + 11 + 121 + 1331);
+        for (n, h) in histories.iter().enumerate() {
+            let r = rec(&format!("h{n}"));
+            insert_accepted(&tx, &r, None, &json!({})).unwrap();
+            for s in h {
+                append_in(&tx, r.id.as_str(), s.as_str(), Some(*s), &json!({})).unwrap();
+            }
+            let mut all = vec![State::Accepted];
+            all.extend(h);
+            assert_eq!(
+                state_in(&tx, r.id.as_str()).unwrap(),
+                status_from_states(&all).map(|s| s.state),
+                "{all:?}"
+            );
         }
     }
 
@@ -3240,6 +3300,26 @@ pub(crate) mod tests {
             e.to_string().contains("taken over by replica other/r"),
             "{e}"
         );
+        assert_eq!(j.events(&mine).unwrap().len(), before, "nothing written");
+        // Fenced out, this process appends nothing more to it: not even a note, which it
+        // would otherwise write unfenced as a non-owner.
+        let e = j
+            .append(
+                &mine,
+                EventKind::Note,
+                None,
+                serde_json::json!({"late": true}),
+            )
+            .unwrap_err();
+        assert!(e.is_fenced(), "{e}");
+        let e = j
+            .append_all_if(
+                &mine,
+                &[State::Dispatched],
+                vec![(EventKind::Cancelled, Some(State::Cancelled), json!({}))],
+            )
+            .unwrap_err();
+        assert!(e.is_fenced(), "{e}");
         assert_eq!(j.events(&mine).unwrap().len(), before, "nothing written");
         let o = j.ownership(&mine).unwrap().unwrap();
         assert!(!o.mine && o.live, "{o:?}");

@@ -43,6 +43,8 @@ struct ByLabel {
 #[derive(Default)]
 pub struct Local {
     pub refused: AtomicU64,
+    /// Which refusals are recorded in the journal (the rest are counted here).
+    pub refusals: super::refusals::Sampler,
 }
 
 /// The text exposition of one scrape.
@@ -125,6 +127,14 @@ pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Resul
         "http_refused",
         "HTTP requests refused by this server (token, Host, Origin)",
         refused,
+    );
+    let unrecorded = Counter::<u64>::default();
+    unrecorded.inc_by(local.refusals.unrecorded());
+    reg.register(
+        "http_refused_unrecorded",
+        "Refused HTTP requests counted but not recorded in the journal (past the sample of each \
+         source address and minute)",
+        unrecorded,
     );
     let mut out = String::new();
     prometheus_client::encoding::text::encode(&mut out, &reg).map_err(|e| e.to_string())?;

@@ -41,6 +41,7 @@ mod events;
 mod headers;
 pub mod listen;
 mod metrics;
+mod refusals;
 mod rpc;
 
 /// How the HTTP front listens and what it lets in (plain options: the CLI fills them).
@@ -168,8 +169,22 @@ impl Front {
         self.local
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let me = self.clone();
-        let _ = tokio::task::spawn_blocking(move || me.record_refusal(evidence)).await;
+        // Sampled: at most a few per source and minute cost an append (src/http/refusals.rs).
+        if self
+            .local
+            .refusals
+            .admit(seen.peer.ip(), std::time::Instant::now())
+        {
+            let me = self.clone();
+            let _ = tokio::task::spawn_blocking(move || me.record_refusal(evidence)).await;
+        } else {
+            tracing::debug!(
+                "cairn: refused {} {} from {} (counted, not recorded): {reason}",
+                seen.method,
+                seen.path,
+                seen.peer
+            );
+        }
         let mut r = plain(status, reason);
         if status == StatusCode::UNAUTHORIZED {
             r.headers_mut().insert(

@@ -531,7 +531,25 @@ fn owned() -> std::sync::MutexGuard<'static, HashMap<String, Held>> {
 }
 
 fn own(id: &ExecutionId, epoch: i64, taken_over: bool) {
+    fenced_here().remove(id.as_str());
     owned().insert(id.as_str().to_owned(), Held { epoch, taken_over });
+}
+
+/// The executions this process was fenced out of (an append of its own refused with CA001,
+/// another replica owns them at a later epoch): it appends nothing more to them, owner's write
+/// or not, until it owns one again (a takeover of its own).
+fn fenced_here() -> std::sync::MutexGuard<'static, std::collections::HashSet<String>> {
+    static FENCED: OnceLock<Mutex<std::collections::HashSet<String>>> = OnceLock::new();
+    FENCED
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+}
+
+/// This process lost `id` to another replica: it forgets its ownership and appends nothing more.
+pub(super) fn fence_out(id: &str) {
+    owned().remove(id);
+    fenced_here().insert(id.to_owned());
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -832,7 +850,7 @@ impl Pg {
             .map_err(|e| {
                 let e = self.err(e);
                 if e.is_fenced() {
-                    owned().remove(id);
+                    fence_out(id);
                     tracing::warn!("cairn: {e}");
                 }
                 lifecycle_refusal(id, e)
@@ -965,11 +983,30 @@ impl Pg {
         if events.is_empty() {
             return Ok(None);
         }
+        self.not_fenced_out(id.as_str())?;
         let evs = self.submit(group::Request::Append {
             id: id.as_str().to_owned(),
             events: events.to_vec(),
         })?;
         Ok(evs.into_iter().last())
+    }
+
+    /// Refuse, here and as the database would (CA001), an append to an execution this process
+    /// was fenced out of.
+    fn not_fenced_out(&self, id: &str) -> Result<()> {
+        if !fenced_here().contains(id) {
+            return Ok(());
+        }
+        Err(JournalError::Postgres {
+            location: self.location.clone(),
+            message: format!(
+                "execution {id} was taken over by another replica after the lease of this \
+                 replica ({}) expired: this replica no longer writes or dispatches it",
+                replica_id()
+            ),
+            code: Some(FENCED.to_owned()),
+            constraint: None,
+        })
     }
 
     /// Append `events` to `id`'s chain only while `id` holds one of the states `expect`: the
@@ -983,6 +1020,7 @@ impl Pg {
         events: &[(String, Option<State>, serde_json::Value)],
     ) -> Result<Event> {
         let id = id.as_str();
+        self.not_fenced_out(id)?;
         let out = self.block(async {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(|e| self.err(e))?;

@@ -10,6 +10,7 @@ mod fuzz;
 mod gateway;
 mod host_helper;
 mod http;
+mod http_refusals;
 mod http_sessions;
 mod jump;
 mod known_hosts_diff;

@@ -12,7 +12,7 @@ const LIMIT: std::time::Duration = std::time::Duration::from_secs(90);
 
 /// One MCP request of the 2026-07-28 revision declaring the tasks extension (as the HTTP
 /// tests send them by hand); the JSON-RPC response.
-fn mcp(port: u16, token: &str, id: u64, method: &str, mut params: Value) -> Value {
+pub(crate) fn mcp(port: u16, token: &str, id: u64, method: &str, mut params: Value) -> Value {
     params["_meta"] = json!({
         "io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": {"name": "hand-written", "version": "0"},

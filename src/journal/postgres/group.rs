@@ -398,7 +398,7 @@ impl Pg {
                     constraint: row.get::<_, Option<String>>(6).filter(|c| !c.is_empty()),
                 };
                 if e.is_fenced() {
-                    owned().remove(reqs[r].execution_id());
+                    super::fence_out(reqs[r].execution_id());
                     tracing::warn!("cairn: {e}");
                 }
                 *slot = Err(super::lifecycle_refusal(reqs[r].execution_id(), e));

@@ -73,14 +73,20 @@ enum Fault {
     PgRestart,
     /// the link to the host cut and refused for a while (every replica's connections)
     LinkCut,
+    /// `cairn cancel` of the execution, from a process of its own on the shared journal
+    Cancel,
+    /// MCP `tasks/cancel` of the execution (its task), sent to a replica the plan picks
+    TasksCancel,
 }
 
-const FAULTS: [Fault; 5] = [
+const FAULTS: [Fault; 7] = [
     Fault::None,
     Fault::Kill9,
     Fault::Pause,
     Fault::PgRestart,
     Fault::LinkCut,
+    Fault::Cancel,
+    Fault::TasksCancel,
 ];
 
 /// Where a fault landed for one execution, from the host's own records: the modification time
@@ -204,6 +210,12 @@ fn stratified_fault(seed: u64, trial: usize) -> Fault {
 fn allowed(f: Fault, landing: Landing) -> &'static [&'static str] {
     match (f, landing) {
         (Fault::None, _) => &["completed"],
+        // A cancel stops it wherever it lands, unless the command finished first; before the
+        // start, nothing may run (judged apart: no start record after `cancelled`).
+        (Fault::Cancel | Fault::TasksCancel, Landing::BeforeStart) => {
+            &["cancelled", "completed", "failed"]
+        }
+        (Fault::Cancel | Fault::TasksCancel, _) => &["cancelled", "completed"],
         (_, Landing::BeforeStart) => &["completed", "failed"],
         _ => &["completed"],
     }
@@ -391,7 +403,7 @@ impl Campaign {
         }
         self.aim(plan, &markers_before);
         let fault_at = SystemTime::now();
-        let mut answers = self.fault(plan, &cmd, pending);
+        let mut answers = self.fault(plan, &cmd, pending, &ids_before);
         self.agent(plan, &cmd, &mut answers);
         let (ids, all_settled) = self.settle(&ids_before);
         let fenced = self.fence_lines() - fenced_before;
@@ -426,7 +438,13 @@ impl Campaign {
 
     /// Land the fault; the answers of the calls in flight (and, for a fault that takes the
     /// replica away, of the agent's first retry on another one).
-    fn fault(&mut self, plan: &Plan, cmd: &str, pending: Vec<JoinHandle<Answer>>) -> Vec<Answer> {
+    fn fault(
+        &mut self,
+        plan: &Plan,
+        cmd: &str,
+        pending: Vec<JoinHandle<Answer>>,
+        ids_before: &BTreeSet<String>,
+    ) -> Vec<Answer> {
         let join = |p: Vec<JoinHandle<Answer>>| -> Vec<Answer> {
             p.into_iter().map(|t| t.join().unwrap()).collect()
         };
@@ -441,6 +459,10 @@ impl Campaign {
             }
             Fault::PgRestart => {
                 self.pg.restart();
+                join(pending)
+            }
+            Fault::Cancel | Fault::TasksCancel => {
+                self.cancel(plan, ids_before);
                 join(pending)
             }
             Fault::Kill9 => {
@@ -468,6 +490,36 @@ impl Campaign {
                 got.extend(join(pending));
                 got
             }
+        }
+    }
+
+    /// Cancel the trial's execution (once it is accepted; the wait bounded): `cairn cancel` in a
+    /// process of its own, or `tasks/cancel` to the plan's retry replica.
+    fn cancel(&self, plan: &Plan, before: &BTreeSet<String>) {
+        let t0 = Instant::now();
+        let id = loop {
+            if let Some(id) = self.ids().difference(before).next().cloned() {
+                break id;
+            }
+            if t0.elapsed() > Duration::from_secs(20) {
+                return;
+            }
+            sleep(Duration::from_millis(20));
+        };
+        if plan.fault == Fault::TasksCancel {
+            let tok = self.auth.trim_start_matches("Bearer ");
+            let port = self.replicas[plan.retry].port;
+            let _ = crate::tasks_window::mcp(
+                port,
+                tok,
+                9_000_000 + self.next_id,
+                "tasks/cancel",
+                serde_json::json!({"taskId": id}),
+            );
+        } else {
+            let mut c = self.h.cairn("cancel");
+            c.arg(&id);
+            let _ = c.output();
         }
     }
 
@@ -575,6 +627,8 @@ struct Tally {
     redispatched: usize,
     /// executions their live owner picked up after its own call failed (`redrive` events)
     redrives: usize,
+    /// executions whose command started after they were recorded `cancelled`
+    ran_after_cancel: usize,
     /// each trial's started executions (for the recount at the end)
     started: BTreeMap<usize, usize>,
     anomalies: Vec<String>,
@@ -717,20 +771,44 @@ impl Campaign {
             let dispatched = events.iter().filter(|e| e.kind == "dispatched").count();
             t.redispatched += dispatched.saturating_sub(1);
             t.redrives += events.iter().filter(|e| e.kind == "redrive").count();
-            let completed = events.iter().rev().find(|e| e.kind == "completed");
+            // A start record written after the journal recorded `cancelled`: the command ran
+            // after its execution was cancelled.
+            if let (Some(c), Some(st)) = (events.iter().find(|e| e.kind == "cancelled"), start) {
+                let at = st
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| {
+                        cairn::journal::rfc3339_from_unix(d.as_secs() as i64, d.subsec_millis())
+                    })
+                    .unwrap_or_default();
+                if at > c.at {
+                    t.ran_after_cancel += 1;
+                    bad.push((
+                        Kind::RanTwice,
+                        format!(
+                            "{id} started at {at}, after it was recorded cancelled at {}",
+                            c.at
+                        ),
+                    ));
+                }
+            }
+            let completed = events
+                .iter()
+                .rev()
+                .find(|e| e.kind == "completed" || e.kind == "cancelled");
             match completed {
                 None if done.is_some() => bad.push((
                     Kind::Lost,
                     format!("{id} finished on the host, and no outcome is recorded"),
                 )),
-                Some(e) if recorded_exit(e) != Some(plan.code) => bad.push((
-                    Kind::Lost,
-                    format!(
-                        "{id} recorded exit {:?}, the command exits {}",
-                        recorded_exit(e),
-                        plan.code
-                    ),
-                )),
+                Some(e) if e.kind == "completed" && recorded_exit(e) != Some(plan.code) => bad
+                    .push((
+                        Kind::Lost,
+                        format!(
+                            "{id} recorded exit {:?}, the command exits {}",
+                            recorded_exit(e),
+                            plan.code
+                        ),
+                    )),
                 _ => {}
             }
             let taken = self.judge_ownership(&j, &xid, &events, &mut bad, t);
@@ -986,8 +1064,8 @@ pub(super) fn run() {
         }
     }
     say(&format!(
-        "replica campaign: trials={} executions={} ran_twice={} lost={} wrong_state={} anomalies={} takeovers={} fenced={} redispatched={} after_delivery={} unanswered={} redrives={}",
-        t.trials, t.executions, t.ran_twice, t.lost, t.wrong_state, t.anomalies.len(), t.takeovers,
+        "replica campaign: trials={} executions={} ran_twice={} ran_after_cancel={} lost={} wrong_state={} anomalies={} takeovers={} fenced={} redispatched={} after_delivery={} unanswered={} redrives={}",
+        t.trials, t.executions, t.ran_twice, t.ran_after_cancel, t.lost, t.wrong_state, t.anomalies.len(), t.takeovers,
         t.fenced, t.redispatched, t.stale, t.unanswered, t.redrives
     ));
     for (f, ft) in &t.per_fault {
