@@ -343,6 +343,21 @@ fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
     C.get_or_init(Default::default)
 }
 const SCRIPT_DECISION_FOR: Duration = Duration::from_secs(600);
+
+/// The gate each key of [`host_helper_cache`] is decided behind: executions that reach a host
+/// together (a gateway given a thousand calls at once) wait for the first one's probe and upload
+/// instead of each probing and each sending the 1.2 MB helper: those copies, and the SSH write
+/// buffers they grew (which keep their size), were most of what an execution in flight cost.
+fn host_helper_gate(key: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    type Gates = std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>;
+    static G: std::sync::OnceLock<std::sync::Mutex<Gates>> = std::sync::OnceLock::new();
+    G.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key.to_owned())
+        .or_default()
+        .clone()
+}
 fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
     let c = host_helper_cache()
         .lock()
@@ -2145,8 +2160,9 @@ impl<J: ExecutionJournal> Executor<J> {
         }
     }
 
-    /// Which side runs the marker protocol on this connection and marker home: decided once
-    /// (a probe, and an upload when the helper is missing), then remembered.
+    /// Which side runs the marker protocol on this connection and marker home: decided once per
+    /// process, by one execution at a time (a probe, and an upload when the helper is missing),
+    /// then remembered.
     async fn side_for(&mut self, ci: usize, dir: &str) -> Result<Side, ExecError> {
         if self.host_helper == HostHelper::Never {
             return Ok(Side::Script);
@@ -2155,12 +2171,20 @@ impl<J: ExecutionJournal> Executor<J> {
         let decided = match host_helper_cache_get(&key) {
             Some(d) => d,
             None => {
-                let d = self.probe_helper(ci, dir).await;
-                if let Err(why) = &d {
-                    tracing::info!("cairn: {why}; using the sh script");
+                let gate = host_helper_gate(&key);
+                let _decider = gate.lock().await;
+                // Another execution may have decided while this one waited.
+                match host_helper_cache_get(&key) {
+                    Some(d) => d,
+                    None => {
+                        let d = self.probe_helper(ci, dir).await;
+                        if let Err(why) = &d {
+                            tracing::info!("cairn: {why}; using the sh script");
+                        }
+                        host_helper_cache_put(&key, d.clone());
+                        d
+                    }
                 }
-                host_helper_cache_put(&key, d.clone());
-                d
             }
         };
         match decided {
