@@ -375,6 +375,53 @@ fn host_helper_cache_put(key: &str, d: Result<(), String>) {
     c.insert(key.to_owned(), (Instant::now(), d));
 }
 
+/// Calls waiting to learn which execution their correlation gets recorded against
+/// ([`await_correlation`]). A front that answers once a call's execution is accepted (an MCP
+/// task) is told by the executor that recorded it, right after the commit, instead of asking
+/// the journal over and over: with a thousand calls waiting, those queries took every thread of
+/// the blocking pool and starved the very commits they waited for.
+type CorrelationWaiters =
+    std::collections::HashMap<String, Vec<tokio::sync::oneshot::Sender<ExecutionId>>>;
+fn correlation_waiters() -> std::sync::MutexGuard<'static, CorrelationWaiters> {
+    static W: std::sync::OnceLock<std::sync::Mutex<CorrelationWaiters>> =
+        std::sync::OnceLock::new();
+    W.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Be told the execution `correlation` is next recorded against (committed) by an executor of
+/// this process. Register before the call can record it; what was recorded before is in the
+/// journal. A receiver dropped unanswered is pruned by [`forget_correlation`].
+pub fn await_correlation(correlation: &str) -> tokio::sync::oneshot::Receiver<ExecutionId> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    correlation_waiters()
+        .entry(correlation.to_owned())
+        .or_default()
+        .push(tx);
+    rx
+}
+
+/// Drop the waiters of `correlation` that stopped waiting.
+pub fn forget_correlation(correlation: &str) {
+    let mut w = correlation_waiters();
+    if let Some(list) = w.get_mut(correlation) {
+        list.retain(|tx| !tx.is_closed());
+        if list.is_empty() {
+            w.remove(correlation);
+        }
+    }
+}
+
+/// `correlation` was just committed against `id`: wake whoever waits for it.
+fn correlation_recorded(correlation: Option<&str>, id: &ExecutionId) {
+    let Some(c) = correlation else { return };
+    let waiting = correlation_waiters().remove(c);
+    for tx in waiting.into_iter().flatten() {
+        let _ = tx.send(id.clone());
+    }
+}
+
 fn digest(cmd: &[u8]) -> String {
     hex::encode(Sha256::digest(cmd))
 }
@@ -745,6 +792,7 @@ impl<J: ExecutionJournal> Executor<J> {
                         decision: (),
                     },
                 )?;
+                correlation_recorded(intent.correlation_id.as_deref(), id);
                 if let Some(blob) = &secret_blob {
                     self.secrets.insert(id.to_string(), blob.clone());
                 }
@@ -864,6 +912,8 @@ impl<J: ExecutionJournal> Executor<J> {
                     break;
                 }
                 AcceptOrMatch::Matched(c) => {
+                    // (the match evidence, with the correlation, was committed with the match)
+                    correlation_recorded(intent.correlation_id.as_deref(), &c.id);
                     tracing::Span::current().record("execution_id", tracing::field::display(&c.id));
                     tracing::info!(
                         "cairn: same intent as {} ({}): attaching to it instead of running again",
@@ -1101,6 +1151,7 @@ impl<J: ExecutionJournal> Executor<J> {
                     new_execution: new,
                 },
             )?;
+            correlation_recorded(Some(c), id);
         }
         Ok(())
     }
@@ -3360,5 +3411,33 @@ mod tests {
         let mut h = held(&[("authorized", Some(State::Authorized))]);
         drop_overtaken(&mut h, None);
         assert_eq!(kinds(&h), ["authorized"]);
+    }
+
+    #[test]
+    fn a_recorded_correlation_wakes_only_those_waiting_for_it_and_once() {
+        let (a, b) = (ExecutionId::generate(), ExecutionId::generate());
+        // recorded before anyone waited: nobody is told (the journal has it)
+        correlation_recorded(Some("test-corr-early"), &a);
+        let mut early = await_correlation("test-corr-early");
+        assert!(early.try_recv().is_err());
+        let mut one = await_correlation("test-corr-x");
+        let mut two = await_correlation("test-corr-x");
+        let mut other = await_correlation("test-corr-y");
+        correlation_recorded(Some("test-corr-x"), &a);
+        correlation_recorded(None, &b);
+        assert_eq!(one.try_recv().unwrap(), a);
+        assert_eq!(two.try_recv().unwrap(), a);
+        assert!(other.try_recv().is_err());
+        // told once: a later record of the same correlation goes to later waiters only
+        let mut later = await_correlation("test-corr-x");
+        correlation_recorded(Some("test-corr-x"), &b);
+        assert_eq!(later.try_recv().unwrap(), b);
+        // a waiter that gave up is dropped from the table
+        drop(other);
+        forget_correlation("test-corr-y");
+        drop(early);
+        forget_correlation("test-corr-early");
+        let w = correlation_waiters();
+        assert!(!w.contains_key("test-corr-y") && !w.contains_key("test-corr-early"));
     }
 }
