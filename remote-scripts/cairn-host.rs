@@ -8,9 +8,12 @@
 //!     HELPER SHA256 MODE DIR NONCE ARG...
 //!
 //! with the same modes and arguments as the script. SHA256 is the hash the client expects: the
-//! helper hashes its own file (/proc/self/exe) before anything else and refuses to run
-//! (exit 125, nothing written, no protocol line) when it differs, so the client falls back to
-//! the script. It spawns no process but the command itself: the supervisor is a fork, the
+//! helper checks its own file (/proc/self/exe) before anything else and refuses to run
+//! (exit 125, nothing written, no protocol line) when it is not that file, so the client falls
+//! back to the script. The check is a `stat` and a read of its seal (`.NAME.seal` beside it:
+//! the hash with the file's device, inode, size and change time) once the whole file has been
+//! hashed and sealed; any write to, rename over or chmod of the file changes its change time,
+//! and then it is hashed again (see `self_check`). It spawns no process but the command itself: the supervisor is a fork, the
 //! files, links and flushes are system calls.
 
 // (no_main: std's entry point pulls in code this program never runs; std reads the arguments
@@ -235,6 +238,60 @@ fn tick() {
 
 // SHA-256, for the self-check (the client's build script hashes the binary with the same code)
 include!("sha256.rs");
+
+/// Whether this executable is the helper whose SHA-256 is `expected`: the seal beside it
+/// names that hash and the file as it is now (device, inode, size, change time: the kernel
+/// sets the change time on every write, rename or chmod, and no call sets it to a chosen
+/// value), or, without a matching seal, the whole file hashes to it (then sealed, atomically,
+/// for the next use; a directory that refuses the seal only means hashing every time).
+fn self_check(expected: &str) -> bool {
+    let ident = |m: &fs::Metadata| {
+        format!(
+            "{expected} {} {} {} {}.{}\n",
+            m.dev(),
+            m.ino(),
+            m.size(),
+            m.ctime(),
+            m.ctime_nsec()
+        )
+    };
+    let (Ok(exe), Ok(before)) = (fs::read_link("/proc/self/exe"), fs::metadata("/proc/self/exe"))
+    else {
+        return false;
+    };
+    let (Some(dir), Some(name)) = (exe.parent(), exe.file_name()) else {
+        return false;
+    };
+    let mut seal_name = OsString::from(".");
+    seal_name.push(name);
+    seal_name.push(".seal");
+    let seal = dir.join(seal_name);
+    let want = ident(&before);
+    if fs::read(&seal).is_ok_and(|b| b == want.as_bytes()) {
+        return true;
+    }
+    if !self_hash_ok(expected) {
+        return false;
+    }
+    // sealed only if the file did not change while it was read
+    if fs::metadata("/proc/self/exe").is_ok_and(|after| ident(&after) == want) {
+        let mut tmp = seal.clone().into_os_string();
+        tmp.push(format!(".{}", std::process::id()));
+        let tmp = PathBuf::from(tmp);
+        use std::os::unix::fs::OpenOptionsExt;
+        let written = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(want.as_bytes()));
+        if written.is_ok() && fs::rename(&tmp, &seal).is_ok() {
+            return true;
+        }
+        let _ = fs::remove_file(&tmp);
+    }
+    true
+}
 
 fn self_hash_ok(expected: &str) -> bool {
     match fs::read("/proc/self/exe") {
@@ -617,7 +674,7 @@ pub extern "C" fn main(_argc: i32, _argv: *const *const u8) -> i32 {
         c::signal(c::SIGPIPE, c::SIG_IGN);
     }
     let expected = args.get(1).cloned().unwrap_or_default();
-    if !hex(&expected, 64) || !self_hash_ok(&expected) {
+    if !hex(&expected, 64) || !self_check(&expected) {
         put_fd(
             2,
             b"cairn-host: this helper's SHA-256 is not the one expected; not run\n",
@@ -1486,6 +1543,8 @@ fn gc(cx: &mut Ctx, out_age: &str, tomb_age: &str, keep: Option<&str>) {
                     && fs::remove_file(ent.path()).is_ok()
                 {
                     nh += 1;
+                    // (and its seal, see self_check)
+                    let _ = fs::remove_file(cx.dir.join("bin").join(format!(".{s}.seal")));
                 }
             }
         }

@@ -1,8 +1,21 @@
 # cairn.sh: host side of the cairn marker protocol v1; PROTOCOL.md is the spec.
-# Run as: /bin/sh -c 'eval "$1"' cairn "<this script>" MODE ARG...
-# POSIX sh (bash, dash, busybox ash). Comments are whole lines (strippable).
+# Installed once as DIR/bin/cairn-sh-SHA256 and run as
+#   /bin/sh -c '. "$1"' cairn DIR/bin/cairn-sh-SHA256 MODE ARG...
+# or, where it cannot be installed, streamed on stdin and run as
+#   /bin/sh -c 'eval "$1"' cairn "<this script>" MODE ARG...
+# (docs/HOST-HELPER.md). POSIX sh (bash, dash, busybox ash). Comments are whole lines
+# (strippable). The whole script is one brace group: the shell parses all of it before it runs
+# any of it, so a file cut short runs nothing.
+{
 CAIRN_SRC=$1
 shift
+# how the supervisor runs this script again: from its installed file (an absolute path), or
+# from its text
+# shellcheck disable=SC2016 # $1 of the new shell
+case $CAIRN_SRC in
+/*) CAIRN_RUN='. "$1"' ;;
+*) CAIRN_RUN='eval "$1"' ;;
+esac
 MODE=$1
 set -f
 NL='
@@ -585,6 +598,8 @@ rmhelpers() {
 	for f_ in "$MARKER_DIR"/bin/cairn-host-*; do
 		if [ -e "$f_" ] && [ "$f_" != "$MARKER_DIR/bin/cairn-host-$1" ] && ! hused "$f_"; then
 			rm -f "$f_" && HELPERS_REMOVED=$((HELPERS_REMOVED + 1))
+			# (and the helper's seal of its own hash, HOST-HELPER.md)
+			rm -f "$MARKER_DIR/bin/.${f_##*/}.seal"
 		fi
 	done
 	set -f
@@ -639,11 +654,9 @@ dispatch)
 		if [ "$SECRETS_LEN" -gt 0 ]; then
 			# secrets follow the command on stdin: the supervisor reads them itself, into
 			# memory only (never a file), and hands them to the command's environment
-			# shellcheck disable=SC2016 # the script is $1 of the new shell
-			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$COMMAND_LEN" "$DIGEST" "$TIMEOUT" $$ "$SECRETS_LEN" 2>&1)
+			v=$(setsid setsid "$@" -c "$CAIRN_RUN" cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$COMMAND_LEN" "$DIGEST" "$TIMEOUT" $$ "$SECRETS_LEN" 2>&1)
 		else
-			# shellcheck disable=SC2016 # the script is $1 of the new shell
-			v=$(setsid setsid "$@" -c 'eval "$1"' cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$COMMAND_LEN" "$DIGEST" "$TIMEOUT" $$ </dev/null 2>&1)
+			v=$(setsid setsid "$@" -c "$CAIRN_RUN" cairn "$CAIRN_SRC" supervise "$MARKER_DIR" "$NONCE" "$ID" "$COMMAND_LEN" "$DIGEST" "$TIMEOUT" $$ </dev/null 2>&1)
 		fi
 		# error lines, then "verdict X" last
 		VERDICT=
@@ -1488,3 +1501,4 @@ session)
 # SESSION ARM ENDS
 esac
 say end
+}

@@ -42,6 +42,9 @@ pub enum Damage {
     AnchorReplaced,
     /// No anchor exists, so a cut-off tail or a rewritten chain could not be ruled out.
     AnchorMissing,
+    /// The anchor's key is missing, unreadable or too short, so the anchor's MAC could not be
+    /// checked: whoever can write the anchor could have rewritten it.
+    AnchorKeyMissing,
     /// An execution record differs from what its `accepted` event committed to.
     RecordModified,
     /// A PostgreSQL journal's stored chain head (`chain_heads`, `session_heads`) does not name
@@ -252,9 +255,27 @@ fn check_anchor(
             ),
         )),
         Ok(Some(a)) => {
-            let mac_ok = match anchor.key(false).ok().flatten() {
-                Some(k) => a.mac == Anchor::mac(&k, &a),
-                None => true,
+            // Fail closed: without its key the anchor proves nothing, and says so.
+            let mac_ok = match anchor.key(false) {
+                Ok(Some(k)) => a.mac == Anchor::mac(&k, &a),
+                Ok(None) => {
+                    findings.push(finding(
+                        Damage::AnchorKeyMissing,
+                        format!(
+                            "no anchor key at {}: the anchor's MAC cannot be checked, so a \
+                             rewritten anchor (and chain) cannot be ruled out",
+                            anchor.key_path.display()
+                        ),
+                    ));
+                    true
+                }
+                Err(e) => {
+                    findings.push(finding(
+                        Damage::AnchorKeyMissing,
+                        format!("{e}: the anchor's MAC cannot be checked"),
+                    ));
+                    true
+                }
             };
             if !mac_ok {
                 findings.push(finding(

@@ -138,10 +138,37 @@ pub fn admit_execute(
     admit_scope(caller, &mut p.scope)?;
     if let Some(id) = &p.execution_id {
         if let Ok(id) = ExecutionId::parse(id) {
-            admit_read(cfg, caller, &id)?;
+            // A new ID is the caller's to take; an existing one only if it is its own.
+            if !matches!(owner(cfg, &id)?, Owner::Nobody) {
+                admit_read(cfg, caller, &id)?;
+            }
         }
     }
     Ok(())
+}
+
+/// Who holds an execution ID in the journal.
+enum Owner {
+    Nobody,
+    Actor(Option<String>),
+}
+
+fn owner(cfg: &GatewayConfig, id: &ExecutionId) -> Result<Owner, GatewayError> {
+    let j = Journal::open(&cfg.journal).map_err(ExecError::from)?;
+    if let Some(c) = j.intent_of(id).map_err(ExecError::from)? {
+        return Ok(Owner::Actor(Some(c.actor)));
+    }
+    if j.execution(id).map_err(ExecError::from)?.is_none() {
+        return Ok(Owner::Nobody);
+    }
+    // A host never identified has no intent: who asked is in its `accepted` event. Without
+    // it (an older journal), the execution is nobody's to read over HTTP.
+    let events = j.events(id).map_err(ExecError::from)?;
+    let asked_by = events
+        .iter()
+        .find(|e| e.kind == "accepted")
+        .and_then(|e| e.evidence.get("actor")?.as_str().map(str::to_owned));
+    Ok(Owner::Actor(asked_by))
 }
 
 /// The scope an HTTP caller acts in: its token's prefix when none is given; a given one must
@@ -169,15 +196,13 @@ pub fn admit_read(
     caller: &HttpCaller,
     id: &ExecutionId,
 ) -> Result<(), GatewayError> {
-    let j = Journal::open(&cfg.journal).map_err(ExecError::from)?;
-    let owner = j.intent_of(id).map_err(ExecError::from)?.map(|c| c.actor);
-    if owner.as_deref() == Some(caller.caller.actor.as_str()) {
-        return Ok(());
+    if let Owner::Actor(Some(a)) = owner(cfg, id)? {
+        if a == caller.caller.actor {
+            return Ok(());
+        }
     }
-    if owner.is_none() && j.execution(id).map_err(ExecError::from)?.is_none() {
-        // Nothing by that ID: the ordinary answer of the method says so.
-        return Ok(());
-    }
+    // Another actor's execution and no execution at all get one answer, so a caller learns
+    // neither that an ID exists nor where the server keeps its journal.
     Err(GatewayError {
         code: -32004,
         message: format!("no execution {id} of actor {}", caller.caller.actor),

@@ -34,6 +34,11 @@ pub enum Evidence<'a> {
         connection: Option<&'a Reach>,
         #[serde(flatten, skip_serializing_if = "Option::is_none")]
         intent: Option<AcceptedIntent<'a>>,
+        /// Who asked, for an execution whose host was never identified (no intent, so no
+        /// `actor` from it): the HTTP front shows an execution only to its actor. Set only
+        /// when `intent` is `None`.
+        #[serde(rename = "actor", skip_serializing_if = "Option::is_none")]
+        asked_by: Option<&'a str>,
     },
     /// `request-reused`: the same ID with the same operation again; attach, never a second run.
     RequestReused {
@@ -499,6 +504,7 @@ mod tests {
             record: record.clone(),
             connection: None,
             intent: None,
+            asked_by: None,
         };
         assert_eq!(e.to_value(), record);
         assert_eq!(e.kind(), EventKind::Accepted);

@@ -22,6 +22,7 @@ use crate::journal::{
     now_rfc3339, rfc3339_from_unix, AcceptOrMatch, Candidate, ExecutionJournal, ExecutionRecord,
     IntentColumns, Journal, NewEvent,
 };
+use crate::lifecycle::Illegal;
 use crate::machine::{Answer, Event, Machine, Mode, Note, Step, Wait, Why};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, Piece, StartRecord, StderrDemux};
 use crate::recovery::{Backoff, Liveness, Prior, Probe};
@@ -202,6 +203,9 @@ struct Run {
     /// When a `running` or `reconnected` event was put among the held ones: from then, they
     /// wait at most [`HOLD_RUNNING`] while a reply streams.
     held_since: Option<Instant>,
+    /// The state another process had recorded when the journal refused this run's
+    /// `dispatched` event (the evidence of the `dispatch-withheld` note).
+    withheld_at: Option<State>,
 }
 
 /// How long a held `running` (or `reconnected`) event may wait, while a reply streams, for the
@@ -241,16 +245,6 @@ fn hold_left(run: &Run) -> Option<Duration> {
     run.held_since
         .filter(|_| !run.held.is_empty())
         .map(|t| HOLD_RUNNING.saturating_sub(t.elapsed()))
-}
-
-/// Leave out of `held` the transitions that would move an execution's state backwards: while
-/// they waited, another process (an `attach` of the same execution) recorded its result. A
-/// `running` after `completed` would make the journal say it is running again. Notes stay;
-/// after a state without a result (`failed`, `unknown` …) a transition is new evidence and stays.
-fn drop_overtaken(held: &mut Vec<NewEvent>, now: Option<State>) {
-    if now.is_some_and(State::has_result) {
-        held.retain(|(_, s, _)| !matches!(s, Some(State::Authorized | State::Running)));
-    }
 }
 
 /// The bookkeeping place of an execution's host (see [`crate::epoch`]).
@@ -358,20 +352,29 @@ fn host_helper_gate(key: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
         .or_default()
         .clone()
 }
+
+/// Where the host script cannot be installed, by connection and marker home: `Err` (it is
+/// streamed with each operation, and why), asked again after [`SCRIPT_DECISION_FOR`].
+fn script_cache() -> &'static std::sync::Mutex<SideCache> {
+    static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
+    C.get_or_init(Default::default)
+}
 fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
-    let c = host_helper_cache()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+    cache_get(host_helper_cache(), key)
+}
+fn host_helper_cache_put(key: &str, d: Result<(), String>) {
+    cache_put(host_helper_cache(), key, d)
+}
+fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), String>> {
+    let c = c.lock().unwrap_or_else(|e| e.into_inner());
     match c.get(key) {
         Some((at, Err(_))) if at.elapsed() > SCRIPT_DECISION_FOR => None,
         Some((_, d)) => Some(d.clone()),
         None => None,
     }
 }
-fn host_helper_cache_put(key: &str, d: Result<(), String>) {
-    let mut c = host_helper_cache()
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
+fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), String>) {
+    let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
     c.insert(key.to_owned(), (Instant::now(), d));
 }
 
@@ -446,6 +449,7 @@ impl Run {
             host_side: None,
             held: Vec::new(),
             held_since: None,
+            withheld_at: None,
         }
     }
 }
@@ -468,8 +472,7 @@ pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
         | State::Completed
         | State::Cancelled => true,
         State::Unknown | State::Interrupted => {
-            let class: OpClass = c.class.parse().unwrap_or_default();
-            class.after_unknown(unsettled) != AfterUnknown::RunAgain
+            crate::intent::after_unknown_recorded(&c.class, unsettled) != AfterUnknown::RunAgain
         }
         State::Failed | State::Rejected | State::Delivered => false,
     })
@@ -830,10 +833,12 @@ impl<J: ExecutionJournal> Executor<J> {
             Ok(i) => i,
             Err(e) => {
                 tracing::Span::current().record("execution_id", tracing::field::display(&id));
+                let actor = intent.actor.trim();
                 let evidence = Evidence::Accepted {
                     record: crate::journal::accepted_evidence(&rec),
                     connection: Some(&reach),
                     intent: None,
+                    asked_by: Some(actor),
                 };
                 self.journal
                     .accept(&rec, evidence.to_value())
@@ -880,6 +885,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 session_id: cols.session_id.as_deref(),
                 intent: &cols.intent,
             }),
+            asked_by: None,
         }
         .to_value();
         let match_evidence = Evidence::IntentMatched {
@@ -1198,10 +1204,9 @@ impl<J: ExecutionJournal> Executor<J> {
         if state == State::Failed {
             return Ok(None);
         }
-        let class: OpClass = c.class.parse().unwrap_or_default();
         let o = match state {
             State::Interrupted => self.review_outcome(&c.id)?,
-            State::Unknown => match class.after_unknown(0) {
+            State::Unknown => match crate::intent::after_unknown_recorded(&c.class, 0) {
                 AfterUnknown::Review | AfterUnknown::RunAgain => self.review_outcome(&c.id)?,
                 AfterUnknown::ProbeMarker => {
                     let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
@@ -1219,8 +1224,13 @@ impl<J: ExecutionJournal> Executor<J> {
                     if o.state == State::Unknown && o.held_by.is_none() {
                         // Idempotent: running it again is harmless; do it under the same
                         // execution ID (the start guard still holds where the marker exists).
-                        self.journal
-                            .append_evidence(&c.id, Evidence::RetrySameId { class, reason: () })?;
+                        self.journal.append_evidence(
+                            &c.id,
+                            Evidence::RetrySameId {
+                                class: OpClass::Idempotent,
+                                reason: (),
+                            },
+                        )?;
                         self.redispatch(&c.id, detach, sink).await?
                     } else {
                         o
@@ -1703,13 +1713,34 @@ impl<J: ExecutionJournal> Executor<J> {
             return self.outcome_from_journal(&run);
         }
         if matches!(run.m.prior(), Prior::NotDispatched | Prior::Held) {
-            // A live owner checks the state again before its `dispatched` event and does not
-            // send a cancelled execution.
-            return self.conclude(
-                &mut run,
-                State::Cancelled,
-                "cancelled before dispatch: nothing was sent",
-            );
+            // Recorded only while the execution is still accepted or authorized, in the append
+            // itself: then a live owner's `dispatched` event after it is refused by the journal,
+            // and nothing is sent. An owner that dispatched first makes this refused, and the
+            // cancel goes to the host.
+            let reason = "cancelled before dispatch: nothing was sent";
+            let concluded = Evidence::Concluded {
+                state: State::Cancelled,
+                reason,
+                reconnects: run.reconnects,
+                start_record: None,
+            }
+            .into_event();
+            let before = [State::Accepted, State::Authorized];
+            match self.journal.append_all_if(id, &before, vec![concluded]) {
+                Ok(_) => {
+                    run.m.set_prior(Prior::Settled);
+                    let mut o = self.outcome_from_journal(&run)?;
+                    o.reason = Some(reason.to_owned());
+                    return Ok(o);
+                }
+                Err(e) => match e.refused() {
+                    Some(r) if r.from.is_some_and(State::is_settled) => {
+                        return self.outcome_from_journal(&run);
+                    }
+                    Some(_) => run = self.load(id)?,
+                    None => return Err(e.into()),
+                },
+            }
         }
         let ci = self.connection(&target).await?;
         let nonce = marker::new_nonce();
@@ -2186,7 +2217,15 @@ impl<J: ExecutionJournal> Executor<J> {
             let cmd = host_helper::invocation(op, &dir, nonce);
             run.host_side = Some(Side::Helper);
             match self
-                .exec_cmd(ci, cmd, nonce, stdin, run, sink, true)
+                .exec_cmd(
+                    ci,
+                    cmd,
+                    nonce,
+                    stdin,
+                    run,
+                    sink,
+                    Some(host_helper::did_not_run),
+                )
                 .await?
             {
                 Ok(reply) => return Ok(reply),
@@ -2200,15 +2239,101 @@ impl<J: ExecutionJournal> Executor<J> {
                 }
             }
         }
-        let cmd = marker::invocation(op, &dir, nonce);
         run.host_side = Some(Side::Script);
+        // The script installed in the marker home; where it is not (yet) there, installed
+        // first; where it cannot be, streamed on stdin (docs/HOST-HELPER.md).
+        if !self.script_streamed(ci, &dir) {
+            for attempt in 0..2 {
+                let cmd = marker::invocation(op, &dir, nonce);
+                let not_run = Some(marker::script_did_not_run as fn(Option<u32>) -> bool);
+                match self
+                    .exec_cmd(ci, cmd, nonce, stdin, run, sink, not_run)
+                    .await?
+                {
+                    Ok(reply) => return Ok(reply),
+                    Err(why) => match self.script_missing(ci, &dir, attempt, why).await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        // (the connection, not the host: the machine reconnects)
+                        Err(e) => {
+                            return Ok(Reply {
+                                broken: Some(e.to_string()),
+                                ..Reply::default()
+                            })
+                        }
+                    },
+                }
+            }
+        }
+        let (cmd, mut input) = marker::streamed_invocation(op, &dir, nonce);
+        input.extend_from_slice(stdin.unwrap_or_default());
         match self
-            .exec_cmd(ci, cmd, nonce, stdin, run, sink, false)
+            .exec_cmd(ci, cmd, nonce, Some(&input), run, sink, None)
             .await?
         {
             Ok(reply) => Ok(reply),
             Err(why) => Err(ExecError::HostReported(why)),
         }
+    }
+
+    /// The installed script did not run (`why`) on attempt `attempt` (0 or 1): install it and
+    /// say whether to try it again; otherwise this connection streams the script from now on.
+    /// `Err`: the installer's exec could not even start (the connection's fault, not the
+    /// host's: nothing is decided).
+    async fn script_missing(
+        &mut self,
+        ci: usize,
+        dir: &str,
+        attempt: usize,
+        why: String,
+    ) -> Result<bool, crate::ssh::SshError> {
+        tracing::debug!("cairn: the host script did not run ({why})");
+        let why = if attempt > 0 {
+            format!("installed, the host script still did not run ({why})")
+        } else {
+            match self.install_script(ci, dir).await? {
+                Ok(()) => return Ok(true),
+                Err(e) => e,
+            }
+        };
+        tracing::info!("cairn: {why}; streaming the script with each operation");
+        if let Some((k, _, _)) = self.conns.get(ci) {
+            cache_put(script_cache(), &format!("{k}\n{dir}"), Err(why));
+        }
+        Ok(false)
+    }
+
+    /// Whether this connection streams the script to `dir` (it could not be installed there).
+    fn script_streamed(&self, ci: usize, dir: &str) -> bool {
+        self.conns.get(ci).is_some_and(|(k, _, _)| {
+            matches!(
+                cache_get(script_cache(), &format!("{k}\n{dir}")),
+                Some(Err(_))
+            )
+        })
+    }
+
+    /// Install the host script into marker home `dir` (docs/HOST-HELPER.md): `Ok(Err)`, why
+    /// the host could not hold it; `Err`, the exec could not start.
+    async fn install_script(
+        &mut self,
+        ci: usize,
+        dir: &str,
+    ) -> Result<Result<(), String>, crate::ssh::SshError> {
+        let nonce = marker::new_nonce();
+        let cmd = marker::install_invocation(dir, &nonce);
+        let text = marker::session_script().as_bytes();
+        let (lines, errors, exit) = self.small_exec_raw(ci, cmd, &nonce, Some(text)).await?;
+        Ok(if lines.contains(&Line::Installed) {
+            tracing::info!("cairn: installed the host script ({} bytes)", text.len());
+            Ok(())
+        } else if !errors.is_empty() {
+            Err(errors.join("; "))
+        } else {
+            Err(format!(
+                "installing the host script ended without an answer (exit status {exit:?})"
+            ))
+        })
     }
 
     /// Which side runs the marker protocol on this connection and marker home: decided once per
@@ -2310,6 +2435,8 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// One exec of the script whose reply is a few protocol lines: those, and the errors.
+    /// The script installed in the marker home (installed first when it is missing), or
+    /// streamed where it cannot be installed.
     async fn small_exec(
         &mut self,
         ci: usize,
@@ -2317,17 +2444,55 @@ impl<J: ExecutionJournal> Executor<J> {
         dir: &str,
         stdin: Option<&[u8]>,
     ) -> Result<(Vec<Line>, Vec<String>), String> {
+        if !self.script_streamed(ci, dir) {
+            for attempt in 0..2 {
+                let nonce = marker::new_nonce();
+                let cmd = marker::invocation(op, dir, &nonce);
+                let (lines, errors, exit) = self
+                    .small_exec_raw(ci, cmd, &nonce, stdin)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !lines.is_empty() || !errors.is_empty() || !marker::script_did_not_run(exit) {
+                    return Ok((lines, errors));
+                }
+                let why = format!("exit status {}, no protocol line", exit.unwrap_or(0));
+                let again = self
+                    .script_missing(ci, dir, attempt, why)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                if !again {
+                    break;
+                }
+            }
+        }
         let nonce = marker::new_nonce();
-        let cmd = marker::invocation(op, dir, &nonce);
+        let (cmd, mut input) = marker::streamed_invocation(op, dir, &nonce);
+        input.extend_from_slice(stdin.unwrap_or_default());
+        let (lines, errors, _) = self
+            .small_exec_raw(ci, cmd, &nonce, Some(&input))
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok((lines, errors))
+    }
+
+    /// One exec of `cmd` whose reply is a few protocol lines: those, the errors, the exit
+    /// status.
+    async fn small_exec_raw(
+        &mut self,
+        ci: usize,
+        cmd: String,
+        nonce: &str,
+        stdin: Option<&[u8]>,
+    ) -> Result<(Vec<Line>, Vec<String>, Option<u32>), crate::ssh::SshError> {
         let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
         drop(cmd);
-        let mut exec = exec.map_err(|e| e.to_string())?;
+        let mut exec = exec?;
         if let Some(data) = stdin {
-            exec.write_stdin(data).await.map_err(|e| e.to_string())?;
+            exec.write_stdin(data).await?;
         }
         let _ = exec.close_stdin().await;
-        let mut demux = StderrDemux::new(&nonce);
-        let (mut lines, mut errors) = (Vec::new(), Vec::new());
+        let mut demux = StderrDemux::new(nonce);
+        let (mut lines, mut errors, mut exit) = (Vec::new(), Vec::new(), None);
         loop {
             match exec.next().await {
                 Ok(Some(ExecEvent::Stderr(d))) => {
@@ -2342,17 +2507,18 @@ impl<J: ExecutionJournal> Executor<J> {
                         }
                     }
                 }
+                Ok(Some(ExecEvent::ExitStatus(c))) => exit = Some(c),
                 Ok(Some(_)) => {}
                 Ok(None) => break,
-                Err(e) => return Err(e.to_string()),
+                Err(e) => return Err(e),
             }
         }
-        Ok((lines, errors))
+        Ok((lines, errors, exit))
     }
 
-    /// One exec of `cmd`. `Err(why)`: a helper (`helper`) that did not run: no protocol line,
-    /// an exit status saying it was not executed or refused itself; what it wrote is held
-    /// back, not taken as the command's output.
+    /// One exec of `cmd`. `Err(why)`: a host side that did not run (`not_run` says so of the
+    /// exit status, and no protocol line came): what it wrote is held back, not taken as the
+    /// command's output.
     #[allow(clippy::too_many_arguments)]
     async fn exec_cmd(
         &mut self,
@@ -2362,12 +2528,10 @@ impl<J: ExecutionJournal> Executor<J> {
         stdin: Option<&[u8]>,
         run: &mut Run,
         sink: &mut dyn OutputSink,
-        helper: bool,
+        not_run: Option<fn(Option<u32>) -> bool>,
     ) -> Result<Result<Reply, String>, ExecError> {
         let mut reply = Reply::default();
         let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
-        // The invocation carries the whole host script (about 23 KiB): not kept while the
-        // command runs (a gateway has a thousand of these in flight).
         drop(cmd);
         let mut exec = match exec {
             Ok(e) => e,
@@ -2387,7 +2551,7 @@ impl<J: ExecutionJournal> Executor<J> {
         let mut demux = StderrDemux::new(nonce);
         let mut pieces = Vec::new();
         // (a helper's bytes before its first protocol line: held until that line comes)
-        let mut held: Option<Vec<(bool, Vec<u8>)>> = helper.then(Vec::new);
+        let mut held: Option<Vec<(bool, Vec<u8>)>> = not_run.map(|_| Vec::new());
         let mut exit = None;
         loop {
             let next = match hold_left(run) {
@@ -2440,7 +2604,7 @@ impl<J: ExecutionJournal> Executor<J> {
             }
         }
         if let Some(h) = held {
-            if reply.broken.is_none() && host_helper::did_not_run(exit) {
+            if reply.broken.is_none() && not_run.is_some_and(|f| f(exit)) {
                 let text: Vec<u8> = h.into_iter().flat_map(|(_, b)| b).collect();
                 let text = String::from_utf8_lossy(&text).trim().replace('\n', " ");
                 return Ok(Err(format!("exit status {}: {text}", exit.unwrap_or(0))));
@@ -2599,7 +2763,7 @@ impl<J: ExecutionJournal> Executor<J> {
             Line::Cancel(c) => reply.cancel = Some(c),
             Line::OutputGone => reply.output_gone = true,
             Line::Gc(g) => reply.gc = Some(g),
-            Line::Helper(_) => {}
+            Line::Helper(_) | Line::Installed => {}
             Line::End => reply.ended = true,
         }
         Ok(())
@@ -2773,6 +2937,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 }
                 Step::Send => {
                     let i = ci.ok_or_else(|| not_connected(run))?;
+                    crate::failpoint::pause("before-send");
                     let reply = self.send(i, run, mode.detach, &secrets, sink).await?;
                     self.heard(run, &reply, true)?;
                     let (answer, probe) = self.answer_of(run, &reply);
@@ -2955,8 +3120,8 @@ impl<J: ExecutionJournal> Executor<J> {
         Ok(o)
     }
 
-    /// Before the bytes of a dispatch leave: for a fresh one, the journal read again and the
-    /// request's gate crossed; then the `dispatched` event made durable. Returns what happened
+    /// Before the bytes of a dispatch leave: for a fresh one, the request's gate crossed; then
+    /// the `dispatched` event made durable, or refused by the journal. Returns what happened
     /// for the machine, and the secrets to send.
     fn prepare_dispatch(
         &mut self,
@@ -2964,14 +3129,6 @@ impl<J: ExecutionJournal> Executor<J> {
         fresh: bool,
         detach: bool,
     ) -> Result<(Event, Vec<u8>), ExecError> {
-        if fresh {
-            // Settled by another process while this one prepared it (a `cancel` of an
-            // execution waiting for its approval): it is not sent.
-            let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
-            if now.is_some_and(|s| !matches!(s, State::Accepted | State::Authorized)) {
-                return Ok((Event::SettledElsewhere, Vec::new()));
-            }
-        }
         // A new execution whose request's caller is gone sends nothing (src/gate.rs).
         let gate = fresh.then(crate::gate::current).flatten();
         let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
@@ -2989,7 +3146,21 @@ impl<J: ExecutionJournal> Executor<J> {
             timeout_secs: run.rec.timeout_secs,
         }
         .into_event();
-        self.record(run, dispatched)?;
+        // The journal decides in the append itself: settled by another process while this one
+        // prepared it (a `cancel` of an execution waiting for its approval, even one that came
+        // after every check here), the `dispatched` event is refused and nothing is sent.
+        let mut held = std::mem::take(&mut run.held);
+        held.push(dispatched);
+        crate::failpoint::pause("before-dispatched");
+        if let Err(e) = self.journal.append_all(&run.rec.id, held.clone()) {
+            let refused = e.refused().ok_or(e)?;
+            // What this process held stays on record as the withheld note's evidence.
+            held.pop();
+            run.held = held;
+            run.withheld_at = refused.from;
+            return Ok((Event::SettledElsewhere, Vec::new()));
+        }
+        run.held_since = None;
         drop(crossing);
         Ok((Event::Dispatched, secrets))
     }
@@ -2997,7 +3168,7 @@ impl<J: ExecutionJournal> Executor<J> {
     /// Another process settled the execution before this one sent it: its approval stays on
     /// record as a note (a transition now would move the settled state back).
     fn withhold(&mut self, run: &mut Run) -> Result<Outcome, ExecError> {
-        let s = self.journal.status(&run.rec.id)?.map(|s| s.state);
+        let s = run.withheld_at;
         let held = std::mem::take(&mut run.held);
         let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
         self.journal.append_evidence(
@@ -3117,25 +3288,36 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// Append an event of `run`, in one transaction with the events it holds (see `Run::held`).
-    fn record(&mut self, run: &mut Run, event: NewEvent) -> Result<(), ExecError> {
+    /// `Some`: the journal refused a transition among them (see [`Executor::flush_held`]).
+    fn record(&mut self, run: &mut Run, event: NewEvent) -> Result<Option<Illegal>, ExecError> {
         run.held.push(event);
         self.flush_held(run)
     }
 
-    /// Commit the events `run` holds, if any.
-    fn flush_held(&mut self, run: &mut Run) -> Result<(), ExecError> {
+    /// Commit the events `run` holds, if any, in one transaction. The journal checks each
+    /// transition against the state recorded at that moment: when another process moved the
+    /// execution on meanwhile (an `attach` recorded its result, a `cancel` came first) it
+    /// refuses them all, and that state stands; the held notes are then committed alone and
+    /// the refusal returned, for the caller that acts on it.
+    fn flush_held(&mut self, run: &mut Run) -> Result<Option<Illegal>, ExecError> {
+        let mut refused = None;
         if !run.held.is_empty() {
-            let mut held = std::mem::take(&mut run.held);
-            if held.iter().any(|(_, s, _)| s.is_some()) {
-                let now = self.journal.status(&run.rec.id)?.map(|s| s.state);
-                drop_overtaken(&mut held, now);
-            }
-            if !held.is_empty() {
-                self.journal.append_all(&run.rec.id, held)?;
+            let held = std::mem::take(&mut run.held);
+            let notes: Vec<NewEvent> = held.iter().filter(|e| e.1.is_none()).cloned().collect();
+            match self.journal.append_all(&run.rec.id, held) {
+                Ok(_) => {}
+                Err(e) => {
+                    let r = e.refused().ok_or(e)?;
+                    tracing::debug!("cairn: {}: {r}", run.rec.id);
+                    refused = Some(r);
+                    if !notes.is_empty() {
+                        self.journal.append_all(&run.rec.id, notes)?;
+                    }
+                }
             }
         }
         run.held_since = None;
-        Ok(())
+        Ok(refused)
     }
 
     fn complete(
@@ -3149,18 +3331,6 @@ impl<J: ExecutionJournal> Executor<J> {
         } else {
             State::Completed
         };
-        // Another process attached to the same execution may have recorded it already.
-        let already = self
-            .journal
-            .status(&run.rec.id)?
-            .is_some_and(|s| s.state.has_result());
-        if already {
-            run.done = Some(done);
-            run.m.set_prior(Prior::Settled);
-            let mut o = self.outcome_from_journal(run)?;
-            o.recovered = recovered;
-            return Ok(o);
-        }
         let finished = Evidence::Finished {
             state,
             finish_record: finish_text(&done),
@@ -3168,6 +3338,8 @@ impl<J: ExecutionJournal> Executor<J> {
             reconnects: run.reconnects,
         }
         .into_event();
+        // Another process attached to the same execution may have recorded it already: the
+        // journal then refuses this one, and the outcome is the one it holds.
         self.record(run, finished)?;
         run.done = Some(done);
         run.m.set_prior(Prior::Settled);
@@ -3182,26 +3354,6 @@ impl<J: ExecutionJournal> Executor<J> {
         state: State,
         reason: &str,
     ) -> Result<Outcome, ExecError> {
-        // Another process (a `recover`, an `attach`) may have settled the execution while this
-        // one could not reach the host. Its verdict stands: an `unknown` appended after it
-        // would contradict the host, and this process has none of the result to hand on.
-        if !state.is_settled() {
-            if let Some(st) = self
-                .journal
-                .status(&run.rec.id)?
-                .filter(|s| s.state.is_settled())
-            {
-                let mut o = self.outcome_from_journal(run)?;
-                o.state = state;
-                o.needs_review = true;
-                o.reason = Some(format!(
-                    "{reason}; meanwhile another process recorded it as {}: `cairn attach {}` \
-                     returns its result (do not send it again)",
-                    st.state, run.rec.id
-                ));
-                return Ok(o);
-            }
-        }
         let concluded = Evidence::Concluded {
             state,
             reason,
@@ -3209,7 +3361,9 @@ impl<J: ExecutionJournal> Executor<J> {
             start_record: run.start.as_ref().map(start_text),
         }
         .into_event();
-        self.record(run, concluded)?;
+        if let Some(refused) = self.record(run, concluded)? {
+            return self.overtaken(run, state, reason, refused);
+        }
         if state.is_settled() {
             run.m.set_prior(Prior::Settled);
         }
@@ -3218,15 +3372,50 @@ impl<J: ExecutionJournal> Executor<J> {
         Ok(o)
     }
 
-    /// Record `delivered` for an execution whose result the caller now holds.
-    pub fn mark_delivered(&mut self, id: &ExecutionId, how: &str) -> Result<(), ExecError> {
-        if let Some(st) = self.journal.status(id)? {
-            if st.state.has_result() && st.state != State::Delivered {
-                self.journal
-                    .append_evidence(id, Evidence::Delivered { to: how })?;
-            }
+    /// The answer of a conclusion the journal refused: another process (a `recover`, an
+    /// `attach`, a `cancel`) settled the execution while this one could not reach the host.
+    /// Its verdict stands: an `unknown` appended after it would contradict the host, and this
+    /// process has none of the result to hand on.
+    fn overtaken(
+        &mut self,
+        run: &mut Run,
+        state: State,
+        reason: &str,
+        refused: Illegal,
+    ) -> Result<Outcome, ExecError> {
+        let mut o = self.outcome_from_journal(run)?;
+        let recorded = refused.from.unwrap_or(o.state);
+        if recorded.is_settled() {
+            run.m.set_prior(Prior::Settled);
         }
-        Ok(())
+        if recorded == state {
+            // (recorded already: a retry of a `failed` one that failed again)
+            o.reason = Some(reason.to_owned());
+            return Ok(o);
+        }
+        if !state.is_settled() {
+            o.state = state;
+            o.needs_review = true;
+        }
+        o.reason = Some(format!(
+            "{reason}; meanwhile another process recorded it as {recorded}: `cairn attach {}` \
+             returns its result (do not send it again)",
+            run.rec.id
+        ));
+        Ok(o)
+    }
+
+    /// Record `delivered` for an execution whose result the caller now holds. The journal
+    /// takes it only after a result (`completed`, `cancelled`), once: a refusal means there is
+    /// nothing (more) to record.
+    pub fn mark_delivered(&mut self, id: &ExecutionId, how: &str) -> Result<(), ExecError> {
+        match self
+            .journal
+            .append_evidence(id, Evidence::Delivered { to: how })
+        {
+            Err(e) if e.refused().is_none() => Err(e.into()),
+            _ => Ok(()),
+        }
     }
 
     fn outcome_from_journal(&self, run: &Run) -> Result<Outcome, ExecError> {
@@ -3369,48 +3558,67 @@ mod tests {
         assert_send(&ex.gc_host(&rec, Duration::ZERO, Duration::ZERO));
     }
 
-    fn held(
-        states: &[(&str, Option<State>)],
-    ) -> Vec<(EventKind, Option<State>, serde_json::Value)> {
-        states
-            .iter()
-            .map(|(k, s)| (EventKind::parse(k), *s, json!({})))
-            .collect()
-    }
-
-    fn kinds(h: &[(EventKind, Option<State>, serde_json::Value)]) -> Vec<&str> {
-        h.iter().map(|(k, _, _)| k.as_str()).collect()
-    }
-
+    /// Events a run held while another process recorded the execution's result: the journal
+    /// refuses the held `running` (the result stands), and the held note is still recorded.
     #[test]
-    fn held_transitions_overtaken_by_a_result_are_left_out() {
-        let mut h = held(&[("reconnected", None), ("running", Some(State::Running))]);
-        drop_overtaken(&mut h, Some(State::Completed));
-        assert_eq!(kinds(&h), ["reconnected"], "a note stays, running goes");
-        let mut h = held(&[("running", Some(State::Running))]);
-        drop_overtaken(&mut h, Some(State::Delivered));
-        assert!(h.is_empty());
-        // the run's own outcome in the same batch is kept whatever the journal says
-        let mut h = held(&[
-            ("running", Some(State::Running)),
-            ("completed", Some(State::Completed)),
-        ]);
-        drop_overtaken(&mut h, Some(State::Dispatched));
-        assert_eq!(kinds(&h), ["running", "completed"]);
-        // after a state without a result, a start seen on the host is new evidence
-        for now in [
-            State::Failed,
-            State::Unknown,
-            State::Interrupted,
-            State::Running,
-        ] {
-            let mut h = held(&[("running", Some(State::Running))]);
-            drop_overtaken(&mut h, Some(now));
-            assert_eq!(kinds(&h), ["running"], "after {now}");
-        }
-        let mut h = held(&[("authorized", Some(State::Authorized))]);
-        drop_overtaken(&mut h, None);
-        assert_eq!(kinds(&h), ["authorized"]);
+    fn held_transitions_overtaken_by_a_result_are_refused_and_the_notes_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut j = Journal::open(&dir.path().join("j.db")).unwrap();
+        let rec = crate::journal::tests::rec("ex_held");
+        j.accept(&rec, crate::journal::accepted_evidence(&rec))
+            .unwrap();
+        crate::journal::tests::walk(
+            &mut j,
+            &rec.id,
+            &[State::Authorized, State::Dispatched, State::Completed],
+        );
+        let mut ex = Executor::new(j, ConnectOptions::default(), Patience::default());
+        let mut run = ex.load(&rec.id).unwrap();
+        run.held = vec![
+            Evidence::Reconnected { reconnects: 1 }.into_event(),
+            (EventKind::Running, Some(State::Running), json!({})),
+        ];
+        let refused = ex.flush_held(&mut run).unwrap();
+        assert_eq!(
+            refused,
+            Some(Illegal {
+                from: Some(State::Completed),
+                to: State::Running
+            })
+        );
+        assert!(run.held.is_empty());
+        let kinds: Vec<String> = ex
+            .journal
+            .events(&rec.id)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind.to_string())
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                "accepted",
+                "authorized",
+                "dispatched",
+                "completed",
+                "reconnected"
+            ]
+        );
+        assert_eq!(
+            ex.journal.status(&rec.id).unwrap().unwrap().state,
+            State::Completed
+        );
+        // and a delivery is recorded once: the second is refused by the journal, quietly
+        ex.mark_delivered(&rec.id, "test").unwrap();
+        ex.mark_delivered(&rec.id, "test").unwrap();
+        let delivered = ex
+            .journal
+            .events(&rec.id)
+            .unwrap()
+            .iter()
+            .filter(|e| e.kind == EventKind::Delivered)
+            .count();
+        assert_eq!(delivered, 1);
     }
 
     #[test]

@@ -423,9 +423,10 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
-    let _ = ex
-        .journal
-        .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code });
+    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
+        ex.journal
+            .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code })
+    });
     Ok(code)
 }
 
@@ -725,9 +726,10 @@ async fn resume(
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
-    let _ = ex
-        .journal
-        .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code });
+    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
+        ex.journal
+            .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code })
+    });
     Ok(code)
 }
 

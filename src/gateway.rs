@@ -267,9 +267,11 @@ impl GatewayConfig {
 
     pub fn end_session(&self, evidence: SessionEvidence<'_>) {
         if let Some(s) = &self.session_id {
-            if let Ok(mut j) = Journal::open(&self.journal) {
-                let _ = j.session_evidence(s, evidence);
-            }
+            let value = evidence.to_value();
+            let _ = crate::journal::append_evidence_retrying(
+                &format!("the end of session {s}"),
+                || Journal::open(&self.journal)?.session_event(s, evidence.kind(), value.clone()),
+            );
         }
     }
 }
@@ -488,9 +490,10 @@ pub fn delivered(cfg: &GatewayConfig, id: &ExecutionId) {
                 .map(|s| format!(" session {s}"))
                 .unwrap_or_default()
         );
-        if let Err(e) = ex.mark_delivered(id, &to) {
-            tracing::warn!("cairn: recording delivery of {id}: {e}");
-        }
+        // (lost, a replay may deliver the result again: said, and counted in /metrics)
+        let _ = crate::journal::append_evidence_retrying(&format!("the delivery of {id}"), || {
+            ex.mark_delivered(id, &to)
+        });
     }
 }
 

@@ -149,6 +149,19 @@ impl OpClass {
     }
 }
 
+/// [`OpClass::after_unknown`] for a class as the journal recorded it. A name this build does not
+/// parse (damaged, or written by a newer build: it may be `irreversible`) gets the strictest
+/// rule, review: never a probe that could dispatch again, never a new run.
+pub fn after_unknown_recorded(class: &str, unknown_attempts_in_window: usize) -> AfterUnknown {
+    match class.parse::<OpClass>() {
+        Ok(c) => c.after_unknown(unknown_attempts_in_window),
+        Err(e) => {
+            tracing::warn!("cairn: {e} in the journal: treated as needing review");
+            AfterUnknown::Review
+        }
+    }
+}
+
 impl std::fmt::Display for OpClass {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(self.as_str())
@@ -1084,6 +1097,22 @@ mod tests {
             plain.command = CommandForm::Shell(r.command.shell_bytes());
             prop_assert_eq!(fp(&t1), fp(&t2));
             prop_assert_eq!(fp(&t1), plain.fingerprint(&key()));
+        }
+    }
+
+    /// A class the journal holds that this build does not parse is never probed or run again:
+    /// it goes to review, as `irreversible` does.
+    #[test]
+    fn an_unparseable_recorded_class_after_unknown_is_review() {
+        for name in ["irreversable", "", "IRREVERSIBLE", "future-class"] {
+            assert_eq!(
+                after_unknown_recorded(name, 0),
+                AfterUnknown::Review,
+                "{name:?}"
+            );
+        }
+        for c in OpClass::ALL {
+            assert_eq!(after_unknown_recorded(c.as_str(), 0), c.after_unknown(0));
         }
     }
 }

@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 
 pub use crate::event::EventKind;
 use crate::id::ExecutionId;
+use crate::lifecycle::Illegal;
 use crate::state::State;
 
 const SCHEMA_VERSION: i64 = 1;
@@ -110,11 +111,33 @@ pub enum JournalError {
         id: String,
         message: String,
     },
+    /// The journal refused a transition the lifecycle does not allow from the state recorded
+    /// when the append was made (`crate::lifecycle`), or one made on the condition of a state the
+    /// execution had left ([`Journal::append_all_if`]). Nothing of that append was written; the
+    /// recorded state stands.
+    #[error("journal {location}: execution {id}: {}", refusal_text(.refused, *.conditional))]
+    Refused {
+        location: String,
+        id: String,
+        refused: Illegal,
+        /// Refused because the append was made on the condition of another state, not because
+        /// the lifecycle forbids the transition itself.
+        conditional: bool,
+    },
 }
 
 type Result<T> = std::result::Result<T, JournalError>;
 
 impl JournalError {
+    /// The transition the journal refused, and the state it held then (see
+    /// [`JournalError::Refused`]).
+    pub fn refused(&self) -> Option<Illegal> {
+        match self {
+            JournalError::Refused { refused, .. } => Some(*refused),
+            _ => None,
+        }
+    }
+
     /// Whether this is an append refused by the ownership fence of a shared journal: this
     /// replica's lease expired and another replica took the execution over.
     pub fn is_fenced(&self) -> bool {
@@ -136,6 +159,17 @@ impl JournalError {
             }
             _ => false,
         }
+    }
+}
+
+fn refusal_text(refused: &Illegal, conditional: bool) -> String {
+    match (conditional, refused.from) {
+        (true, Some(from)) => format!(
+            "{} refused: it was appended on the condition that the execution had not moved on, \
+             and it is {from} now",
+            refused.to
+        ),
+        _ => refused.to_string(),
     }
 }
 
@@ -595,10 +629,20 @@ impl Journal {
     fn commit(&mut self, req: group::Request) -> Result<Event> {
         let file = self.file()?;
         let group = std::sync::Arc::clone(&file.group);
+        let id = req.execution_id().to_owned();
         group
             .submit(req, &|| connect(&self.path), &file.anchor)
             .map_err(|f| match f {
                 group::Failure::Sqlite(source) => self.err(source),
+                group::Failure::Refused {
+                    refused,
+                    conditional,
+                } => JournalError::Refused {
+                    location: self.location(),
+                    id,
+                    refused,
+                    conditional,
+                },
                 group::Failure::LeaderLost => JournalError::Io {
                     path: self.path.clone(),
                     message: "the thread committing this write panicked, so whether it was \
@@ -1349,6 +1393,58 @@ fn advance_anchor(anchor: &anchor::Anchor, ev: &Event) {
     }
 }
 
+/// How many times an append of evidence that nothing else would redo (a session's end, a
+/// delivery, an abandoned stream) is tried before it is reported lost.
+pub const EVIDENCE_ATTEMPTS: u32 = 3;
+
+static EVIDENCE_LOST: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// Evidence appends given up after [`EVIDENCE_ATTEMPTS`] in this process (`/metrics`:
+/// `cairn_evidence_lost_total`).
+pub fn evidence_lost() -> u64 {
+    EVIDENCE_LOST.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Append evidence that nothing else would redo, with `append` (which opens the journal as it
+/// needs; a refusal of the lifecycle is its answer to give as `Ok`): tried up to
+/// [`EVIDENCE_ATTEMPTS`] times, pausing 50 ms, then 200 ms; then reported: an error line naming
+/// `what` and the cause, and [`evidence_lost`] counts it. Returns the last attempt's result.
+pub fn append_evidence_retrying<T, E>(
+    what: &str,
+    mut append: impl FnMut() -> std::result::Result<T, E>,
+) -> std::result::Result<T, E>
+where
+    E: From<JournalError> + std::fmt::Display,
+{
+    let mut pause = Duration::from_millis(50);
+    let mut attempt = 1;
+    loop {
+        let failed = if crate::failpoint::fails("evidence-append") {
+            E::from(JournalError::Io {
+                path: PathBuf::new(),
+                message: "the append failed (test)".into(),
+            })
+        } else {
+            match append() {
+                Ok(v) => return Ok(v),
+                Err(e) => e,
+            }
+        };
+        if attempt >= EVIDENCE_ATTEMPTS {
+            EVIDENCE_LOST.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tracing::error!(
+                "cairn: evidence lost: {what} could not be recorded after {attempt} attempts: \
+                 {failed}"
+            );
+            return Err(failed);
+        }
+        tracing::warn!("cairn: recording {what} (attempt {attempt}): {failed}; trying again");
+        std::thread::sleep(pause);
+        pause *= 4;
+        attempt += 1;
+    }
+}
+
 /// Status from a sequence of transition states (see [`status_from_events`]).
 pub fn status_from_states(states: &[State]) -> Option<Status> {
     let mut state: Option<State> = None;
@@ -1392,6 +1488,25 @@ pub fn accepted_evidence(rec: &ExecutionRecord) -> serde_json::Value {
         "created_at": rec.created_at,
         "client": rec.client,
     })
+}
+
+/// The state `id` holds inside the caller's transaction, as [`status_from_states`] derives it
+/// (what the lifecycle check compares against). A state name this build does not know fails
+/// the append rather than being skipped.
+fn state_in(tx: &rusqlite::Transaction<'_>, id: &str) -> rusqlite::Result<Option<State>> {
+    let mut stmt = tx.prepare_cached(
+        "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL ORDER BY seq",
+    )?;
+    let names = stmt.query_map([id], |r| r.get::<_, String>(0))?;
+    let mut states = Vec::new();
+    for name in names {
+        let name = name?;
+        let state = name.parse::<State>().map_err(|e| {
+            rusqlite::Error::FromSqlConversionFailure(0, rusqlite::types::Type::Text, e.into())
+        })?;
+        states.push(state);
+    }
+    Ok(status_from_states(&states).map(|s| s.state))
 }
 
 /// Derive the current status from an execution's events.
@@ -1713,14 +1828,38 @@ impl Journal {
         self.commit(group::Request::AppendAll {
             id: id.as_str().to_owned(),
             events,
+            expect: None,
         })
         .map(Some)
+    }
+
+    /// [`Journal::append_all`] on a condition: written only while `id` holds one of the states
+    /// `expect`, checked in the same transaction as the append (else
+    /// [`JournalError::Refused`], with the state it holds, and nothing written). For a decision
+    /// that is only true of those states (`cancelled` before a dispatch: nothing was sent).
+    pub fn append_all_if(
+        &mut self,
+        id: &ExecutionId,
+        expect: &[State],
+        events: Vec<NewEvent>,
+    ) -> Result<Event> {
+        let events: Vec<_> = events
+            .into_iter()
+            .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
+            .collect();
+        on_postgres!(self, pg => pg.append_all_if(id, expect, &events));
+        self.commit(group::Request::AppendAll {
+            id: id.as_str().to_owned(),
+            events,
+            expect: Some(expect.to_vec()),
+        })
     }
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+    use serde_json::json;
 
     /// The chain hash of an event commits to its kind's name exactly as journals written before
     /// kinds were typed hold it (the value is pinned: the
@@ -1831,7 +1970,15 @@ mod tests {
         assert_eq!(n, threads * each);
     }
 
-    pub(super) fn rec(id: &str) -> ExecutionRecord {
+    /// Move `id` through `states`, one append each, as the lifecycle allows.
+    pub(crate) fn walk(j: &mut Journal, id: &ExecutionId, states: &[State]) {
+        for &s in states {
+            j.append(id, EventKind::of_state(s), Some(s), serde_json::json!({}))
+                .unwrap();
+        }
+    }
+
+    pub(crate) fn rec(id: &str) -> ExecutionRecord {
         ExecutionRecord {
             id: ExecutionId::parse(id).unwrap(),
             created_at: now_rfc3339(),
@@ -1857,8 +2004,8 @@ mod tests {
             let e2 = j
                 .append(
                     &r.id,
-                    EventKind::Dispatched,
-                    Some(State::Dispatched),
+                    EventKind::Authorized,
+                    Some(State::Authorized),
                     serde_json::json!({"x": 1}),
                 )
                 .unwrap();
@@ -1873,7 +2020,7 @@ mod tests {
             assert!(j.raw_execute("DELETE FROM events").is_err(), "{backend}");
             assert!(j.accept(&r, serde_json::json!({})).is_err(), "duplicate ID");
             let st = j.status(&r.id).unwrap().unwrap();
-            assert_eq!(st.state, State::Dispatched);
+            assert_eq!(st.state, State::Authorized);
             let _ = backend;
         }
     }
@@ -2005,12 +2152,10 @@ mod tests {
     }
 
     #[test]
-    fn an_unknown_after_a_settled_outcome_does_not_unsettle_it() {
+    fn an_unknown_after_a_settled_outcome_is_refused_and_one_already_held_does_not_unsettle_it() {
         let dir = tempfile::tempdir().unwrap();
-        for (backend, path) in backends(
-            "an_unknown_after_a_settled_outcome_does_not_unsettle_it",
-            dir.path(),
-        ) {
+        for (backend, path) in backends("an_unknown_after_a_settled_outcome_is_refused", dir.path())
+        {
             let mut j = Journal::open(&path).unwrap();
             for (id, settled) in [
                 ("s1", State::Completed),
@@ -2020,7 +2165,20 @@ mod tests {
             ] {
                 let r = rec(id);
                 j.accept(&r, serde_json::json!({})).unwrap();
-                for s in [State::Dispatched, State::Running, settled, State::Unknown] {
+                let path: &[State] = match settled {
+                    State::Delivered => &[State::Completed, State::Delivered],
+                    s => std::slice::from_ref(match s {
+                        State::Completed => &State::Completed,
+                        State::Interrupted => &State::Interrupted,
+                        _ => &State::Failed,
+                    }),
+                };
+                let mut states = vec![State::Authorized, State::Dispatched];
+                if settled != State::Failed {
+                    states.push(State::Running);
+                }
+                states.extend_from_slice(path);
+                for s in states {
                     j.append(
                         &r.id,
                         EventKind::of_state(s),
@@ -2029,24 +2187,181 @@ mod tests {
                     )
                     .unwrap();
                 }
+                let events = j.events(&r.id).unwrap().len();
+                let e = j
+                    .append(
+                        &r.id,
+                        EventKind::Unknown,
+                        Some(State::Unknown),
+                        serde_json::json!({}),
+                    )
+                    .unwrap_err();
+                assert_eq!(
+                    e.refused(),
+                    Some(Illegal {
+                        from: Some(settled),
+                        to: State::Unknown
+                    }),
+                    "{backend} {id}: {e}"
+                );
+                assert_eq!(j.events(&r.id).unwrap().len(), events, "{backend} {id}");
                 let st = j.status(&r.id).unwrap().unwrap();
-                assert_eq!(st.state, settled, "{id}");
-                assert_eq!(st.before_unknown, None, "{id}");
+                assert_eq!(st.state, settled, "{backend} {id}");
+                // a note is still taken
+                j.append(&r.id, EventKind::Note, None, serde_json::json!({}))
+                    .unwrap();
             }
-            // (before it settles, an unknown is the state, as ever)
-            let r = rec("s5");
-            j.accept(&r, serde_json::json!({})).unwrap();
-            for s in [State::Running, State::Unknown, State::Completed] {
-                j.append(
+        }
+        // A journal written before the lifecycle was enforced may hold an `unknown` after a
+        // settled outcome: it reads as the settled outcome.
+        for settled in [
+            State::Completed,
+            State::Delivered,
+            State::Interrupted,
+            State::Failed,
+        ] {
+            let st =
+                status_from_states(&[State::Accepted, State::Dispatched, settled, State::Unknown])
+                    .unwrap();
+            assert_eq!(st.state, settled);
+            assert_eq!(st.before_unknown, None);
+        }
+        let st = status_from_states(&[State::Running, State::Unknown, State::Completed]).unwrap();
+        assert_eq!(st.state, State::Completed);
+    }
+
+    /// The window of issue 35: a `cancel` records `cancelled` while the owner, between its
+    /// decision and its append, is about to append `authorized` and `dispatched`. Whichever
+    /// commits second is refused in its own transaction, with nothing of it written; never
+    /// both. Raced for real on both backends, a bounded number of rounds.
+    #[test]
+    fn a_dispatch_and_a_cancel_racing_never_both_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        for (backend, path) in backends("a_dispatch_and_a_cancel_racing", dir.path()) {
+            let mut j = Journal::open(&path).unwrap();
+            let (mut dispatched, mut cancelled) = (0, 0);
+            for round in 0..40 {
+                let r = rec(&format!("race{round}"));
+                j.accept(&r, serde_json::json!({})).unwrap();
+                let barrier = std::sync::Arc::new(std::sync::Barrier::new(2));
+                let owner = {
+                    let (path, id, barrier) = (path.clone(), r.id.clone(), barrier.clone());
+                    std::thread::spawn(move || {
+                        let mut j = Journal::open(&path).unwrap();
+                        barrier.wait();
+                        j.append_all(
+                            &id,
+                            vec![
+                                (EventKind::Authorized, Some(State::Authorized), json!({})),
+                                (EventKind::Dispatched, Some(State::Dispatched), json!({})),
+                            ],
+                        )
+                    })
+                };
+                let mut c = Journal::open(&path).unwrap();
+                barrier.wait();
+                let cancel = c.append_all_if(
                     &r.id,
-                    EventKind::of_state(s),
-                    Some(s),
-                    serde_json::json!({}),
-                )
-                .unwrap();
+                    &[State::Accepted, State::Authorized],
+                    vec![(EventKind::Cancelled, Some(State::Cancelled), json!({}))],
+                );
+                let owner = owner.join().unwrap();
+                let states: Vec<State> = j
+                    .events(&r.id)
+                    .unwrap()
+                    .iter()
+                    .filter_map(|e| e.state)
+                    .collect();
+                match (&owner, &cancel) {
+                    (Ok(_), Err(e)) => {
+                        assert_eq!(
+                            e.refused().map(|i| i.from),
+                            Some(Some(State::Dispatched)),
+                            "{backend}: {e}"
+                        );
+                        assert_eq!(
+                            states,
+                            [State::Accepted, State::Authorized, State::Dispatched],
+                            "{backend}"
+                        );
+                        dispatched += 1;
+                    }
+                    (Err(e), Ok(_)) => {
+                        assert_eq!(
+                            e.refused(),
+                            Some(Illegal {
+                                from: Some(State::Cancelled),
+                                to: State::Authorized
+                            }),
+                            "{backend}: {e}"
+                        );
+                        assert_eq!(states, [State::Accepted, State::Cancelled], "{backend}");
+                        cancelled += 1;
+                    }
+                    other => panic!("{backend} round {round}: {other:?}"),
+                }
             }
-            assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Completed);
-            let _ = backend;
+            assert_eq!(dispatched + cancelled, 40, "{backend}");
+        }
+    }
+
+    /// A conditional append is refused when the execution left the states it was made for, and
+    /// a transition the lifecycle forbids is refused whatever the condition; both typed, both
+    /// leaving the journal as it was.
+    #[test]
+    fn a_conditional_append_is_refused_once_the_state_moved_on() {
+        let dir = tempfile::tempdir().unwrap();
+        for (backend, path) in backends("a_conditional_append_is_refused", dir.path()) {
+            let mut j = Journal::open(&path).unwrap();
+            let r = rec("cond1");
+            j.accept(&r, serde_json::json!({})).unwrap();
+            walk(&mut j, &r.id, &[State::Authorized, State::Dispatched]);
+            let cancel = || vec![(EventKind::Cancelled, Some(State::Cancelled), json!({}))];
+            let e = j
+                .append_all_if(&r.id, &[State::Accepted, State::Authorized], cancel())
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    JournalError::Refused {
+                        conditional: true,
+                        ..
+                    }
+                ),
+                "{backend}: {e}"
+            );
+            assert_eq!(e.refused().unwrap().from, Some(State::Dispatched));
+            assert!(e.to_string().contains("it is dispatched now"), "{e}");
+            assert_eq!(j.events(&r.id).unwrap().len(), 3, "{backend}");
+            // the condition met: written, in one transaction
+            let ev = j
+                .append_all_if(&r.id, &[State::Dispatched], cancel())
+                .unwrap();
+            assert_eq!(ev.state, Some(State::Cancelled));
+            // met, but the lifecycle refuses: nothing after cancelled but delivered and notes
+            let e = j
+                .append_all_if(
+                    &r.id,
+                    &[State::Cancelled],
+                    vec![(EventKind::Running, Some(State::Running), json!({}))],
+                )
+                .unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    JournalError::Refused {
+                        conditional: false,
+                        ..
+                    }
+                ),
+                "{backend}: {e}"
+            );
+            assert_eq!(j.status(&r.id).unwrap().unwrap().state, State::Cancelled);
+            // an execution the journal does not have is refused too
+            let ghost = ExecutionId::parse("ghost").unwrap();
+            assert!(j
+                .append_all_if(&ghost, &[State::Accepted], cancel())
+                .is_err());
         }
     }
 
@@ -2059,7 +2374,12 @@ mod tests {
             let mut j = Journal::open(&path).unwrap();
             let r = rec("a2");
             j.accept(&r, serde_json::json!({})).unwrap();
-            for s in [State::Dispatched, State::Running, State::Unknown] {
+            for s in [
+                State::Authorized,
+                State::Dispatched,
+                State::Running,
+                State::Unknown,
+            ] {
                 j.append(
                     &r.id,
                     EventKind::of_state(s),
@@ -2204,8 +2524,9 @@ mod tests {
                         .map(|i| {
                             let bad = bad_every.is_some_and(|n| i % n == n - 1);
                             let target = if bad { &missing } else { &id };
+                            // (a transition the lifecycle allows again and again)
                             let st = if i % 2 == 0 {
-                                Some(State::Running)
+                                Some(State::Unknown)
                             } else {
                                 None
                             };
@@ -2587,6 +2908,11 @@ mod tests {
             j.set_cursor(&id, 10, 3).unwrap();
             j.set_cursor(&id, 12, 3).unwrap();
             assert_eq!(j.cursor(&id).unwrap(), (12, 3), "{backend}");
+            walk(
+                &mut j,
+                &id,
+                &[State::Authorized, State::Dispatched, State::Completed],
+            );
             j.append(
                 &id,
                 EventKind::Delivered,
@@ -2793,6 +3119,7 @@ mod tests {
         );
         for id in [&a, &b] {
             j.accept(&rec(id.as_str()), serde_json::json!({})).unwrap();
+            walk(&mut j, id, &[State::Authorized, State::Dispatched]);
         }
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -2888,6 +3215,7 @@ mod tests {
         assert_eq!(o.replica, replica_id());
         j.append(&mine, EventKind::Note, None, serde_json::json!({}))
             .unwrap();
+        walk(&mut j, &mine, &[State::Authorized, State::Dispatched]);
 
         // Another replica takes it over (as its takeover does: the epoch bumped).
         let psql = |sql: &str| server.psql(&db, sql).unwrap();

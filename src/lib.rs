@@ -76,6 +76,8 @@ pub mod cli;
 pub mod error;
 pub mod evidence;
 pub mod executor;
+#[doc(hidden)]
+pub mod failpoint;
 pub mod fleet;
 pub mod gate;
 pub mod gateway;
@@ -102,7 +104,7 @@ pub mod token;
 pub mod tool_result;
 
 // The pure core is its own crate (crates/cairn-core); its modules keep their paths here.
-pub use cairn_core::{epoch, event, id, machine, recovery, state};
+pub use cairn_core::{epoch, event, id, lifecycle, machine, recovery, state};
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

@@ -1,7 +1,9 @@
 //! Client side of the marker protocol (see `remote-scripts/PROTOCOL.md`).
 //!
-//! Builds the one exec string each operation sends (the embedded host script plus validated
-//! arguments, all single-quoted), and splits what comes back: channel stdout is the command's
+//! Builds the one exec string each operation sends (a bootstrap of a few hundred bytes that
+//! runs the host script installed in the marker home, or reads it from stdin where it cannot
+//! be installed, plus validated arguments, all single-quoted: never more than
+//! [`MAX_EXEC_LEN`]), and splits what comes back: channel stdout is the command's
 //! stdout, raw; channel stderr carries protocol lines `@@cairn-NONCE@@ KIND …\n` with the
 //! command's raw stderr between them. The nonce is fresh per exec and never reaches the command,
 //! so the command cannot forge a protocol line.
@@ -51,6 +53,93 @@ fn wire(session: bool) -> String {
     out
 }
 
+/// The longest command string cairn puts in an exec request. SSH servers cap it (Dropbear
+/// closes the connection past 9,000 bytes), and wrappers behind `ForceCommand` log or filter
+/// it; the host side never travels in it (`docs/HOST-HELPER.md`).
+pub const MAX_EXEC_LEN: usize = 1024;
+
+/// The SHA-256 of the host script as installed ([`session_script`]: every mode), lower-case hex.
+pub fn script_sha256() -> &'static str {
+    static S: OnceLock<String> = OnceLock::new();
+    S.get_or_init(|| {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(session_script().as_bytes()))
+    })
+}
+
+/// The POSIX `cksum` of `data` (CRC-32/CKSUM over the bytes, then their length): how a host
+/// without `sha256sum` checks the installed script.
+pub fn cksum(data: &[u8]) -> u32 {
+    let crc = crc::Crc::<u32>::new(&crc::CRC_32_CKSUM);
+    let mut d = crc.digest();
+    d.update(data);
+    let mut n = data.len();
+    while n > 0 {
+        d.update(&[(n & 0xff) as u8]);
+        n >>= 8;
+    }
+    d.finalize()
+}
+
+/// The installed script's path on the host, as shell words (`"$HOME"/'DIR/bin/…'` for a
+/// relative DIR): its name carries its SHA-256.
+pub fn script_path(dir: &str) -> String {
+    let rel = format!("{dir}/bin/cairn-sh-{}", script_sha256());
+    if dir.starts_with('/') {
+        shell_quote(&rel)
+    } else {
+        format!("\"$HOME\"/{}", shell_quote(&rel))
+    }
+}
+
+/// The exit status of the installed-script bootstrap when the script is not in the marker home:
+/// nothing ran (the same status a shell gives for a missing command).
+pub const SCRIPT_MISSING: u32 = 127;
+
+/// Whether an exec of the installed script that wrote no protocol line ran nothing: any exit
+/// status says so (the script's first line, `hello`, comes before anything it does but make
+/// the marker home; a missing file ends with [`SCRIPT_MISSING`], a corrupt one with the
+/// shell's syntax error, before any of it ran). No exit status: the connection was lost.
+pub fn script_did_not_run(exit: Option<u32>) -> bool {
+    exit.is_some()
+}
+
+/// The bootstrap that installs the host script: its bytes on stdin, `LEN` of them, into
+/// `DIR/tmp`, checked (length, then SHA-256 with `sha256sum`, else POSIX `cksum`), flushed,
+/// and renamed into place as `DIR/bin/cairn-sh-SHA256`: the name never holds a partial or
+/// unchecked file. Answers `installed`, or `error …`.
+/// Arguments: DIR SHA256 LEN CKSUM NONCE.
+pub const INSTALLER: &str = "umask 077;n=$5;d=$1;case $d in /*);;*)d=$HOME/$d;;esac;b=$d/bin;\
+t=$d/tmp/i.$$;e(){ rm -f \"$t\";echo \"@@cairn-$n@@ error cannot install the host script \
+in $b: $1\">&2;exit 1;};set -f;IFS=/;r=;for c in $b;do r=$r/$c;\
+[ -L \"$r\" ]&&e \"$r is a symbolic link\";done;[ -L \"$d/tmp\" ]&&e \"$d/tmp is a symbolic link\";\
+mkdir -p \"$d/tmp\" \"$b\"||e mkdir;cat>\"$t\"||e write;s=$(wc -c<\"$t\");\
+[ \"${s##* }\" = \"$3\" ]||e \"stdin ended early\";if command -v sha256sum>/dev/null;\
+then v=$(sha256sum<\"$t\");h=$2;else v=$(cksum<\"$t\");h=$4;fi;[ \"${v%% *}\" = \"$h\" ]||\
+e \"checksum mismatch\";sync \"$t\" 2>/dev/null||sync;mv -f \"$t\" \"$b/cairn-sh-$2\"||e rename;\
+sync \"$b\" 2>/dev/null;echo \"@@cairn-$n@@ installed\">&2";
+
+/// The exec string that installs the host script into marker home `dir` (its bytes, the
+/// [`session_script`], go on stdin), with `nonce` for its protocol lines.
+pub fn install_invocation(dir: &str, nonce: &str) -> String {
+    let text = session_script().as_bytes();
+    let mut s = String::with_capacity(MAX_EXEC_LEN);
+    s.push_str("exec /bin/sh -c ");
+    s.push_str(&shell_quote(INSTALLER));
+    s.push_str(" cairn");
+    for a in [
+        dir.to_owned(),
+        script_sha256().to_owned(),
+        text.len().to_string(),
+        cksum(text).to_string(),
+        nonce.to_owned(),
+    ] {
+        s.push(' ');
+        s.push_str(&shell_quote(&a));
+    }
+    s
+}
+
 /// Quote bytes for a POSIX shell: `'…'`, with `'` written as `'\''`.
 pub fn shell_quote(s: &str) -> String {
     let mut q = String::with_capacity(s.len() + 2);
@@ -72,6 +161,9 @@ pub fn new_nonce() -> String {
     format!("{n:032x}")
 }
 
+/// The longest remote directory, shell-quoted, that an exec string carries.
+pub const MAX_REMOTE_DIR: usize = 200;
+
 /// Why a remote directory is refused before anything is sent.
 pub fn validate_remote_dir(dir: &str) -> Result<(), String> {
     if dir.is_empty() {
@@ -82,6 +174,12 @@ pub fn validate_remote_dir(dir: &str) -> Result<(), String> {
     }
     if dir.split('/').any(|c| c == "..") {
         return Err(format!("remote directory {dir:?} contains '..'"));
+    }
+    // (it appears twice in an exec string, which stays within MAX_EXEC_LEN)
+    if shell_quote(dir).len() > MAX_REMOTE_DIR {
+        return Err(format!(
+            "remote directory {dir:?} is too long: at most {MAX_REMOTE_DIR} bytes, quoted"
+        ));
     }
     Ok(())
 }
@@ -215,16 +313,38 @@ pub(crate) fn mode_args(op: &Op<'_>) -> (&'static str, Vec<String>) {
     }
 }
 
-/// The exec string for `op` against marker home `dir`, with `nonce`: the sh script.
+/// The exec string for `op` against marker home `dir`, with `nonce`: the sh script installed
+/// in the marker home ([`install_invocation`]). Where it is not there, the exec ends with
+/// [`SCRIPT_MISSING`] before anything else happens.
 pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
-    let (mode, args) = mode_args(op);
+    let mut s = String::with_capacity(MAX_EXEC_LEN);
+    s.push_str("exec /bin/sh -c '[ -f \"$1\" ]||exit 127;. \"$1\"' cairn ");
+    s.push_str(&script_path(dir));
+    push_args(&mut s, op, dir, nonce);
+    s
+}
+
+/// The exec string for `op` when the script cannot be installed (a read-only marker home):
+/// the script goes on the exec's stdin, as `LEN\n` and LEN bytes, ahead of the operation's
+/// own stdin. Returns the exec string and those leading bytes.
+pub fn streamed_invocation(op: &Op<'_>, dir: &str, nonce: &str) -> (String, Vec<u8>) {
     let text = match op {
         Op::Session => session_script(),
         _ => script(),
     };
-    let mut s = String::with_capacity(text.len() + 256);
-    s.push_str("exec /bin/sh -c 'eval \"$1\"' cairn ");
-    s.push_str(&shell_quote(text));
+    let mut s = String::with_capacity(MAX_EXEC_LEN);
+    s.push_str(
+        "exec /bin/sh -c 'IFS= read -r n||exit 127;s=$(dd bs=1 count=\"$n\" 2>/dev/null;echo .);\
+         set -- \"${s%.}\" \"$@\";eval \"$1\"' cairn",
+    );
+    push_args(&mut s, op, dir, nonce);
+    let mut lead = format!("{}\n", text.len()).into_bytes();
+    lead.extend_from_slice(text.as_bytes());
+    (s, lead)
+}
+
+fn push_args(s: &mut String, op: &Op<'_>, dir: &str, nonce: &str) {
+    let (mode, args) = mode_args(op);
     for a in [mode.to_string(), dir.to_string(), nonce.to_string()]
         .into_iter()
         .chain(args)
@@ -232,7 +352,6 @@ pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
         s.push(' ');
         s.push_str(&shell_quote(&a));
     }
-    s
 }
 
 /// A parsed `key=value …` record.
@@ -399,6 +518,8 @@ pub enum Line {
     Gc(String),
     /// `install`: the native helper's state after storing it (`ok`: in place and runs).
     Helper(String),
+    /// The host script is in place in the marker home ([`install_invocation`]).
+    Installed,
     End,
 }
 
@@ -441,6 +562,7 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
         "gone" => Line::OutputGone,
         "gc" => Line::Gc(rest.trim().to_owned()),
         "helper" => Line::Helper(rest.trim().to_owned()),
+        "installed" => Line::Installed,
         "end" => Line::End,
         other => return Err(format!("unknown protocol line {other:?}")),
     })
@@ -840,6 +962,116 @@ mod tests {
     fn quoting_survives_hostile_text() {
         assert_eq!(shell_quote("a'b"), "'a'\\''b'");
         assert_eq!(shell_quote(""), "''");
+    }
+
+    /// Every operation at its longest arguments: an ID of 128 bytes, a remote directory at
+    /// its quoted limit, numbers of 15 digits.
+    fn longest_ops(id: &ExecutionId) -> Vec<Op<'_>> {
+        let big = 999_999_999_999_999;
+        let d = "f".repeat(64);
+        let d: &'static str = Box::leak(d.into_boxed_str());
+        vec![
+            Op::Hello,
+            Op::Probe { helper_sha256: d },
+            Op::Install {
+                helper_sha256: d,
+                len: big,
+            },
+            Op::Session,
+            Op::DispatchWithSecrets {
+                id,
+                len: big,
+                digest: d,
+                timeout_secs: big as u64,
+                attach: true,
+                secrets_len: big,
+            },
+            Op::Watch {
+                id,
+                out_off: big as u64,
+                err_off: big as u64,
+                wait: true,
+            },
+            Op::Cancel {
+                id,
+                grace_secs: big as u64,
+            },
+            Op::Gc {
+                output_age_secs: big as u64,
+                tombstone_age_secs: big as u64,
+                keep_helper: Some(d),
+            },
+        ]
+    }
+
+    #[test]
+    fn no_exec_string_exceeds_one_kib_first_contact_included() {
+        let id = ExecutionId::parse(&"i".repeat(128)).unwrap();
+        let rel = "d".repeat(MAX_REMOTE_DIR - 2);
+        let abs = format!("/{}", "d".repeat(MAX_REMOTE_DIR - 3));
+        let quotes = "'".repeat(MAX_REMOTE_DIR / 4 - 1);
+        let mut longest = 0;
+        for dir in [rel.as_str(), abs.as_str(), quotes.as_str()] {
+            assert!(validate_remote_dir(dir).is_ok(), "{}", dir.len());
+            let mut all = vec![install_invocation(dir, N)];
+            for op in longest_ops(&id) {
+                all.push(invocation(&op, dir, N));
+                all.push(streamed_invocation(&op, dir, N).0);
+                all.push(crate::host_helper::invocation(&op, dir, N));
+            }
+            for s in all {
+                longest = longest.max(s.len());
+                assert!(s.len() <= MAX_EXEC_LEN, "{} bytes: {s}", s.len());
+            }
+        }
+        assert!(validate_remote_dir(&"d".repeat(MAX_REMOTE_DIR - 1)).is_err());
+        // the script itself is far larger: it is installed or streamed, never inlined
+        assert!(session_script().len() > 20 * MAX_EXEC_LEN);
+        assert!(longest > MAX_EXEC_LEN / 2, "{longest}");
+        eprintln!("the longest exec string: {longest} bytes");
+    }
+
+    #[test]
+    fn the_streamed_script_is_length_framed_ahead_of_the_operation_stdin() {
+        let id = ExecutionId::parse("a1").unwrap();
+        let (_, lead) = streamed_invocation(&Op::Hello, "/d", N);
+        let nl = lead.iter().position(|&b| b == b'\n').unwrap();
+        let n: usize = std::str::from_utf8(&lead[..nl]).unwrap().parse().unwrap();
+        assert_eq!(&lead[nl + 1..], script().as_bytes());
+        assert_eq!(n, script().len());
+        let (_, lead) = streamed_invocation(&Op::Session, "/d", N);
+        assert!(lead.ends_with(session_script().as_bytes()));
+        let (s, _) = streamed_invocation(
+            &Op::Cancel {
+                id: &id,
+                grace_secs: 2,
+            },
+            "/d",
+            N,
+        );
+        assert!(s.ends_with(" 'cancel' '/d' '0123456789abcdef0123456789abcdef' 'a1' '2'"));
+    }
+
+    #[test]
+    fn the_installed_script_is_named_by_its_hash() {
+        assert_eq!(script_sha256().len(), 64);
+        let p = script_path(".cairn");
+        assert_eq!(
+            p,
+            format!("\"$HOME\"/'.cairn/bin/cairn-sh-{}'", script_sha256())
+        );
+        assert!(invocation(&Op::Hello, ".cairn", N).contains(&p));
+        let i = install_invocation("/d", N);
+        assert!(i.contains(&format!(" '{}' ", script_sha256())));
+        assert!(i.contains(&format!(" '{}' ", cksum(session_script().as_bytes()))));
+    }
+
+    #[test]
+    fn cksum_is_the_posix_one() {
+        // the values coreutils' and busybox's cksum print
+        assert_eq!(cksum(b""), 4_294_967_295);
+        assert_eq!(cksum(b"hello\n"), 3_015_617_425);
+        assert_eq!(cksum(&[0; 100_000]), 1_260_869_142);
     }
 
     #[test]

@@ -35,10 +35,26 @@ pub fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
     buf.extend_from_slice(&d[..d.len().min(room)]);
 }
 
-/// The outcome as JSON: every [`Outcome`] field, and with `cap` the output kept for it
-/// (`stdout`, `stderr`, `output_truncated`).
+/// How much the journal's record settles, in one word an agent can branch on:
+/// - `settled`: a final record: an exit status (completed, delivered), proven never started
+///   (failed), nothing sent (rejected), or stopped on request (cancelled);
+/// - `pending`: not concluded yet (accepted, authorized, dispatched, running);
+/// - `unknown`: cairn cannot prove what happened (unknown, interrupted, or a completion with no
+///   recorded exit status). Never reported as settled.
+pub fn certainty(o: &Outcome) -> &'static str {
+    match o.state {
+        State::Completed | State::Delivered if o.exit_code.is_some() => "settled",
+        State::Completed | State::Delivered | State::Unknown | State::Interrupted => "unknown",
+        State::Failed | State::Rejected | State::Cancelled => "settled",
+        State::Accepted | State::Authorized | State::Dispatched | State::Running => "pending",
+    }
+}
+
+/// The outcome as JSON: every [`Outcome`] field, its [`certainty`], and with `cap` the output
+/// kept for it (`stdout`, `stderr`, `output_truncated`).
 pub fn outcome_json(o: &Outcome, cap: Option<&Capture>) -> Value {
     let mut v = serde_json::to_value(o).unwrap_or_default();
+    v["certainty"] = certainty(o).into();
     if let Some(c) = cap {
         with_output(&mut v, c);
     }
@@ -95,7 +111,9 @@ pub fn summary(o: &Outcome) -> String {
             "Not authorized; nothing was sent. {}",
             o.reason.as_deref().unwrap_or("")
         ),
-        State::Cancelled => "Cancelled.".into(),
+        State::Cancelled => {
+            "Cancelled on request; a command that had started may have run in part.".into()
+        }
         State::Accepted | State::Authorized => match &o.held_by {
             Some(owner) => format!(
                 "NOT CONCLUDED: accepted by {owner}, which is still alive and has not dispatched it yet; \

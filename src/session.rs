@@ -135,17 +135,35 @@ async fn run(
     mut rx: mpsc::UnboundedReceiver<Request>,
     helper: &AtomicBool,
 ) -> String {
-    let start = |helper: bool| {
+    // Who runs it: 0 the helper, 1 the script installed in the marker home, 2 the script
+    // streamed on stdin ahead of the requests (where it is not installed). Each gives way to
+    // the next when its exec ends before `hello`: nothing was sent, nothing happened.
+    let start = |stage: u8| {
         let nonce = marker::new_nonce();
-        let inv = if helper {
-            crate::host_helper::invocation(&Op::Session, dir, &nonce)
-        } else {
-            marker::invocation(&Op::Session, dir, &nonce)
+        let (inv, lead) = match stage {
+            0 => (
+                crate::host_helper::invocation(&Op::Session, dir, &nonce),
+                None,
+            ),
+            1 => (marker::invocation(&Op::Session, dir, &nonce), None),
+            _ => {
+                let (inv, lead) = marker::streamed_invocation(&Op::Session, dir, &nonce);
+                (inv, Some(lead))
+            }
         };
         let conn = conn.clone();
-        async move { (conn.exec(inv.as_bytes()).await, nonce) }
+        async move {
+            let mut exec = conn.exec(inv.as_bytes()).await;
+            if let (Ok(ex), Some(lead)) = (&mut exec, lead) {
+                if let Err(e) = ex.write_stdin(&lead).await {
+                    exec = Err(e);
+                }
+            }
+            (exec, nonce)
+        }
     };
-    let (exec, nonce) = start(helper.load(Ordering::Relaxed)).await;
+    let mut stage = if helper.load(Ordering::Relaxed) { 0 } else { 1 };
+    let (exec, nonce) = start(stage).await;
     let mut ex = match exec {
         Ok(e) => e,
         Err(e) => {
@@ -195,11 +213,14 @@ async fn run(
                     );
                 }
                 Ok(Some(_)) => {}
-                // a helper that did not run (nothing was sent before its hello): the script
-                Ok(None) if hello.is_none() && helper.load(Ordering::Relaxed) => {
+                // a side that did not run (nothing was sent before its hello): the next one
+                Ok(None) if hello.is_none() && stage < 2 => {
                     helper.store(false, Ordering::Relaxed);
-                    tracing::info!("cairn: the host helper did not start a session on {dir}; using the sh script");
-                    let (exec, nonce) = start(false).await;
+                    stage += 1;
+                    tracing::info!("cairn: the host {} did not start a session on {dir}; using the sh script{}",
+                        if stage == 1 { "helper" } else { "script" },
+                        if stage == 2 { ", streamed" } else { "" });
+                    let (exec, nonce) = start(stage).await;
                     match exec {
                         Ok(e) => {
                             ex = e;

@@ -386,15 +386,18 @@ pub async fn stream_closed(
             let class = j.intent_of(&id).ok().flatten().map(|c| c.class);
             let cancel =
                 class.is_some_and(|class| cancel_classes.iter().any(|c| c.as_str() == class));
-            let _ = j.append_evidence(
-                &id,
-                Evidence::DeliveryAbandoned {
-                    correlation_id: &corr2,
-                    session_id: c2.session_id.as_deref(),
-                    reason: (),
-                    cancel,
-                },
-            );
+            let what = format!("delivery-abandoned of {id}");
+            let _ = crate::journal::append_evidence_retrying(&what, || {
+                j.append_evidence(
+                    &id,
+                    Evidence::DeliveryAbandoned {
+                        correlation_id: &corr2,
+                        session_id: c2.session_id.as_deref(),
+                        reason: (),
+                        cancel,
+                    },
+                )
+            });
             out.push((id, cancel));
         }
         out

@@ -655,12 +655,14 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
     };
     let mut term = Terminal::new(args.json);
     let o = ex.execute(req, intent, &mut term).await;
-    let _ = ex.journal.session_evidence(
-        &session,
-        SessionEvidence::EndedExecution {
-            execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
-        },
-    );
+    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
+        ex.journal.session_evidence(
+            &session,
+            SessionEvidence::EndedExecution {
+                execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
+            },
+        )
+    });
     let o = o?;
     if o.attached && !args.json {
         eprintln!(

@@ -178,12 +178,14 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
         let results = call::run(&p, &make, 1 << 20).await;
         many(&p, &results, a.json, &mut first)
     };
-    let _ = first.journal.session_evidence(
-        &session,
-        SessionEvidence::EndedOperation {
-            operation: &p.operation,
-        },
-    );
+    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
+        first.journal.session_evidence(
+            &session,
+            SessionEvidence::EndedOperation {
+                operation: &p.operation,
+            },
+        )
+    });
     code
 }
 

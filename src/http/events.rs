@@ -424,16 +424,19 @@ impl SessionManager for Sessions {
         ) {
             let (path, session) = (self.journal.clone(), id.to_string());
             let _ = tokio::task::spawn_blocking(move || {
-                let j = Journal::open(&path)?;
-                if let Some(stream_id) = j.http_event_stream(seq)? {
-                    j.record_http_stream(&StreamRecord {
-                        stream_id,
-                        session_id: Some(session),
-                        actor,
-                        request,
-                    })?;
-                }
-                Ok::<_, crate::journal::JournalError>(())
+                let what = format!("the resumable stream of event {seq}");
+                crate::journal::append_evidence_retrying(&what, || {
+                    let j = Journal::open(&path)?;
+                    if let Some(stream_id) = j.http_event_stream(seq)? {
+                        j.record_http_stream(&StreamRecord {
+                            stream_id,
+                            session_id: Some(session.clone()),
+                            actor: actor.clone(),
+                            request: request.clone(),
+                        })?;
+                    }
+                    Ok::<_, crate::journal::JournalError>(())
+                })
             })
             .await;
         }

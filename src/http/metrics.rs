@@ -84,6 +84,13 @@ pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Resul
         "Requests that attached to an earlier execution instead of running again",
         attaches,
     );
+    let lost = Counter::<u64>::default();
+    lost.inc_by(crate::journal::evidence_lost());
+    reg.register(
+        "evidence_lost",
+        "Evidence appends this process gave up after their retries (each also logged as an error)",
+        lost,
+    );
     let abandoned = Counter::<u64>::default();
     abandoned.inc_by(m.delivery_abandoned);
     reg.register(

@@ -38,6 +38,7 @@ use crate::journal::Journal;
 use crate::token::Caller;
 
 mod events;
+mod headers;
 pub mod listen;
 mod metrics;
 mod rpc;
@@ -230,35 +231,49 @@ impl Front {
         }
     }
 
-    /// The actor an MCP session is bound to, if it is known.
-    fn session_actor(&self, id: &str) -> Option<String> {
+    /// The actor an MCP session is bound to, if it is known; an error when the journal could
+    /// not say (the request is then refused: an owner that cannot be checked is no owner).
+    fn session_actor(&self, id: &str) -> Result<Option<String>, String> {
         if let Some(a) = self
             .sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .get(id)
         {
-            return Some(a.clone());
+            return Ok(Some(a.clone()));
         }
-        let j = Journal::open(&self.cfg.journal).ok()?;
-        let actor = j.http_session(id).ok().flatten()?.0?;
+        if crate::failpoint::fails("session-lookup") {
+            return Err("the session lookup failed (test)".into());
+        }
+        let j = Journal::open(&self.cfg.journal).map_err(|e| e.to_string())?;
+        let Some(actor) = j
+            .http_session(id)
+            .map_err(|e| e.to_string())?
+            .and_then(|s| s.0)
+        else {
+            return Ok(None);
+        };
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.to_owned(), actor.clone());
-        Some(actor)
+        Ok(Some(actor))
     }
 
-    fn bind_session(&self, id: &str, actor: &str) {
+    /// Record which actor opened MCP session `id`, durably, before the session is handed out:
+    /// a session whose owner is not recorded could be used by any token after a restart.
+    fn bind_session(&self, id: &str, actor: &str) -> Result<(), String> {
+        if crate::failpoint::fails("session-bind") {
+            return Err("recording the session failed (test)".into());
+        }
+        Journal::open(&self.cfg.journal)
+            .and_then(|j| j.bind_http_session(id, actor))
+            .map_err(|e| e.to_string())?;
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .insert(id.to_owned(), actor.to_owned());
-        if let Ok(j) = Journal::open(&self.cfg.journal) {
-            if let Err(e) = j.bind_http_session(id, actor) {
-                tracing::warn!("cairn: recording MCP session {id}: {e}");
-            }
-        }
+        Ok(())
     }
 }
 
@@ -309,10 +324,17 @@ async fn guard(
         .map(str::to_owned);
     if let Some(s) = &mcp_session {
         let (f, s2) = (front.clone(), s.clone());
-        let owner = tokio::task::spawn_blocking(move || f.session_actor(&s2))
-            .await
-            .ok()
-            .flatten();
+        let owner = match tokio::task::spawn_blocking(move || f.session_actor(&s2)).await {
+            Ok(Ok(owner)) => owner,
+            Ok(Err(e)) => {
+                tracing::warn!("cairn: MCP session {s}: its owner cannot be checked: {e}");
+                return plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("MCP session {s}: its owner cannot be checked now; try again"),
+                );
+            }
+            Err(e) => return plain(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
+        };
         if owner.is_some_and(|a| a != caller.actor) {
             // Another actor's session is, to this caller, a session that does not exist.
             let reason = format!("MCP session {s} is not a session of actor {}", caller.actor);
@@ -335,7 +357,17 @@ async fn guard(
             .and_then(|v| v.to_str().ok())
         {
             let (f, s) = (front.clone(), s.to_owned());
-            let _ = tokio::task::spawn_blocking(move || f.bind_session(&s, &actor)).await;
+            let bound = tokio::task::spawn_blocking(move || f.bind_session(&s, &actor))
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+            if let Err(e) = bound {
+                // The session is not handed out: the caller initializes again.
+                tracing::warn!("cairn: recording a new MCP session: {e}");
+                return plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "the new MCP session could not be recorded; initialize again".to_owned(),
+                );
+            }
         }
     }
     resp
@@ -399,8 +431,15 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         .map_err(|e| ExecError::Setup(format!("listener address: {e}")))?;
     let front = front(&cfg, &opts, addr);
     let ct = tokio_util::sync::CancellationToken::new();
-    let app = axum::Router::new()
+    // /mcp: what a client left out of its headers is read from its body (src/http/headers.rs).
+    let mcp = axum::Router::new()
         .route_service("/mcp", mcp_service(&front, &opts, ct.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            front.clone(),
+            headers::normalize,
+        ));
+    let app = axum::Router::new()
+        .merge(mcp)
         .route("/rpc", axum::routing::post(rpc::rpc))
         .route("/healthz", axum::routing::get(healthz))
         .route("/metrics", axum::routing::get(metrics_text))

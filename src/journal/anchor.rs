@@ -137,7 +137,9 @@ impl Anchor {
             .open(&lock_path)
             .map_err(|e| format!("anchor lock {}: {e}", lock_path.display()))?;
         let _guard = FileLock::exclusive(&lock)?;
-        let mut rec = self.read().ok().flatten().unwrap_or(AnchorRecord {
+        // An anchor that does not parse (or cannot be read) is evidence of damage: it is left as
+        // it is for `cairn audit verify` to report, never replaced by a fresh one.
+        let mut rec = self.read()?.unwrap_or(AnchorRecord {
             v: 1,
             seq: 0,
             hash: String::new(),
@@ -200,4 +202,38 @@ fn write_private(path: &Path, data: &[u8], exclusive: bool) -> std::io::Result<(
     }
     let mut f = o.open(path)?;
     f.write_all(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An anchor that does not parse is never overwritten by a later commit: the next advance
+    /// fails and leaves its bytes as they were (the journal logs it; `audit verify` reports it).
+    #[test]
+    fn an_unparseable_anchor_is_never_overwritten() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Anchor::at(dir.path().join("j.db.anchor"));
+        a.advance(1, "aa").unwrap();
+        std::fs::write(&a.path, b"{not an anchor").unwrap();
+        let e = a.advance(2, "bb").unwrap_err();
+        assert!(e.contains("does not parse"), "{e}");
+        assert_eq!(std::fs::read(&a.path).unwrap(), b"{not an anchor");
+        let e = a.advance_sessions(1, "cc").unwrap_err();
+        assert!(e.contains("does not parse"), "{e}");
+        assert_eq!(std::fs::read(&a.path).unwrap(), b"{not an anchor");
+    }
+
+    /// A short key is refused for writing as for checking: the anchor is not moved under it.
+    #[test]
+    fn a_short_key_moves_no_anchor() {
+        let dir = tempfile::tempdir().unwrap();
+        let a = Anchor::at(dir.path().join("j.db.anchor"));
+        a.advance(1, "aa").unwrap();
+        let before = std::fs::read(&a.path).unwrap();
+        std::fs::write(&a.key_path, b"short").unwrap();
+        let e = a.advance(2, "bb").unwrap_err();
+        assert!(e.contains("too short"), "{e}");
+        assert_eq!(std::fs::read(&a.path).unwrap(), before);
+    }
 }

@@ -27,6 +27,7 @@ use rusqlite::{Connection, TransactionBehavior};
 
 use super::anchor::Anchor;
 use super::{Event, ExecutionRecord};
+use crate::lifecycle::{self, Illegal};
 use crate::state::State;
 
 /// One write a caller wants committed.
@@ -43,6 +44,9 @@ pub(super) enum Request {
     AppendAll {
         id: String,
         events: Vec<(String, Option<State>, serde_json::Value)>,
+        /// Written only while the execution holds one of these states
+        /// ([`Journal::append_all_if`](super::Journal::append_all_if)).
+        expect: Option<Vec<State>>,
     },
     /// [`Journal::accept`](super::Journal::accept): the execution row and its `accepted` event.
     Accept {
@@ -51,9 +55,25 @@ pub(super) enum Request {
     },
 }
 
+impl Request {
+    /// The execution the request writes.
+    pub(super) fn execution_id(&self) -> &str {
+        match self {
+            Request::Append { id, .. } | Request::AppendAll { id, .. } => id,
+            Request::Accept { rec, .. } => rec.id.as_str(),
+        }
+    }
+}
+
 /// Why a request has no event.
 pub(super) enum Failure {
     Sqlite(rusqlite::Error),
+    /// The lifecycle (or the request's condition) refused one of its transitions from the state
+    /// the execution held inside the transaction: nothing of it was written.
+    Refused {
+        refused: Illegal,
+        conditional: bool,
+    },
     /// The leader writing it panicked: it may or may not have been committed.
     LeaderLost,
 }
@@ -369,9 +389,10 @@ impl Group {
                         out[i] = Some(Ok(ev));
                     }
                 }
-                // That request's own insert failed (unknown execution, duplicate ID …): it gets
-                // the error; the others go again without it. Each round removes one request.
-                Err(Failed::Request(i, e)) => out[i] = Some(Err(Failure::Sqlite(e))),
+                // That request's own insert failed (unknown execution, duplicate ID, a transition
+                // the lifecycle refuses …): it gets the error; the others go again without it.
+                // Each round removes one request.
+                Err(Failed::Request(i, e)) => out[i] = Some(Err(e)),
                 // Nobody's in particular: each request gets a transaction of its own.
                 Err(Failed::Transaction(e)) => {
                     if let [i] = pending[..] {
@@ -381,9 +402,8 @@ impl Group {
                     for i in pending {
                         out[i] = Some(match self.transaction(conn, anchor, reqs, &[i]) {
                             Ok(mut evs) => Ok(evs.remove(0)),
-                            Err(Failed::Request(_, e) | Failed::Transaction(e)) => {
-                                Err(Failure::Sqlite(e))
-                            }
+                            Err(Failed::Request(_, f)) => Err(f),
+                            Err(Failed::Transaction(e)) => Err(Failure::Sqlite(e)),
                         });
                     }
                 }
@@ -420,10 +440,14 @@ impl Group {
                     if kind == tests::PANIC_KIND {
                         panic!("test: the group-commit leader panics mid-batch");
                     }
+                    check_in(&tx, id, None, [*state]).map_err(|f| Failed::Request(i, f))?;
                     rows += 1;
                     super::append_in(&tx, id, kind, *state, evidence)
                 }
-                Request::AppendAll { id, events } => {
+                Request::AppendAll { id, events, expect } => {
+                    let states = events.iter().map(|(_, s, _)| *s);
+                    check_in(&tx, id, expect.as_deref(), states)
+                        .map_err(|f| Failed::Request(i, f))?;
                     let mut last = Err(rusqlite::Error::InvalidQuery);
                     for (kind, state, evidence) in events {
                         rows += 1;
@@ -439,7 +463,7 @@ impl Group {
                     super::insert_accepted(&tx, rec, None, evidence)
                 }
             }
-            .map_err(|e| Failed::Request(i, e))?;
+            .map_err(|e| Failed::Request(i, Failure::Sqlite(e)))?;
             events.push(ev);
         }
         // Dropping `tx` on an error above rolls it back.
@@ -453,9 +477,45 @@ impl Group {
     }
 }
 
+/// The compare of the journal's compare-and-set: `states` (in order; `None` for a note) are
+/// legal from the state `id` holds inside `tx` (and, with `expect`, it holds one of those).
+/// Notes alone need no read.
+fn check_in(
+    tx: &rusqlite::Transaction<'_>,
+    id: &str,
+    expect: Option<&[State]>,
+    states: impl IntoIterator<Item = Option<State>>,
+) -> std::result::Result<(), Failure> {
+    let states: Vec<Option<State>> = states.into_iter().collect();
+    if expect.is_none() && states.iter().all(Option::is_none) {
+        return Ok(());
+    }
+    let now = super::state_in(tx, id).map_err(Failure::Sqlite)?;
+    if let Some(expect) = expect {
+        if !now.is_some_and(|s| expect.contains(&s)) {
+            let to = states
+                .iter()
+                .flatten()
+                .next()
+                .copied()
+                .unwrap_or(State::Accepted);
+            return Err(Failure::Refused {
+                refused: Illegal { from: now, to },
+                conditional: true,
+            });
+        }
+    }
+    lifecycle::check_all(now, states)
+        .map(|_| ())
+        .map_err(|refused| Failure::Refused {
+            refused,
+            conditional: false,
+        })
+}
+
 enum Failed {
     /// The request at this index could not be inserted; the transaction was rolled back.
-    Request(usize, rusqlite::Error),
+    Request(usize, Failure),
     /// Beginning or committing failed; nothing was written.
     Transaction(rusqlite::Error),
 }

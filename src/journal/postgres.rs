@@ -59,7 +59,7 @@ mod group;
 pub(crate) mod wake;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 7;
+pub const PG_SCHEMA_VERSION: i32 = 8;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
@@ -70,6 +70,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (5, wake::MIGRATION),
     (6, group::MIGRATION),
     (7, wake::MIGRATION_7),
+    (8, MIGRATION_8),
 ];
 
 const MIGRATION_1: &str = "
@@ -325,8 +326,159 @@ BEGIN
 END $$;
 ";
 
+/// Version 8: the journal enforces the lifecycle. `lifecycle_transitions` is a copy of
+/// `crate::lifecycle::TRANSITIONS` (`''` for no state yet; a unit test holds the two equal);
+/// each chain head keeps its execution's current state (filled here from the events, as
+/// [`status_from_states`] derives it); `cairn_append_as` checks a transition against the table
+/// from that state under the head's row lock, in the statement that appends it, and refuses
+/// an illegal one with SQLSTATE CA002 ([`REFUSED`]). The owners row is still locked first.
+const MIGRATION_8: &str = "
+CREATE TABLE lifecycle_transitions (
+    from_state TEXT NOT NULL,
+    to_state TEXT NOT NULL,
+    PRIMARY KEY (from_state, to_state)
+);
+INSERT INTO lifecycle_transitions (from_state, to_state) VALUES
+    ('', 'accepted'),
+    ('accepted', 'authorized'),
+    ('accepted', 'rejected'),
+    ('authorized', 'dispatched'),
+    ('dispatched', 'dispatched'),
+    ('unknown', 'dispatched'),
+    ('dispatched', 'running'),
+    ('running', 'running'),
+    ('unknown', 'running'),
+    ('accepted', 'failed'),
+    ('accepted', 'cancelled'),
+    ('accepted', 'unknown'),
+    ('authorized', 'failed'),
+    ('authorized', 'cancelled'),
+    ('authorized', 'unknown'),
+    ('dispatched', 'completed'),
+    ('dispatched', 'cancelled'),
+    ('dispatched', 'interrupted'),
+    ('dispatched', 'unknown'),
+    ('dispatched', 'failed'),
+    ('running', 'completed'),
+    ('running', 'cancelled'),
+    ('running', 'interrupted'),
+    ('running', 'unknown'),
+    ('unknown', 'completed'),
+    ('unknown', 'cancelled'),
+    ('unknown', 'interrupted'),
+    ('unknown', 'unknown'),
+    ('unknown', 'failed'),
+    ('interrupted', 'completed'),
+    ('interrupted', 'failed'),
+    ('failed', 'authorized'),
+    ('failed', 'rejected'),
+    ('failed', 'dispatched'),
+    ('completed', 'delivered'),
+    ('cancelled', 'delivered');
+
+ALTER TABLE chain_heads ADD COLUMN state TEXT;
+UPDATE chain_heads h SET state = s.state FROM (
+    SELECT l.execution_id,
+        CASE WHEN l.state NOT IN ('rejected', 'completed', 'failed', 'interrupted', 'cancelled',
+                                  'delivered')
+              AND EXISTS (SELECT 1 FROM events u WHERE u.execution_id = l.execution_id
+                          AND u.state = 'unknown' AND u.seq > l.seq)
+             THEN 'unknown' ELSE l.state END AS state
+    FROM (SELECT DISTINCT ON (execution_id) execution_id, seq, state FROM events
+          WHERE state IS NOT NULL AND state <> 'unknown'
+          ORDER BY execution_id, seq DESC) l
+) s WHERE h.execution_id = s.execution_id;
+
+CREATE OR REPLACE FUNCTION cairn_append_as(p_id text, p_at text, p_kind text, p_state text,
+                                p_evidence text, p_client text, p_replica text, p_epoch bigint,
+                                OUT o_seq bigint, OUT o_hash text, OUT o_prev text)
+LANGUAGE plpgsql AS $$
+DECLARE
+    cur_replica text;
+    cur_epoch bigint;
+    cur_state text;
+BEGIN
+    -- The owners row is locked before the chain head, by every append that reads or changes
+    -- it (as by a takeover), so appends and takeovers never wait on each other in a cycle.
+    IF p_replica IS NOT NULL THEN
+        SELECT replica, epoch INTO cur_replica, cur_epoch FROM owners
+            WHERE execution_id = p_id FOR UPDATE;
+        IF NOT FOUND OR cur_replica <> p_replica OR cur_epoch <> p_epoch THEN
+            RAISE EXCEPTION 'execution % was taken over by replica % (lease epoch %) after the lease of this replica (%, epoch %) expired: this replica no longer writes or dispatches it', p_id, COALESCE(cur_replica, '(none)'), COALESCE(cur_epoch, 0), p_replica, p_epoch
+                USING ERRCODE = 'CA001';
+        END IF;
+    ELSIF p_state IN ('rejected', 'completed', 'failed', 'interrupted', 'cancelled', 'delivered')
+    THEN
+        PERFORM 1 FROM owners WHERE execution_id = p_id FOR UPDATE;
+    END IF;
+    IF p_state IS NOT NULL THEN
+        -- The compare of the compare-and-set: the state as of this lock, not as read earlier.
+        SELECT state INTO cur_state FROM chain_heads WHERE execution_id = p_id FOR UPDATE;
+        IF FOUND AND NOT EXISTS (SELECT 1 FROM lifecycle_transitions
+                                 WHERE from_state = COALESCE(cur_state, '')
+                                   AND to_state = p_state) THEN
+            RAISE EXCEPTION 'lifecycle refuses % -> % for execution %',
+                COALESCE(cur_state, ''), p_state, p_id
+                USING ERRCODE = 'CA002';
+        END IF;
+    END IF;
+    SELECT a.o_seq, a.o_hash, a.o_prev INTO o_seq, o_hash, o_prev
+        FROM cairn_append(p_id, p_at, p_kind, p_state, p_evidence, p_client) a;
+    IF p_state IS NOT NULL THEN
+        UPDATE chain_heads SET state = p_state WHERE execution_id = p_id;
+    END IF;
+    IF p_state IN ('rejected', 'completed', 'failed', 'interrupted', 'cancelled', 'delivered')
+    THEN
+        UPDATE owners SET settled = true WHERE execution_id = p_id AND NOT settled;
+    END IF;
+END $$;
+";
+
 /// The SQLSTATE of an append refused by the ownership fence.
 pub(super) const FENCED: &str = "CA001";
+
+/// The SQLSTATE of an append the lifecycle refused (see [`MIGRATION_8`]).
+pub(super) const REFUSED: &str = "CA002";
+
+/// A refusal of the lifecycle by `cairn_append_as` as the typed error
+/// ([`JournalError::Refused`]); any other error as it is.
+pub(super) fn lifecycle_refusal(id: &str, e: JournalError) -> JournalError {
+    let JournalError::Postgres {
+        location,
+        message,
+        code: Some(code),
+        ..
+    } = &e
+    else {
+        return e;
+    };
+    if code != REFUSED {
+        return e;
+    }
+    let parsed = message
+        .strip_prefix("lifecycle refuses ")
+        .and_then(|m| m.split_once(" -> "))
+        .and_then(|(from, rest)| {
+            let to = rest.split_once(" for execution ").map_or(rest, |(t, _)| t);
+            let from = match from {
+                "" => None,
+                f => Some(f.parse::<State>().ok()?),
+            };
+            Some(crate::lifecycle::Illegal {
+                from,
+                to: to.parse::<State>().ok()?,
+            })
+        });
+    match parsed {
+        Some(refused) => JournalError::Refused {
+            location: location.clone(),
+            id: id.to_owned(),
+            refused,
+            conditional: false,
+        },
+        None => e,
+    }
+}
 
 /// How long an operation waits for a connection to a database that does not accept one.
 const RECONNECT_FOR: Duration = Duration::from_secs(20);
@@ -683,7 +835,7 @@ impl Pg {
                     owned().remove(id);
                     tracing::warn!("cairn: {e}");
                 }
-                e
+                lifecycle_refusal(id, e)
             })?;
         let (seq, hash, prev_hash): (i64, String, String) = (row.get(0), row.get(1), row.get(2));
         let f = ChainFields {
@@ -818,6 +970,63 @@ impl Pg {
             events: events.to_vec(),
         })?;
         Ok(evs.into_iter().last())
+    }
+
+    /// Append `events` to `id`'s chain only while `id` holds one of the states `expect`: the
+    /// owners row and the chain head are locked (in the order every append locks them), the
+    /// head's state compared, and the events appended in that transaction. Not group-committed:
+    /// for rare decisions (a `cancel` before the dispatch).
+    pub(super) fn append_all_if(
+        &self,
+        id: &ExecutionId,
+        expect: &[State],
+        events: &[(String, Option<State>, serde_json::Value)],
+    ) -> Result<Event> {
+        let id = id.as_str();
+        let out = self.block(async {
+            let mut c = self.client().await?;
+            let tx = c.transaction().await.map_err(|e| self.err(e))?;
+            tx.query_opt(
+                "SELECT 1 FROM owners WHERE execution_id = $1 FOR UPDATE",
+                &[&id],
+            )
+            .await
+            .map_err(|e| self.err(e))?;
+            let head = tx
+                .query_opt(
+                    "SELECT state FROM chain_heads WHERE execution_id = $1 FOR UPDATE",
+                    &[&id],
+                )
+                .await
+                .map_err(|e| self.err(e))?
+                .ok_or_else(|| self.fail(format!("no execution {id} in this journal")))?;
+            let now = head
+                .get::<_, Option<String>>(0)
+                .map(|s| s.parse::<State>().map_err(|e| self.fail(e)))
+                .transpose()?;
+            if !now.is_some_and(|s| expect.contains(&s)) {
+                let to = events.iter().find_map(|e| e.1).unwrap_or(State::Accepted);
+                return Err(JournalError::Refused {
+                    location: self.location.clone(),
+                    id: id.to_owned(),
+                    refused: crate::lifecycle::Illegal { from: now, to },
+                    conditional: true,
+                });
+            }
+            let mut last = None;
+            for (kind, state, evidence) in events {
+                last = Some(self.append_in(&tx, id, kind, *state, evidence).await?);
+            }
+            tx.commit().await.map_err(|e| self.err(e))?;
+            let settles = events.iter().any(|e| wake::notifies(e.1));
+            if settles {
+                if let Err(e) = c.execute(wake::NOTIFY_SETTLED, &[&vec![id]]).await {
+                    tracing::debug!("cairn: journal {}: notifying {id}: {e}", self.location);
+                }
+            }
+            Ok(last)
+        })?;
+        out.ok_or_else(|| self.fail(format!("no event to append to {id}")))
     }
 
     /// How many transactions and events group commit has written in this process.
@@ -1883,5 +2092,70 @@ impl Pg {
     #[cfg(test)]
     pub(super) fn raw_execute(&self, sql: &str) -> Result<u64> {
         self.exec(sql, &[])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The database's copy of the lifecycle (written by migration 8) is the core's table, row
+    /// for row: a change to one without the other fails here (and needs a new migration).
+    #[test]
+    fn the_databases_copy_of_the_lifecycle_is_the_cores_table() {
+        let rows: &str = MIGRATION_8
+            .split("VALUES")
+            .nth(1)
+            .and_then(|v| v.split(';').next())
+            .unwrap();
+        let copy: Vec<(String, String)> = rows
+            .split("),")
+            .map(|r| {
+                let r = r.trim().trim_start_matches('(').trim_end_matches(')');
+                let (f, t) = r.split_once(", ").unwrap();
+                (
+                    f.trim_matches('\'').to_owned(),
+                    t.trim_matches('\'').to_owned(),
+                )
+            })
+            .collect();
+        let core: Vec<(String, String)> = crate::lifecycle::TRANSITIONS
+            .iter()
+            .map(|(f, t, _)| {
+                (
+                    f.map_or("", State::as_str).to_owned(),
+                    t.as_str().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(copy, core);
+    }
+
+    #[test]
+    fn a_refusal_of_the_lifecycle_reads_back_typed() {
+        let e = JournalError::Postgres {
+            location: "postgres://db".into(),
+            message: "lifecycle refuses cancelled -> authorized for execution ex_1".into(),
+            code: Some(REFUSED.into()),
+            constraint: None,
+        };
+        let e = lifecycle_refusal("ex_1", e);
+        assert_eq!(
+            e.refused(),
+            Some(crate::lifecycle::Illegal {
+                from: Some(State::Cancelled),
+                to: State::Authorized
+            })
+        );
+        let first = JournalError::Postgres {
+            location: "postgres://db".into(),
+            message: "lifecycle refuses  -> running for execution ex_1".into(),
+            code: Some(REFUSED.into()),
+            constraint: None,
+        };
+        assert_eq!(
+            lifecycle_refusal("ex_1", first).refused().unwrap().from,
+            None
+        );
     }
 }

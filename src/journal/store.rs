@@ -6,6 +6,9 @@
 //! - an append returns only once its event is durable: the driver acts on an event (sends the
 //!   dispatch, tells the caller) only after the call that stored it returned;
 //! - events of one execution are totally ordered and never change once stored;
+//! - a transition the lifecycle does not allow from the state recorded at that moment
+//!   (`crate::lifecycle`) is refused in the same transaction as its append, with
+//!   [`JournalError::Refused`], and nothing of that append is written;
 //! - [`ExecutionJournal::accept_or_match_with`] is atomic: two identical requests racing make
 //!   one execution;
 //! - nothing here stores a secret: the executor hands in evidence already free of them.
@@ -59,6 +62,14 @@ pub trait ExecutionJournal: Send {
     ) -> Result<Event>;
     /// Append several events of one execution, in order, in one transaction; returns the last.
     fn append_all(&mut self, id: &ExecutionId, events: Vec<NewEvent>) -> Result<Option<Event>>;
+    /// Append several events of one execution only while it holds one of the states `expect`,
+    /// checked in the same transaction; returns the last.
+    fn append_all_if(
+        &mut self,
+        id: &ExecutionId,
+        expect: &[State],
+        events: Vec<NewEvent>,
+    ) -> Result<Event>;
     /// Append one event from its typed evidence (its kind and state follow from it).
     fn append_evidence(&mut self, id: &ExecutionId, evidence: Evidence<'_>) -> Result<Event> {
         let (kind, state, value) = evidence.into_event();
@@ -138,6 +149,14 @@ impl ExecutionJournal for Journal {
     }
     fn append_all(&mut self, id: &ExecutionId, events: Vec<NewEvent>) -> Result<Option<Event>> {
         Journal::append_all(self, id, events)
+    }
+    fn append_all_if(
+        &mut self,
+        id: &ExecutionId,
+        expect: &[State],
+        events: Vec<NewEvent>,
+    ) -> Result<Event> {
+        Journal::append_all_if(self, id, expect, events)
     }
     fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
         Journal::execution(self, id)

@@ -23,6 +23,7 @@
 //! while the command ran (the usual case) attaches.
 
 pub mod operations;
+pub mod schema;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ServerCapabilities, ServerConfig};
@@ -146,11 +147,23 @@ impl CairnMcp {
     /// Run a command on a host over SSH, at most once per intent.
     #[tool(
         name = "run_command",
-        description = "Run a shell command on a remote host over SSH, at most once. Retrying the \
-                       same call (same destination, command, class, scope, cwd, env) attaches to \
-                       the earlier execution instead of running it again; the result says so. \
-                       Waits for the exit status unless detach is true. If the outcome is \
-                       unknown the result says OUTCOME UNKNOWN: do not assume it ran or not."
+        description = "Run a shell command on a remote host over SSH, at most once. A retried \
+                       call (same destination, command, class, scope, cwd, env; or the same \
+                       execution_id) attaches to the earlier execution instead of running it \
+                       again, also after a lost connection, a timeout or a restart of either \
+                       side: the result then has attached=true and the earlier execution_id. \
+                       It is therefore safe to send again, but not idempotent in itself: a new \
+                       call with other arguments runs again. Waits for the exit status unless \
+                       detach is true. certainty says how much is known: unknown means cairn \
+                       cannot prove whether it ran (OUTCOME UNKNOWN): do not assume it ran or not.",
+        annotations(
+            title = "Run a command on a host (at most once)",
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = false,
+            open_world_hint = true
+        ),
+        output_schema = schema::run_command()
     )]
     async fn run_command(
         &self,
@@ -172,8 +185,16 @@ impl CairnMcp {
     #[tool(
         name = "execution_status",
         description = "Status of an execution by ID: state (running, completed, failed, unknown, \
-                       interrupted, ...), exit code, times, and whether it needs human review. \
-                       probe=true also asks the host now."
+                       interrupted, ...), certainty, exit code, times, and whether it needs human \
+                       review. probe=true also asks the host now (read-only there too).",
+        annotations(
+            title = "Execution status",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        ),
+        output_schema = schema::execution_status()
     )]
     async fn execution_status(
         &self,
@@ -201,7 +222,15 @@ impl CairnMcp {
         name = "read_output",
         description = "Read an execution's stdout or stderr from a byte offset (as stored on the \
                        host). Returns data, next_offset, and eof once the command has finished \
-                       and everything was read."
+                       and everything was read.",
+        annotations(
+            title = "Read an execution's output",
+            read_only_hint = true,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = true
+        ),
+        output_schema = schema::read_output()
     )]
     async fn read_output(
         &self,
@@ -362,9 +391,9 @@ impl CairnMcp {
                 let t =
                     crate::tasks::get(cfg.clone(), &self.workers, &self.tasks.results, id.as_str())
                         .await?;
-                let mut task = t.task;
-                task.status = rmcp::model::TaskStatus::Working;
-                return Ok(rmcp::model::CreateTaskResult::new(task).into());
+                // The task as the journal has it now: a call that failed at first contact is
+                // already `failed`, never reported as working.
+                return Ok(rmcp::model::CreateTaskResult::new(t.task).into());
             }
         }
         let r = tokio::select! {
@@ -409,7 +438,12 @@ impl ServerHandler for CairnMcp {
             .enable_tools()
             .enable_tasks()
             .build();
-        ServerConfig::new(caps).with_instructions(
+        ServerConfig::new(caps)
+            .with_server_info(rmcp::model::Implementation::new(
+                "cairn",
+                env!("CARGO_PKG_VERSION"),
+            ))
+            .with_instructions(
             "cairn runs commands on remote hosts over SSH so that a retry never becomes a second \
              run. Call run_command again with the same arguments after a timeout or crash: it \
              attaches to the first execution. Treat OUTCOME UNKNOWN as unknown.",

@@ -33,10 +33,13 @@ pub fn tool(op: &crate::operations::Operation) -> Tool {
     let annotations = ToolAnnotations::new()
         .read_only(class == OpClass::ReadOnly)
         .idempotent(matches!(class, OpClass::ReadOnly | OpClass::Idempotent))
-        .destructive(class == OpClass::Irreversible);
+        .destructive(class == OpClass::Irreversible)
+        // Every operation reaches hosts outside the server.
+        .open_world(true);
     Tool::new(op.name.clone(), doc::tool_description(op), Arc::new(schema))
         .with_meta(meta)
         .with_annotations(annotations)
+        .with_raw_output_schema(super::schema::operation())
 }
 
 /// Add a tool for every operation of `file` to `router`. An operation named like a built-in

@@ -323,6 +323,11 @@ pub enum SshError {
     #[error("the server refused to open a channel ({0}); it may have too many sessions open (MaxSessions), try again later")]
     ChannelRefused(String),
 
+    /// The server refused a second session channel on a connection where none was open: it
+    /// allows one per connection (tinysshd does), and cairn needs one per operation.
+    #[error("the server refused a second session channel on this connection although none was open ({0}): it allows one channel per connection (tinysshd is such a server); cairn needs one per operation (hello, install, dispatch, watch) on a connection, as OpenSSH and Dropbear allow")]
+    OneChannelPerConnection(String),
+
     #[error("the SSH connection was lost: {0}")]
     Disconnected(String),
 
@@ -344,6 +349,7 @@ impl SshError {
             SshError::Timeout { .. } | SshError::Disconnected(_) | SshError::ChannelRefused(_) => {
                 true
             }
+            SshError::OneChannelPerConnection(_) => false,
             SshError::UnknownHostKey { .. }
             | SshError::HostKeyPinned { .. }
             | SshError::HostKeyChanged { .. }
@@ -452,6 +458,7 @@ impl SshError {
             SshError::InvalidDestination(d) => SshError::InvalidDestination(d.clone()),
             SshError::InvalidJump(d) => SshError::InvalidJump(d.clone()),
             SshError::ChannelRefused(m) => SshError::ChannelRefused(m.clone()),
+            SshError::OneChannelPerConnection(m) => SshError::OneChannelPerConnection(m.clone()),
             SshError::Disconnected(m) => SshError::Disconnected(m.clone()),
             SshError::Protocol(m) => SshError::Protocol(m.clone()),
         }
@@ -482,6 +489,11 @@ impl From<russh::Error> for SshError {
 struct Shared {
     fingerprint: Mutex<String>,
     disconnect_reason: Mutex<Option<String>>,
+    /// Session channels opened on this connection so far, and those still open (an [`Exec`]
+    /// not yet dropped): a refusal while none is open, after one was, is a server that allows
+    /// one channel per connection.
+    channels_opened: std::sync::atomic::AtomicUsize,
+    channels_open: std::sync::atomic::AtomicUsize,
 }
 
 impl Shared {
@@ -996,11 +1008,20 @@ impl Connection {
             }
             other => SshError::from(other),
         };
-        let channel = self
-            .handle
-            .channel_open_session()
-            .await
-            .map_err(|e| map(e, &self.shared))?;
+        use std::sync::atomic::Ordering::SeqCst;
+        let channel = match self.handle.channel_open_session().await {
+            Ok(c) => c,
+            Err(russh::Error::ChannelOpenFailure(r))
+                if self.shared.channels_opened.load(SeqCst) > 0
+                    && self.shared.channels_open.load(SeqCst) == 0 =>
+            {
+                return Err(SshError::OneChannelPerConnection(format!("{r:?}")));
+            }
+            Err(e) => return Err(map(e, &self.shared)),
+        };
+        self.shared.channels_opened.fetch_add(1, SeqCst);
+        self.shared.channels_open.fetch_add(1, SeqCst);
+        let open = OpenChannel(self.shared.clone());
         channel
             .exec(true, command.to_vec())
             .await
@@ -1014,6 +1035,7 @@ impl Connection {
             saw_close: false,
             done: false,
             shared: self.shared.clone(),
+            _open: open,
             _handle: self.handle.clone(),
             _via: self.via.clone(),
         })
@@ -1048,9 +1070,21 @@ pub struct Exec {
     saw_close: bool,
     done: bool,
     shared: Arc<Shared>,
+    _open: OpenChannel,
     _handle: Arc<client::Handle<ClientHandler>>,
     /// The jump host's connection, open as long as this command's channel may be read.
     _via: Option<Arc<Connection>>,
+}
+
+/// Counts an [`Exec`] among its connection's open channels until it is dropped.
+struct OpenChannel(Arc<Shared>);
+
+impl Drop for OpenChannel {
+    fn drop(&mut self) {
+        self.0
+            .channels_open
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
 }
 
 impl std::fmt::Debug for Exec {

@@ -340,6 +340,65 @@ fn a_missing_anchor_is_reported() {
     assert_eq!(damage, "anchor-missing");
 }
 
+/// The anchor's key missing, unreadable or too short: the MAC cannot be checked, and that is a
+/// finding, never a check skipped in silence.
+#[test]
+fn a_missing_unreadable_or_short_anchor_key_is_a_finding() {
+    for damage in ["missing", "short", "unreadable"] {
+        let s = sqlite_journal();
+        let p = s.location();
+        let key = PathBuf::from(format!("{}.anchor.key", p.display()));
+        match damage {
+            "missing" => std::fs::remove_file(&key).unwrap(),
+            "short" => std::fs::write(&key, b"0123456789").unwrap(),
+            _ => {
+                // a directory where the key file should be: reading it fails, even as root
+                std::fs::remove_file(&key).unwrap();
+                std::fs::create_dir(&key).unwrap();
+            }
+        }
+        let (code, v) = verify(&p);
+        assert_eq!(code, 1, "{damage}: verify must fail: {v}");
+        assert_eq!(
+            v["findings"][0]["damage"], "anchor-key-missing",
+            "{damage}: {v}"
+        );
+        assert_eq!(v["findings"].as_array().unwrap().len(), 1, "{damage}: {v}");
+    }
+}
+
+/// An anchor that does not parse is a finding, and the next append does not replace it with a
+/// fresh one (that would erase the evidence): it stays as it was, and stays a finding.
+#[test]
+fn an_unparseable_anchor_is_a_finding_and_is_never_overwritten() {
+    let s = sqlite_journal();
+    let p = s.location();
+    let anchor = PathBuf::from(format!("{}.anchor", p.display()));
+    std::fs::write(&anchor, b"{\"v\": 1, \"seq\": ").unwrap();
+    let (damage, _) = first_damage(&p);
+    assert_eq!(damage, "anchor-replaced");
+    let mut j = s.open();
+    j.append(
+        &ExecutionId::parse("ex_a").unwrap(),
+        EventKind::Note,
+        None,
+        serde_json::json!({"after": "damage"}),
+    )
+    .unwrap();
+    drop(j);
+    assert_eq!(std::fs::read(&anchor).unwrap(), b"{\"v\": 1, \"seq\": ");
+    let (code, v) = verify(&p);
+    assert_eq!(code, 1, "{v}");
+    assert_eq!(v["findings"][0]["damage"], "anchor-replaced", "{v}");
+    assert!(
+        v["findings"][0]["detail"]
+            .as_str()
+            .unwrap()
+            .contains("does not parse"),
+        "{v}"
+    );
+}
+
 /// The SQLite fixture alone (for what only a SQLite file has: its anchor file).
 fn sqlite_journal() -> Store {
     let dir = tempfile::tempdir().unwrap();

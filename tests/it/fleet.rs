@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::support::host::{output, spawn, wait_child, wait_for, BIN};
+use crate::support::sshd::Server;
 use crate::support::TestSshd;
 
 /// N loopback hosts named a1..aN in one ssh_config.
@@ -22,7 +23,15 @@ struct Loop {
 
 impl Loop {
     fn new(n: usize) -> Loop {
-        let sshds: Vec<TestSshd> = (0..n).map(|_| TestSshd::start()).collect();
+        Loop::with(&vec![Server::OpenSsh; n])
+    }
+
+    /// One host per entry of `servers`, of that kind.
+    fn with(servers: &[Server]) -> Loop {
+        let sshds: Vec<TestSshd> = servers
+            .iter()
+            .map(|&s| TestSshd::start_server(s, None))
+            .collect();
         let dir = tempfile::tempdir().unwrap();
         let mut cfg = String::new();
         for (i, s) in sshds.iter().enumerate() {
@@ -256,6 +265,32 @@ fn loopback_hosts_inventory_prefix_json_fail_fast_batches() {
 /// A batch on a1 and a2 in which a2's sshd was down, so a2's execution failed at first
 /// contact (nothing sent, nobody asked); a2's sshd is back up afterwards. Returns the batch ID
 /// and a2's execution ID.
+#[test]
+fn a_fleet_of_openssh_and_dropbear_hosts_runs_once_on_each() {
+    let l = Loop::with(&[Server::OpenSsh, Server::Dropbear, Server::Dropbear]);
+    let out = output(
+        l.run(
+            &["--hosts", "a1,a2,a3", "--parallel", "3", "--json"],
+            &format!("{COUNT}echo on-$(basename \"$(dirname \"$CAIRN_BOOT_ID_FILE\")\")"),
+        ),
+        LIMIT,
+    );
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let v = json_lines(&out.stdout);
+    assert_eq!(v.len(), 4, "{v:?}");
+    for (i, s) in l.sshds.iter().enumerate() {
+        let o = v
+            .iter()
+            .find(|o| o["host"] == format!("a{}", i + 1))
+            .unwrap_or_else(|| panic!("a{}: {v:?}", i + 1));
+        let name = s.dir().file_name().unwrap().to_string_lossy().into_owned();
+        assert_eq!(o["stdout"], format!("on-{name}\n"), "{o}");
+        assert_eq!(o["exit_code"], 0, "{o}");
+        assert_eq!(l.runs(i), 1, "a{}", i + 1);
+    }
+    assert_eq!(v[3]["ok"], 3, "{}", v[3]);
+}
+
 fn batch_with_a2_unreachable(l: &Loop) -> (String, Value) {
     l.sshds[1].stop_sshd();
     let out = output(

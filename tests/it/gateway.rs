@@ -382,6 +382,54 @@ fn make_unknown(h: &Host, extra: &[&str], cmd: &str) -> String {
     id
 }
 
+/// A class the journal holds that does not parse (damaged, or a newer build's) is read back
+/// as needing review: the retry neither probes (which could dispatch again) nor runs it, and an
+/// unknown class in a request is refused before anything is accepted.
+#[test]
+fn an_unparseable_recorded_class_is_left_for_review_and_an_unknown_one_is_refused() {
+    let h = Host::new();
+    let cmd = format!("{}sleep 1; echo paid", h.count());
+    let id = make_unknown(&h, &["--class", "irreversible"], &cmd);
+    h.wait_done(&id);
+    let c = rusqlite::Connection::open(&h.journal).unwrap();
+    c.execute_batch(
+        "DROP TRIGGER IF EXISTS executions_fixed_u;
+         UPDATE executions SET class = 'irreversable';",
+    )
+    .unwrap();
+    drop(c);
+    let out = output(h.run_cmd(&["--json", "--class", "irreversible"], &cmd), T);
+    let v = json_of(&out);
+    assert_eq!(v["execution_id"], id.as_str(), "{v}");
+    assert_eq!(v["state"], "unknown", "not probed and collected: {v}");
+    assert_eq!(v["needs_review"], true, "{v}");
+    assert_eq!(out.status.code(), Some(254), "{v}");
+    assert_eq!(h.runs(), 1);
+    assert_eq!(h.executions(), 1);
+    // An unknown class in a request: refused, nothing accepted.
+    let out = output(h.run_cmd(&["--json", "--class", "irreversable"], &cmd), T);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("irreversable"),
+        "{out:?}"
+    );
+    let mut rpc = Rpc::start(&h, "60s");
+    let r = rpc.call(
+        json!(1),
+        "execute",
+        json!({"destination": "127.0.0.1", "command": cmd, "class": "irreversable"}),
+    );
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("unknown operation class")),
+        "{r}"
+    );
+    drop(rpc);
+    assert_eq!(h.executions(), 1, "nothing accepted");
+    assert_eq!(h.runs(), 1);
+}
+
 #[test]
 fn irreversible_after_unknown_stops_for_review_and_resolve_records_the_decision() {
     let h = Host::new();

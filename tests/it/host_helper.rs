@@ -510,10 +510,12 @@ fn uploading_a_new_helper_removes_other_versions_but_not_one_still_running() {
         cairn::host_helper::BINARY
     );
     assert_eq!(h.runs(), 2);
+    // (beside the one helper: the installed script)
     let left: Vec<_> = fs::read_dir(h.remote_dir.join("bin"))
         .unwrap()
         .flatten()
-        .map(|e| e.file_name())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("cairn-host-"))
         .collect();
     assert_eq!(left.len(), 1, "{left:?}");
 }

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use crate::support::host::*;
 use crate::support::Proxy;
 
-const T: Duration = Duration::from_secs(60);
+pub(crate) const T: Duration = Duration::from_secs(60);
 
 /// A `cairn mcp --listen` process.
 pub(crate) struct Server {
@@ -79,7 +79,7 @@ impl Server {
         Server { child, port, log }
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 
@@ -104,7 +104,7 @@ impl Drop for Server {
     }
 }
 
-fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -454,45 +454,55 @@ fn json_rpc_over_http_acts_as_the_token_actor_who_alone_sees_its_executions() {
     assert_eq!(status, 401, "metrics need a token too");
 }
 
-/// The shared Python environment with the official MCP SDK (`target/mcp-venv`, or
-/// `CAIRN_PY_VENV`). Missing: created here, except in CI, where that is a failure.
-fn python() -> PathBuf {
+/// The shared Python environment with the MCP clients the project did not write, at the
+/// versions pinned in `tests/it/py/requirements.txt` (the official SDK, FastMCP and its tasks
+/// extension): `target/mcp-venv`, or `CAIRN_PY_VENV`. Missing: created here, except in CI,
+/// where that is a failure.
+pub(crate) fn python() -> PathBuf {
     let venv = std::env::var_os("CAIRN_PY_VENV")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/mcp-venv"));
     let py = venv.join("bin/python");
-    let has_mcp = |py: &PathBuf| {
+    let has_clients = |py: &PathBuf| {
         Command::new(py)
-            .args(["-c", "import mcp"])
+            .args(["-c", "import mcp, fastmcp, fastmcp_tasks"])
             .status()
             .is_ok_and(|s| s.success())
     };
-    if has_mcp(&py) {
+    if has_clients(&py) {
         return py;
     }
+    let reqs = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/it/py/requirements.txt");
     assert!(
-        std::env::var_os("CI").is_none(),
-        "CI: the Python MCP SDK is missing at {} (python3 -m venv target/mcp-venv && \
-         target/mcp-venv/bin/pip install mcp)",
-        venv.display()
+        !crate::support::ci::is_ci(),
+        "CI: the Python MCP clients are missing at {} (python3 -m venv target/mcp-venv && \
+         target/mcp-venv/bin/pip install -r {})",
+        venv.display(),
+        reqs.display()
     );
-    let ok = Command::new("python3")
-        .arg("-m")
-        .arg("venv")
-        .arg(&venv)
-        .status()
-        .unwrap()
-        .success()
+    let ok = (py.exists()
+        || Command::new("python3")
+            .arg("-m")
+            .arg("venv")
+            .arg(&venv)
+            .status()
+            .unwrap()
+            .success())
         && Command::new(venv.join("bin/pip"))
-            .args(["install", "-q", "mcp"])
+            .args(["install", "-q", "-r"])
+            .arg(&reqs)
             .status()
             .unwrap()
             .success();
-    assert!(ok && has_mcp(&py), "could not create {}", venv.display());
+    assert!(
+        ok && has_clients(&py),
+        "could not create {}",
+        venv.display()
+    );
     py
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("tests/it/py")
         .join(name)
@@ -735,12 +745,13 @@ async fn rmcp_http_client_resumes_across_a_server_kill_and_restart_and_gets_the_
 
 /// One MCP request of the 2026-07-28 revision (no session; protocol version, client info and
 /// capabilities in `_meta`), declaring the tasks extension; the JSON-RPC response.
-fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Value {
+pub(crate) fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Value {
     let (headers, body) = request_2026(token, id, method, params, true);
     let h: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let (status, text) = request(port, "POST", "/mcp", &h, &body);
-    assert_eq!(status, 200, "{method}: {text}");
-    // JSON, or SSE whose data lines carry the messages: the one with our id.
+    // JSON (an error may come with a 4xx status), or SSE whose data lines carry the messages:
+    // the one with our id.
+    assert!(status == 200 || status == 400, "{method}: {status} {text}");
     if let Ok(v) = serde_json::from_str::<Value>(&text) {
         return v;
     }
@@ -752,7 +763,7 @@ fn mcp_2026(port: u16, token: &str, id: u64, method: &str, params: Value) -> Val
 }
 
 /// The headers and body of a 2026-07-28 request (`tasks`: declare the tasks extension).
-fn request_2026(
+pub(crate) fn request_2026(
     token: &str,
     id: u64,
     method: &str,
@@ -789,7 +800,7 @@ fn request_2026(
     (headers, body.to_string())
 }
 
-fn task_of(port: u16, token: &str, task: &str) -> Value {
+pub(crate) fn task_of(port: u16, token: &str, task: &str) -> Value {
     let r = mcp_2026(port, token, 90, "tasks/get", json!({"taskId": task}));
     assert!(r.get("result").is_some(), "{r}");
     r["result"].clone()
@@ -1378,4 +1389,157 @@ fn past_its_cap_of_calls_in_flight_an_actor_is_refused_and_nothing_starts() {
     let r: Value = serde_json::from_str(&text).unwrap();
     assert_eq!(r["result"]["stdout"], "first\n", "{r}");
     assert_eq!(h.runs(), 2);
+}
+
+// ----- Bad input over HTTP: a clear JSON-RPC error, nothing left behind -----------------------
+
+fn token_id(h: &Host, actor: &str) -> String {
+    let ls = token_cmd(h, &["ls", "--json"]);
+    let tokens: Value = serde_json::from_slice(&ls.stdout).unwrap();
+    tokens
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["actor"] == actor)
+        .unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
+/// The error of a JSON-RPC response, checked to be one.
+fn rpc_error_of(v: &Value) -> (i64, String) {
+    let e = v
+        .get("error")
+        .unwrap_or_else(|| panic!("an error, not {v}"));
+    (
+        e["code"].as_i64().unwrap(),
+        e["message"].as_str().unwrap().to_owned(),
+    )
+}
+
+// One server, every kind of bad input in turn; after each, the journal holds no new event
+// (refusals of a token excepted: they are recorded in the server's session, by design).
+#[test]
+fn bad_input_over_http_gets_a_clear_json_rpc_error_and_leaves_nothing_behind() {
+    let h = Host::new();
+    let tok = token(&h, "agent:bad", &[]);
+    let other = token(&h, "agent:other", &[]);
+    let s = Server::start(&h, 0, &["--max-body", "4096"]);
+    let port = s.port;
+    let j = h.journal();
+    // A real task of agent:bad, to ask about.
+    let r = mcp_2026(
+        port,
+        &tok,
+        1,
+        "tools/call",
+        json!({"name": "run_command", "arguments":
+               {"destination": "127.0.0.1", "command": format!("{}echo mine", h.count())}}),
+    );
+    let task = r["result"]["taskId"].as_str().unwrap().to_owned();
+    wait_for("the task completed", T, || {
+        (task_of(port, &tok, &task)["status"] == "completed").then_some(())
+    });
+    let quiet = || j.last_event_seq().unwrap();
+    let before = quiet();
+
+    // An unknown task ID, another actor's task, and malformed IDs: -32602, as the tasks
+    // extension reserves for task IDs a caller may not see. Another actor's task reads as
+    // unknown: the answer does not tell that it exists.
+    let unknown = "ex_01a25099000000000000000000000000";
+    for (who, id) in [
+        (&tok, json!(unknown)),
+        (&other, json!(task)),
+        (&tok, json!("../../etc/passwd")),
+        (&tok, json!("")),
+        (&tok, json!(42)),
+    ] {
+        let r = mcp_2026(port, who, 5, "tasks/get", json!({"taskId": id}));
+        let (code, msg) = rpc_error_of(&r);
+        assert_eq!(code, -32602, "{id}: {r}");
+        assert!(
+            !msg.contains("/tmp/"),
+            "no server paths in an answer: {msg}"
+        );
+        let r = mcp_2026(port, who, 6, "tasks/cancel", json!({"taskId": id}));
+        assert_eq!(rpc_error_of(&r).0, -32602, "{id}: {r}");
+    }
+    let (_, m_other) = rpc_error_of(&mcp_2026(
+        port,
+        &other,
+        7,
+        "tasks/get",
+        json!({"taskId": task}),
+    ));
+    let (_, m_unknown) = rpc_error_of(&mcp_2026(
+        port,
+        &other,
+        8,
+        "tasks/get",
+        json!({"taskId": unknown}),
+    ));
+    assert_eq!(
+        m_other.replace(&task, "ID"),
+        m_unknown.replace(unknown, "ID"),
+        "another actor's task and an unknown one read the same"
+    );
+    assert_eq!(quiet(), before, "nothing recorded");
+
+    // A routing header that disagrees with the body: -32020, HTTP 400, nothing runs.
+    let (mut headers, body) = request_2026(
+        &tok,
+        9,
+        "tools/call",
+        json!({"name": "run_command", "arguments":
+               {"destination": "127.0.0.1", "command": format!("{}echo never", h.count())}}),
+        false,
+    );
+    for (k, v) in headers.iter_mut() {
+        if *k == "Mcp-Name" {
+            *v = "read_output".into();
+        }
+    }
+    let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, text) = request(port, "POST", "/mcp", &hs, &body);
+    assert_eq!(status, 400, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let (code, msg) = rpc_error_of(&v);
+    assert_eq!(code, -32020, "{v}");
+    assert!(msg.contains("Mcp-Name"), "{msg}");
+    assert_eq!(v["id"], 9, "{v}");
+
+    // A body over the limit: 413 with a JSON-RPC error that says the limit.
+    let big = json!({"jsonrpc": "2.0", "id": 10, "method": "tools/call", "params": {
+        "name": "run_command", "arguments": {"destination": "127.0.0.1",
+        "command": format!("echo {}", "x".repeat(8192))}}})
+    .to_string();
+    let bearer = format!("Bearer {tok}");
+    let hs = [MCP_ACCEPT, JSON, ("Authorization", bearer.as_str())];
+    let (status, text) = request(port, "POST", "/mcp", &hs, &big);
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let (code, msg) = rpc_error_of(&v);
+    assert_eq!(code, -32600, "{v}");
+    assert!(msg.contains("4096"), "{msg}");
+    // A body that is not JSON: 400, parse error.
+    let (status, text) = request(port, "POST", "/mcp", &hs, "{not json");
+    assert_eq!(status, 400, "{text}");
+    assert_eq!(
+        rpc_error_of(&serde_json::from_str(&text).unwrap()).0,
+        -32700
+    );
+    assert_eq!(quiet(), before, "nothing recorded");
+    assert_eq!(h.runs(), 1, "only the first task ran");
+    assert_eq!(h.executions(), 1);
+
+    // The token of a revoked actor, on the task it created: 401, the task untouched.
+    token_cmd(&h, &["revoke", &token_id(&h, "agent:bad")]);
+    let (headers, body) = request_2026(&tok, 11, "tasks/get", json!({"taskId": task}), true);
+    let hs: Vec<(&str, &str)> = headers.iter().map(|(k, v)| (*k, v.as_str())).collect();
+    let (status, text) = request(port, "POST", "/mcp", &hs, &body);
+    assert_eq!(status, 401, "{text}");
+    assert!(text.contains("revoked"), "{text}");
+    assert_eq!(h.state(&task), cairn::State::Delivered);
+    assert_eq!(h.executions(), 1);
 }

@@ -36,7 +36,11 @@ fn host_line(port: u16, s: &TestSshd) -> String {
 
 impl Lab {
     fn new() -> Lab {
-        let bastion = TestSshd::start();
+        Lab::with_bastion(TestSshd::start())
+    }
+
+    /// The lab with `bastion` as its jump host (OpenSSH, or Dropbear: `servers.rs`).
+    fn with_bastion(bastion: TestSshd) -> Lab {
         let target = TestSshd::start();
         let front = Proxy::start(bastion.port());
         let inner = Proxy::start(target.port());
@@ -234,7 +238,17 @@ fn slow(n: usize) -> String {
 
 #[test]
 fn proxy_jump_reaches_the_target_through_the_bastion_and_status_goes_the_same_way() {
-    let lab = Lab::new();
+    proxy_jump_reaches_the_target_through_the_bastion_and_status_goes_the_same_way_on(&Lab::new());
+}
+
+#[test]
+fn dropbear_as_the_bastion_reaches_the_target_and_status_goes_the_same_way() {
+    proxy_jump_reaches_the_target_through_the_bastion_and_status_goes_the_same_way_on(
+        &Lab::with_bastion(TestSshd::start_dropbear()),
+    );
+}
+
+fn proxy_jump_reaches_the_target_through_the_bastion_and_status_goes_the_same_way_on(lab: &Lab) {
     let o = output(lab.run(&["--json"], "target", "echo through"), LIMIT);
     let v = json_of(&o);
     assert_eq!(o.status.code(), Some(0), "{v} {}", stderr(&o));
@@ -380,7 +394,17 @@ fn proxy_command_ssh_w_a_script_and_one_that_exits() {
 
 #[test]
 fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_once() {
-    let lab = Lab::new();
+    a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_once_on(&Lab::new());
+}
+
+#[test]
+fn dropbear_as_the_bastion_a_cut_on_either_hop_reattaches_and_the_command_ran_once() {
+    a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_once_on(
+        &Lab::with_bastion(TestSshd::start_dropbear()),
+    );
+}
+
+fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_once_on(lab: &Lab) {
     let child = spawn(lab.run(&["--json"], "target", &slow(100)));
     let id = lab.wait_started();
     lab.wait_out_lines(&id, 8);
@@ -414,6 +438,22 @@ fn a_cut_on_the_inner_hop_then_on_the_bastion_reattaches_and_the_command_ran_onc
     assert_eq!(lab.runs(), 1, "the command ran exactly once");
     assert_eq!(lab.state(&id), State::Delivered);
     assert!(lab.front.connections() >= 2, "the chain was rebuilt");
+}
+
+/// A jump host that forwards nothing (tinysshd has no `direct-tcpip`): the run fails before
+/// any dispatch, naming it, and the target never saw a connection.
+#[test]
+fn a_jump_host_without_port_forwarding_fails_before_any_dispatch_naming_it() {
+    let lab = Lab::with_bastion(TestSshd::start_server(
+        crate::support::sshd::Server::TinySsh,
+        None,
+    ));
+    let o = output(lab.run(&[], "target", "echo through"), LIMIT);
+    assert_eq!(o.status.code(), Some(255), "{o:?}");
+    assert!(stderr(&o).contains("refuses to forward"), "{}", stderr(&o));
+    assert_eq!(lab.runs(), 0);
+    assert_eq!(lab.inner.connections(), 0, "the target was reached");
+    assert!(lab.front.connections() >= 1);
 }
 
 #[test]

@@ -283,3 +283,67 @@ fn an_execution_taken_over_three_times_is_left_for_review_and_a_fourth_replica_l
     std::fs::write(&gate, b"").unwrap();
     let _ = first.join();
 }
+
+/// A's `dispatched` is committed and A is paused (test hook) before a byte of it is sent; A
+/// then stops (SIGSTOP: no heartbeat), its lease expires, and a retry on B takes the execution
+/// over, finds the marker absent under the same epoch and dispatches it under its ID. A comes
+/// back and sends its old dispatch: the host's start guard (crossed by B's) refuses it, and A's
+/// appends are fenced. The command ran once.
+#[test]
+fn a_takeover_inside_the_pause_between_the_dispatched_commit_and_the_send_runs_once() {
+    let Some((h, key)) = replicated_host("takeover_before_send") else {
+        return;
+    };
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let cmd = format!("{}echo once", h.count());
+    let pause = tempfile::tempdir().unwrap();
+    let armed = format!("before-send:{}", pause.path().display());
+    let a = Server::start_env(
+        &h,
+        0,
+        &["--intent-key", key.to_str().unwrap(), "--lease-for", "2s"],
+        &[("CAIRN_TEST_PAUSE", &armed)],
+    );
+    let first = {
+        let (auth, cmd, port) = (auth.clone(), cmd.clone(), a.port);
+        std::thread::spawn(move || execute_maybe(port, &auth, 1, &cmd))
+    };
+    let reached = pause.path().join("before-send.reached");
+    wait_for("A paused before sending its dispatch", LIMIT, || {
+        reached.exists().then_some(())
+    });
+    let kill = |sig: &str| {
+        let st = std::process::Command::new("kill")
+            .args([sig, &a.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig}");
+    };
+    kill("-STOP");
+    let b = replica_with_lease(&h, &key);
+    let second = execute_maybe(b.port, &auth, 2, &cmd).expect("B answers");
+    let r = &second["result"];
+    assert_eq!(r["state"], "completed", "{second}\n{}", b.log());
+    assert_eq!(r["stdout"], "once\n", "{second}");
+    assert_eq!(h.runs(), 1, "B's dispatch ran it");
+    let id = ExecutionId::parse(r["execution_id"].as_str().unwrap()).unwrap();
+
+    // A comes back and sends the dispatch it committed before the takeover.
+    std::fs::write(pause.path().join("before-send.go"), "").unwrap();
+    kill("-CONT");
+    let _ = first.join().unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(h.runs(), 1, "A's late dispatch did not run it again");
+    let kinds: Vec<String> = h
+        .journal()
+        .events(&id)
+        .unwrap()
+        .iter()
+        .map(|e| e.kind.to_string())
+        .collect();
+    let count = |k: &str| kinds.iter().filter(|x| *x == k).count();
+    assert_eq!(count("takeover"), 1, "{kinds:?}");
+    assert_eq!(count("completed"), 1, "{kinds:?}");
+    assert_eq!(count("dispatched"), 2, "A's and B's: {kinds:?}");
+    assert_eq!(h.executions(), 1);
+}

@@ -47,7 +47,11 @@ fn slow_lines(h: &Host, n: usize, delay: &str, code: i32) -> String {
 
 #[test]
 fn runs_a_command_and_exits_with_its_status() {
-    let h = Host::new();
+    runs_a_command_and_exits_with_its_status_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn runs_a_command_and_exits_with_its_status_on(h: &Host) {
     let out = h
         .run_cmd(
             &[],
@@ -100,10 +104,14 @@ fn json_output_has_the_documented_fields() {
 
 #[test]
 fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order() {
-    let h = Host::new();
-    let child = spawn(h.run_cmd(&["--json"], &slow_lines(&h, 30, "0.1", 7)));
+    cut_during_the_run_reattaches_and_output_is_complete_and_in_order_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn cut_during_the_run_reattaches_and_output_is_complete_and_in_order_on(h: &Host) {
+    let child = spawn(h.run_cmd(&["--json"], &slow_lines(h, 30, "0.1", 7)));
     let started = h.wait_started();
-    wait_out_lines(&h, &started, 5);
+    wait_out_lines(h, &started, 5);
     h.proxy.set_refuse(true);
     h.proxy.cut();
     std::thread::sleep(Duration::from_millis(700));
@@ -193,7 +201,11 @@ fn cut_before_the_start_guard_dispatches_again_under_the_same_id() {
 
 #[test]
 fn kill_9_of_the_client_then_recover_completes_from_the_marker() {
-    let h = Host::new();
+    kill_9_of_the_client_then_recover_completes_from_the_marker_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn kill_9_of_the_client_then_recover_completes_from_the_marker_on(h: &Host) {
     let mut child = spawn(h.run_cmd(
         &[],
         &format!(
@@ -594,7 +606,11 @@ fn timeout_is_enforced_on_the_host() {
 
 #[test]
 fn detach_then_cancel_stops_the_process_group() {
-    let h = Host::new();
+    detach_then_cancel_stops_the_process_group_on(&Host::new());
+}
+
+/// The case itself, on any server (`servers.rs` runs it against Dropbear).
+pub(crate) fn detach_then_cancel_stops_the_process_group_on(h: &Host) {
     let marker = h.sshd.dir().join("still-running");
     let out = h
         .run_cmd(
@@ -1097,6 +1113,111 @@ fn cancel_before_dispatch_stops_a_live_owner_from_sending_it() {
     assert!(kinds.iter().any(|k| k == "cancelled"), "{kinds:?}");
     // (the owner delivered the cancelled outcome to its caller)
     assert_eq!(h.state(id), State::Delivered, "{kinds:?}");
+}
+
+/// The window of issue 35, made deterministic: the owner has decided to dispatch (authorized,
+/// gate crossed) and is paused by a test hook just before its `dispatched` append; a `cancel`
+/// lands inside that pause. The journal refuses the owner's append in its own transaction:
+/// nothing is sent, the execution stays cancelled, and the owner records what it withheld.
+#[test]
+fn a_cancel_inside_the_pause_before_the_dispatched_append_means_nothing_runs() {
+    let h = Host::new();
+    let id = "cancel-in-window";
+    let pause = tempfile::tempdir().unwrap();
+    let cmd = format!("{}echo never", h.count());
+    let mut c = h.run_cmd(&["--id", id, "--json"], &cmd);
+    c.env(
+        "CAIRN_TEST_PAUSE",
+        format!("before-dispatched:{}", pause.path().display()),
+    );
+    let owner = spawn(c);
+    let reached = pause.path().join("before-dispatched.reached");
+    wait_for(
+        "the owner paused before its dispatched append",
+        LIMIT,
+        || reached.exists().then_some(()),
+    );
+    // Decided, not yet dispatched (`authorized` is committed already, or held for the
+    // dispatched append's transaction).
+    let before = h.state(id);
+    assert!(
+        matches!(before, State::Accepted | State::Authorized),
+        "{before}: {:?}",
+        h.kinds(id)
+    );
+    let mut c = h.cairn("cancel");
+    c.args([id, "--json"]);
+    let out = output(c, LIMIT);
+    assert!(out.status.success(), "{out:?}");
+    assert_eq!(h.state(id), State::Cancelled);
+    std::fs::write(pause.path().join("before-dispatched.go"), "").unwrap();
+    let owner = wait_child(owner, LIMIT);
+    let v = json_of(&owner);
+    assert_eq!(v["state"], "cancelled", "{v}");
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(h.runs(), 0, "a cancelled execution is never sent");
+    let kinds = h.kinds(id);
+    assert_eq!(
+        kinds.iter().filter(|k| *k == "dispatch-withheld").count(),
+        1,
+        "{kinds:?}"
+    );
+    assert!(!kinds.iter().any(|k| k == "dispatched"), "{kinds:?}");
+    let withheld = h
+        .journal()
+        .events(&cairn::ExecutionId::parse(id).unwrap())
+        .unwrap()
+        .into_iter()
+        .find(|e| e.kind == "dispatch-withheld")
+        .unwrap();
+    assert_eq!(withheld.evidence["state"], "cancelled", "{withheld:?}");
+    let held: Vec<&str> = withheld.evidence["withheld"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|k| k.as_str())
+        .collect();
+    assert!(!held.contains(&"dispatched"), "{held:?}");
+    assert_eq!(
+        held.contains(&"authorized"),
+        before == State::Accepted,
+        "{held:?}"
+    );
+}
+
+/// Evidence nothing else would redo (here: the end of the `cairn run` session) is tried again
+/// when an append fails, and, given up, is said as lost, never dropped in silence.
+#[test]
+fn the_end_of_a_session_is_retried_and_a_lost_one_is_reported() {
+    let h = Host::new();
+    let ended = |h: &Host| {
+        h.journal()
+            .sessions()
+            .unwrap()
+            .into_iter()
+            .filter(|s| s.ended_at.is_some())
+            .count()
+    };
+    // Two failed attempts, then recorded.
+    let mut c = h.run_cmd(&[], &format!("{}echo one", h.count()));
+    c.env("CAIRN_TEST_FAIL", "evidence-append*2");
+    let out = output(c, LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert_eq!(ended(&h), 1, "{:?}", h.journal().sessions().unwrap());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.matches("trying again").count(), 2, "{err}");
+    // Every attempt fails: the run's answer stands, and the loss is said.
+    let mut c = h.run_cmd(&[], &format!("{}echo two", h.count()));
+    c.env("CAIRN_TEST_FAIL", "evidence-append");
+    let out = output(c, LIMIT);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("evidence lost: the end of the session could not be recorded after 3"),
+        "{err}"
+    );
+    assert_eq!(ended(&h), 1);
+    assert_eq!(h.runs(), 2);
 }
 
 /// The reader of cairn's output goes away mid-run (a closed pipe): the run ends with an error

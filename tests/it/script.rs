@@ -105,6 +105,22 @@ fn the_host_helper_is_a_static_executable_that_refuses_another_hash() {
         .output()
         .expect("run the helper");
     assert_eq!(String::from_utf8_lossy(&ok.stdout), "cairn-host ok v=1\n");
+    // hashed once, then sealed: later uses check a stat against the seal
+    let seal = dir.path().join(".cairn-host.seal");
+    let sealed = std::fs::read_to_string(&seal).expect("the helper sealed its hash");
+    assert!(sealed.starts_with(cairn::host_helper::SHA256), "{sealed}");
+    // the file changed in place after it was sealed (one byte): its change time no longer
+    // matches, so it is hashed again and refused
+    let mut bytes = cairn::host_helper::BINARY.to_vec();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&helper, &bytes).expect("rewrite the helper");
+    let changed = Command::new(&helper)
+        .args([cairn::host_helper::SHA256, "selftest"])
+        .output()
+        .expect("run the helper");
+    assert_eq!(changed.status.code(), Some(125), "{changed:?}");
+    std::fs::write(&helper, cairn::host_helper::BINARY).expect("restore the helper");
     // any other hash: refused before anything is done (the client falls back to the script)
     let other = "0".repeat(64);
     let bad = Command::new(&helper)
@@ -123,4 +139,168 @@ fn the_host_helper_is_a_static_executable_that_refuses_another_hash() {
         !dir.path().join(".cairn").exists(),
         "a refused helper made the marker home"
     );
+}
+
+/// The shells a host's /bin/sh may be, as argv prefixes.
+fn shells() -> Vec<Vec<&'static str>> {
+    vec![
+        vec!["/bin/dash"],
+        vec!["/bin/bash"],
+        vec!["/bin/busybox", "sh"],
+    ]
+}
+
+/// A PATH with the few tools the installer uses and no `sha256sum`.
+fn path_without_sha256sum(dir: &std::path::Path) -> String {
+    let bin = dir.join("tools");
+    std::fs::create_dir_all(&bin).unwrap();
+    for tool in ["cat", "wc", "mkdir", "mv", "rm", "sync", "cksum"] {
+        let real = ["/usr/bin", "/bin"]
+            .iter()
+            .map(|d| std::path::Path::new(d).join(tool))
+            .find(|p| p.exists())
+            .unwrap_or_else(|| panic!("{tool} not found"));
+        let _ = std::os::unix::fs::symlink(real, bin.join(tool));
+    }
+    bin.display().to_string()
+}
+
+/// Run the installer under `sh` with `stdin`; its protocol lines and the exit status.
+fn install(
+    sh: &[&str],
+    home: &std::path::Path,
+    path: Option<&str>,
+    stdin: &[u8],
+) -> (Vec<String>, Option<i32>) {
+    use std::io::Write;
+    use std::process::Stdio;
+    let text = cairn::marker::session_script().as_bytes();
+    let n = "0123456789abcdef0123456789abcdef";
+    let mut c = Command::new(sh[0]);
+    c.args(&sh[1..])
+        .args(["-c", cairn::marker::INSTALLER, "cairn", ".cairn"])
+        .arg(cairn::marker::script_sha256())
+        .arg(text.len().to_string())
+        .arg(cairn::marker::cksum(text).to_string())
+        .arg(n)
+        .env("HOME", home)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if let Some(p) = path {
+        c.env("PATH", p);
+    }
+    let mut child = c.spawn().unwrap();
+    let _ = child.stdin.take().unwrap().write_all(stdin);
+    let out = child.wait_with_output().unwrap();
+    let tag = format!("@@cairn-{n}@@ ");
+    let lines = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| l.strip_prefix(&tag).map(str::to_owned))
+        .collect();
+    (lines, out.status.code())
+}
+
+#[test]
+fn the_installer_checks_the_script_under_bash_dash_and_busybox_ash_with_or_without_sha256sum() {
+    let text = cairn::marker::session_script().as_bytes();
+    let installed = |home: &std::path::Path| {
+        home.join(".cairn/bin")
+            .join(format!("cairn-sh-{}", cairn::marker::script_sha256()))
+    };
+    let mut corrupt = text.to_vec();
+    corrupt[text.len() / 2] ^= 1;
+    for sh in shells() {
+        for no_sha in [false, true] {
+            let what = format!("{sh:?}, without sha256sum: {no_sha}");
+            let home = tempfile::tempdir().unwrap();
+            let path = no_sha.then(|| path_without_sha256sum(home.path()));
+            let path = path.as_deref();
+            // one byte changed, same length: refused, nothing left in place or behind
+            let (lines, code) = install(&sh, home.path(), path, &corrupt);
+            assert_eq!(code, Some(1), "{what}: {lines:?}");
+            assert!(
+                lines.iter().any(|l| l.contains("checksum mismatch")),
+                "{what}: {lines:?}"
+            );
+            assert!(!installed(home.path()).exists(), "{what}");
+            let tmp = home.path().join(".cairn/tmp");
+            assert_eq!(std::fs::read_dir(&tmp).unwrap().count(), 0, "{what}");
+            // cut short: refused
+            let (lines, code) = install(&sh, home.path(), path, &text[..text.len() - 7]);
+            assert_eq!(code, Some(1), "{what}: {lines:?}");
+            assert!(
+                lines.iter().any(|l| l.contains("stdin ended early")),
+                "{what}: {lines:?}"
+            );
+            assert!(!installed(home.path()).exists(), "{what}");
+            // the real bytes: in place under its hash, exactly
+            let (lines, code) = install(&sh, home.path(), path, text);
+            assert_eq!(
+                (lines, code),
+                (vec!["installed".to_owned()], Some(0)),
+                "{what}"
+            );
+            assert_eq!(
+                std::fs::read(installed(home.path())).unwrap(),
+                text,
+                "{what}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_installed_script_runs_from_a_tiny_exec_and_a_copy_cut_short_runs_nothing() {
+    let n = "0123456789abcdef0123456789abcdef";
+    let text = cairn::marker::session_script().as_bytes();
+    for sh in shells() {
+        let home = tempfile::tempdir().unwrap();
+        let (_, code) = install(&sh, home.path(), None, text);
+        assert_eq!(code, Some(0));
+        let file = home
+            .path()
+            .join(".cairn/bin")
+            .join(format!("cairn-sh-{}", cairn::marker::script_sha256()));
+        let hello = |file: &std::path::Path| {
+            let out = Command::new(sh[0])
+                .args(&sh[1..])
+                .args(["-c", ". \"$1\"", "cairn"])
+                .arg(file)
+                .args(["hello", ".cairn", n])
+                .env("HOME", home.path())
+                .env("SHELL", "/bin/sh")
+                .output()
+                .unwrap();
+            (
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+                out.status.code(),
+            )
+        };
+        let (err, code) = hello(&file);
+        assert_eq!(code, Some(0), "{sh:?}: {err}");
+        assert!(
+            err.contains(&format!("@@cairn-{n}@@ hello v=1 ")),
+            "{sh:?}: {err}"
+        );
+        // a copy cut short anywhere: the shell parses the whole group first, so nothing of it
+        // runs (no protocol line, no marker home made), and the exec says it failed
+        let home2 = tempfile::tempdir().unwrap();
+        let cut = home2.path().join("cut");
+        for at in [text.len() / 3, text.len() - 3] {
+            std::fs::write(&cut, &text[..at]).unwrap();
+            let out = Command::new(sh[0])
+                .args(&sh[1..])
+                .args(["-c", ". \"$1\"", "cairn"])
+                .arg(&cut)
+                .args(["hello", ".cairn", n])
+                .env("HOME", home2.path())
+                .output()
+                .unwrap();
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(!err.contains("@@cairn-"), "{sh:?} at {at}: {err}");
+            assert_ne!(out.status.code(), Some(0), "{sh:?} at {at}");
+            assert!(!home2.path().join(".cairn").exists(), "{sh:?} at {at}");
+        }
+    }
 }

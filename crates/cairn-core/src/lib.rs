@@ -12,10 +12,12 @@
 //! - [`epoch`]: host epochs as evidence: which epoch an execution is bound to.
 //! - [`state`], [`id`], [`event`]: the lifecycle states; execution IDs; the kinds of journal
 //!   events as typed values.
+//! - [`lifecycle`]: which transitions between states the journal accepts, as one table.
 
 pub mod epoch;
 pub mod event;
 pub mod id;
+pub mod lifecycle;
 pub mod machine;
 pub mod recovery;
 pub mod state;

@@ -114,7 +114,8 @@ pub enum Event {
     ConnectFailed { transient: bool, error: String },
     /// The time of a [`Step::Wait`] has come.
     Timer,
-    /// Before a fresh dispatch: another process already settled the execution.
+    /// The journal refused the `dispatched` event: another process settled the execution (a
+    /// `cancel`) before this one's append, which the journal checks in the append itself.
     SettledElsewhere,
     /// Before a fresh dispatch: the request's gate refused it (its caller is gone).
     DispatchRefused(String),
@@ -160,10 +161,9 @@ pub enum Step {
     Connect { within: Option<Duration> },
     /// Sleep until `until`, then feed [`Event::Timer`].
     Wait { until: Instant, why: Wait },
-    /// Dispatch. `fresh`: never dispatched before, so first read the journal again (feed
-    /// [`Event::SettledElsewhere`] if it was settled meanwhile) and cross the request's gate
-    /// (feed [`Event::DispatchRefused`]); then make the `dispatched` event durable and feed
-    /// [`Event::Dispatched`].
+    /// Dispatch. `fresh`: never dispatched before, so first cross the request's gate (feed
+    /// [`Event::DispatchRefused`]). Then make the `dispatched` event durable and feed
+    /// [`Event::Dispatched`], or [`Event::SettledElsewhere`] when the journal refused it.
     Dispatch { fresh: bool },
     /// Send the dispatch bytes, stream the reply, feed [`Event::Replied`].
     Send,

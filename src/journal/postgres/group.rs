@@ -401,7 +401,7 @@ impl Pg {
                     owned().remove(reqs[r].execution_id());
                     tracing::warn!("cairn: {e}");
                 }
-                *slot = Err(e);
+                *slot = Err(super::lifecycle_refusal(reqs[r].execution_id(), e));
                 continue;
             }
             let k = call.first[r] + events.len();
@@ -658,13 +658,13 @@ mod tests {
                 id: "gb-mine".into(),
                 events: vec![
                     (
-                        "dispatched".into(),
-                        Some(State::Dispatched),
+                        "authorized".into(),
+                        Some(State::Authorized),
                         serde_json::json!({"n": 4}),
                     ),
                     (
-                        "running".into(),
-                        Some(State::Running),
+                        "dispatched".into(),
+                        Some(State::Dispatched),
                         serde_json::json!({"n": 5}),
                     ),
                 ],

@@ -46,16 +46,7 @@ pub fn say(line: &str) {
 /// when `CI` is set: there a skipped fault test must not count as passed); otherwise a missing
 /// or unreachable Docker engine fails the test with a message saying how to skip.
 pub fn docker_enabled(test: &str) -> bool {
-    if std::env::var("CAIRN_DOCKER_TESTS").as_deref() == Ok("0") {
-        if std::env::var_os("CI").is_some_and(|v| !v.is_empty()) {
-            panic!(
-                "{test}: CAIRN_DOCKER_TESTS=0 is refused in CI (CI is set): the Docker fault \
-                 tests are part of the suite there"
-            );
-        }
-        say(&format!(
-            "!!! SKIPPED {test}: CAIRN_DOCKER_TESTS=0 (the Docker fault tests did not run)"
-        ));
+    if super::ci::opted_out("CAIRN_DOCKER_TESTS", test, "Docker (the fault tests)") {
         return false;
     }
     static CHECK: OnceLock<Result<(), String>> = OnceLock::new();

@@ -34,6 +34,8 @@ pub struct Host {
     pub journal: PathBuf,
     pub remote_dir: PathBuf,
     pub counter: PathBuf,
+    /// Environment for every `cairn` this host's helpers start (`CAIRN_HOST_HELPER=never`, say).
+    pub env: Vec<(String, String)>,
 }
 
 impl Host {
@@ -44,7 +46,16 @@ impl Host {
     /// A host whose sessions find the tools in `first` before the usual ones (see
     /// `TestSshd::start_with_path`).
     pub fn with_path(first: Option<&Path>) -> Host {
-        let sshd = TestSshd::start_with_path(first);
+        Host::on(TestSshd::start_with_path(first))
+    }
+
+    /// A host whose server is Dropbear (see `Server::Dropbear`).
+    pub fn dropbear() -> Host {
+        Host::on(TestSshd::start_dropbear())
+    }
+
+    /// A host on this server, with a proxy in front of it.
+    pub fn on(sshd: TestSshd) -> Host {
         let proxy = Proxy::start(sshd.port());
         let known_hosts = sshd.known_hosts_for_port(proxy.port());
         let journal = sshd.dir().join("state").join("journal.db");
@@ -57,6 +68,7 @@ impl Host {
             journal,
             remote_dir,
             counter,
+            env: Vec::new(),
         }
     }
 
@@ -69,6 +81,7 @@ impl Host {
             .env_remove("CAIRN_SCOPE")
             .env_remove("CAIRN_POLICY")
             .env("CAIRN_LOG", "cairn=info")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .arg("--journal")
             .arg(&self.journal)
             .args(["-F", "/dev/null", "-p", &self.proxy.port().to_string()])

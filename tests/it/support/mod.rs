@@ -9,5 +9,6 @@ pub mod postgres;
 pub mod proxy;
 pub mod sshd;
 
+pub use postgres::ci;
 pub use proxy::Proxy;
 pub use sshd::{KeyKind, TestSshd};
