@@ -11,10 +11,15 @@
 //! cuttable proxy, 5 journal transitions per second (group-committed, and raw SQLite batches for
 //! comparison; 5b intent matching across two replicas on PostgreSQL), 6 peak RSS, 7 the host
 //! side (native helper vs sh script), 8 384 commands through
-//! `cairn serve --host-session` vs `ssh` over an OpenSSH ControlMaster.
+//! `cairn serve --host-session` vs `ssh` over an OpenSSH ControlMaster, 9 one gateway given a
+//! thousand calls at once (`cairn mcp --listen` over HTTP and `cairn serve --stdio`, SQLite and
+//! PostgreSQL; `benches/cairn/agents.rs`).
 
 #[path = "../tests/it/support/mod.rs"]
 mod support;
+
+#[path = "cairn/agents.rs"]
+mod agents;
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
@@ -752,6 +757,11 @@ fn main() {
     if on("8") {
         serve_vs_controlmaster(&mut t, &bin, &sshd, work.path());
         timed_section("section 8", t0);
+    }
+    let t0 = Instant::now();
+    if on("9") {
+        agents::agents(&mut t, &bin, &sshd, work.path());
+        timed_section("section 9", t0);
     }
     rt.block_on(async {
         if let Ok(c) = Arc::try_unwrap(conn) {

@@ -341,6 +341,22 @@ fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
     C.get_or_init(Default::default)
 }
 const SCRIPT_DECISION_FOR: Duration = Duration::from_secs(600);
+
+/// The gate each key of [`host_helper_cache`] is decided behind: executions that reach a host
+/// together (a gateway given a thousand calls at once) wait for the first one's probe and upload
+/// instead of each probing and each sending the 1.2 MB helper: those copies, and the SSH write
+/// buffers they grew (which keep their size), were most of what an execution in flight cost.
+fn host_helper_gate(key: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+    type Gates = std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>;
+    static G: std::sync::OnceLock<std::sync::Mutex<Gates>> = std::sync::OnceLock::new();
+    G.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .entry(key.to_owned())
+        .or_default()
+        .clone()
+}
+
 /// Where the host script cannot be installed, by connection and marker home: `Err` (it is
 /// streamed with each operation, and why), asked again after [`SCRIPT_DECISION_FOR`].
 fn script_cache() -> &'static std::sync::Mutex<SideCache> {
@@ -364,6 +380,53 @@ fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), St
 fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), String>) {
     let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
     c.insert(key.to_owned(), (Instant::now(), d));
+}
+
+/// Calls waiting to learn which execution their correlation gets recorded against
+/// ([`await_correlation`]). A front that answers once a call's execution is accepted (an MCP
+/// task) is told by the executor that recorded it, right after the commit, instead of asking
+/// the journal over and over: with a thousand calls waiting, those queries took every thread of
+/// the blocking pool and starved the very commits they waited for.
+type CorrelationWaiters =
+    std::collections::HashMap<String, Vec<tokio::sync::oneshot::Sender<ExecutionId>>>;
+fn correlation_waiters() -> std::sync::MutexGuard<'static, CorrelationWaiters> {
+    static W: std::sync::OnceLock<std::sync::Mutex<CorrelationWaiters>> =
+        std::sync::OnceLock::new();
+    W.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+}
+
+/// Be told the execution `correlation` is next recorded against (committed) by an executor of
+/// this process. Register before the call can record it; what was recorded before is in the
+/// journal. A receiver dropped unanswered is pruned by [`forget_correlation`].
+pub fn await_correlation(correlation: &str) -> tokio::sync::oneshot::Receiver<ExecutionId> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    correlation_waiters()
+        .entry(correlation.to_owned())
+        .or_default()
+        .push(tx);
+    rx
+}
+
+/// Drop the waiters of `correlation` that stopped waiting.
+pub fn forget_correlation(correlation: &str) {
+    let mut w = correlation_waiters();
+    if let Some(list) = w.get_mut(correlation) {
+        list.retain(|tx| !tx.is_closed());
+        if list.is_empty() {
+            w.remove(correlation);
+        }
+    }
+}
+
+/// `correlation` was just committed against `id`: wake whoever waits for it.
+fn correlation_recorded(correlation: Option<&str>, id: &ExecutionId) {
+    let Some(c) = correlation else { return };
+    let waiting = correlation_waiters().remove(c);
+    for tx in waiting.into_iter().flatten() {
+        let _ = tx.send(id.clone());
+    }
 }
 
 fn digest(cmd: &[u8]) -> String {
@@ -737,6 +800,7 @@ impl<J: ExecutionJournal> Executor<J> {
                         decision: (),
                     },
                 )?;
+                correlation_recorded(intent.correlation_id.as_deref(), id);
                 if let Some(blob) = &secret_blob {
                     self.secrets.insert(id.to_string(), blob.clone());
                 }
@@ -859,6 +923,8 @@ impl<J: ExecutionJournal> Executor<J> {
                     break;
                 }
                 AcceptOrMatch::Matched(c) => {
+                    // (the match evidence, with the correlation, was committed with the match)
+                    correlation_recorded(intent.correlation_id.as_deref(), &c.id);
                     tracing::Span::current().record("execution_id", tracing::field::display(&c.id));
                     tracing::info!(
                         "cairn: same intent as {} ({}): attaching to it instead of running again",
@@ -1096,6 +1162,7 @@ impl<J: ExecutionJournal> Executor<J> {
                     new_execution: new,
                 },
             )?;
+            correlation_recorded(Some(c), id);
         }
         Ok(())
     }
@@ -2276,8 +2343,9 @@ impl<J: ExecutionJournal> Executor<J> {
         })
     }
 
-    /// Which side runs the marker protocol on this connection and marker home: decided once
-    /// (a probe, and an upload when the helper is missing), then remembered.
+    /// Which side runs the marker protocol on this connection and marker home: decided once per
+    /// process, by one execution at a time (a probe, and an upload when the helper is missing),
+    /// then remembered.
     async fn side_for(&mut self, ci: usize, dir: &str) -> Result<Side, ExecError> {
         if self.host_helper == HostHelper::Never {
             return Ok(Side::Script);
@@ -2286,12 +2354,20 @@ impl<J: ExecutionJournal> Executor<J> {
         let decided = match host_helper_cache_get(&key) {
             Some(d) => d,
             None => {
-                let d = self.probe_helper(ci, dir).await;
-                if let Err(why) = &d {
-                    tracing::info!("cairn: {why}; using the sh script");
+                let gate = host_helper_gate(&key);
+                let _decider = gate.lock().await;
+                // Another execution may have decided while this one waited.
+                match host_helper_cache_get(&key) {
+                    Some(d) => d,
+                    None => {
+                        let d = self.probe_helper(ci, dir).await;
+                        if let Err(why) = &d {
+                            tracing::info!("cairn: {why}; using the sh script");
+                        }
+                        host_helper_cache_put(&key, d.clone());
+                        d
+                    }
                 }
-                host_helper_cache_put(&key, d.clone());
-                d
             }
         };
         match decided {
@@ -3557,5 +3633,33 @@ mod tests {
             .filter(|e| e.kind == EventKind::Delivered)
             .count();
         assert_eq!(delivered, 1);
+    }
+
+    #[test]
+    fn a_recorded_correlation_wakes_only_those_waiting_for_it_and_once() {
+        let (a, b) = (ExecutionId::generate(), ExecutionId::generate());
+        // recorded before anyone waited: nobody is told (the journal has it)
+        correlation_recorded(Some("test-corr-early"), &a);
+        let mut early = await_correlation("test-corr-early");
+        assert!(early.try_recv().is_err());
+        let mut one = await_correlation("test-corr-x");
+        let mut two = await_correlation("test-corr-x");
+        let mut other = await_correlation("test-corr-y");
+        correlation_recorded(Some("test-corr-x"), &a);
+        correlation_recorded(None, &b);
+        assert_eq!(one.try_recv().unwrap(), a);
+        assert_eq!(two.try_recv().unwrap(), a);
+        assert!(other.try_recv().is_err());
+        // told once: a later record of the same correlation goes to later waiters only
+        let mut later = await_correlation("test-corr-x");
+        correlation_recorded(Some("test-corr-x"), &b);
+        assert_eq!(later.try_recv().unwrap(), b);
+        // a waiter that gave up is dropped from the table
+        drop(other);
+        forget_correlation("test-corr-y");
+        drop(early);
+        forget_correlation("test-corr-early");
+        let w = correlation_waiters();
+        assert!(!w.contains_key("test-corr-y") && !w.contains_key("test-corr-early"));
     }
 }

@@ -275,32 +275,38 @@ pub async fn cancel(cfg: GatewayConfig, workers: &Workers, id: &str) -> Result<(
 }
 
 /// The execution a just-submitted call created or attached to, once its correlation is in the
-/// journal (after `after_seq`); `None` if the job ended first (its result then says).
+/// journal (after `after_seq`); `None` if the job ended first (its result then says). The
+/// executor that commits the correlation wakes this ([`crate::executor::await_correlation`]);
+/// one read of the journal covers a commit made before this began to wait.
 pub async fn wait_accepted(
     cfg: &GatewayConfig,
     corr: &str,
     after_seq: i64,
     job_done: &mut tokio::sync::oneshot::Receiver<()>,
 ) -> Option<ExecutionId> {
-    loop {
-        let (path, c) = (cfg.journal.clone(), corr.to_owned());
-        let found = tokio::task::spawn_blocking(move || {
-            Journal::open(&path)
-                .and_then(|j| j.execution_by_correlation_after(&c, after_seq))
-                .ok()
-                .flatten()
-        })
-        .await
-        .ok()
-        .flatten();
-        if let Some(id) = found.and_then(|s| ExecutionId::parse(&s).ok()) {
-            return Some(id);
-        }
-        tokio::select! {
-            _ = &mut *job_done => return None,
-            _ = tokio::time::sleep(std::time::Duration::from_millis(20)) => {}
-        }
-    }
+    let mut told = crate::executor::await_correlation(corr);
+    let (path, c) = (cfg.journal.clone(), corr.to_owned());
+    let found = tokio::task::spawn_blocking(move || {
+        Journal::open(&path)
+            .and_then(|j| j.execution_by_correlation_after(&c, after_seq))
+            .ok()
+            .flatten()
+    })
+    .await
+    .ok()
+    .flatten();
+    let id = match found.and_then(|s| ExecutionId::parse(&s).ok()) {
+        Some(id) => Some(id),
+        // (told first: a job that recorded its correlation and then ended made a task)
+        None => tokio::select! {
+            biased;
+            id = &mut told => id.ok(),
+            _ = &mut *job_done => None,
+        },
+    };
+    drop(told);
+    crate::executor::forget_correlation(corr);
+    id
 }
 
 /// The journal's last event sequence (the correlation of a new call comes after it).

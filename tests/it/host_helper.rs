@@ -84,6 +84,53 @@ fn first_contact_uploads_the_helper_and_the_run_records_it() {
     assert_eq!(side(&h, "by-sh"), "sh");
 }
 
+// Many executions reaching a fresh host at once (a gateway given many calls together) wait for
+// one probe and one upload: each uploading its own copy cost a gateway more than a megabyte per
+// execution in flight.
+#[test]
+fn executions_reaching_a_fresh_host_together_upload_the_helper_once() {
+    use std::io::Write;
+    let h = Host::new();
+    let mut c = h.cairn("serve");
+    c.arg("--stdio").arg("--remote-dir").arg(&h.remote_dir);
+    c.stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let mut child = c.spawn().expect("spawn cairn serve --stdio");
+    let n = 24;
+    let mut stdin = child.stdin.take().unwrap();
+    for i in 0..n {
+        let req = serde_json::json!({"jsonrpc": "2.0", "id": i, "method": "execute",
+            "params": {"destination": "127.0.0.1", "command": format!("{}echo n{i}", h.count())}});
+        writeln!(stdin, "{req}").unwrap();
+    }
+    // Once stdin ends, serve answers what it took and exits.
+    drop(stdin);
+    let out = wait_child(child, Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let answers: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON response"))
+        .collect();
+    assert_eq!(answers.len(), n, "{answers:?}\n{stderr}");
+    for a in &answers {
+        let r = &a["result"];
+        assert_eq!(r["state"], "completed", "{a}");
+        assert_eq!(r["stdout"], format!("n{}\n", a["id"]), "{a}");
+        assert_eq!(side(&h, r["execution_id"].as_str().unwrap()), "helper");
+    }
+    assert_eq!(h.runs(), n);
+    assert_eq!(
+        stderr.matches("uploaded the host helper").count(),
+        1,
+        "one upload for {n} executions: {stderr}"
+    );
+    assert_eq!(
+        fs::read(helper_file(&h)).unwrap(),
+        cairn::host_helper::BINARY
+    );
+}
+
 #[test]
 fn a_wrong_file_under_the_helpers_name_is_replaced_and_never_run() {
     let h = Host::new();
