@@ -46,6 +46,18 @@ impl HttpCaller {
         }
     }
 
+    /// The correlation of one MCP tool call: [`HttpCaller::correlation`], and without a session
+    /// (the 2026-07-28 revision, where a client's request IDs repeat across its connections) a
+    /// nonce of this call, so that two calls of one actor with the same request ID in flight
+    /// together are never taken for each other (a task is found by its call's correlation).
+    pub fn call_correlation(&self, request_id: &str) -> String {
+        let c = self.correlation(request_id);
+        match &self.mcp_session {
+            Some(_) => c,
+            None => format!("{c} call={:016x}", rand::random::<u64>()),
+        }
+    }
+
     /// A slot for one call in flight, or the error saying the actor has too many.
     pub fn slot(&self) -> Result<Slot, GatewayError> {
         self.in_flight.acquire(&self.caller.actor)

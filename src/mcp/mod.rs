@@ -293,7 +293,7 @@ impl CairnMcp {
         let (mut scope, mut slot) = (None, None);
         if let Some(caller) = crate::caller::caller_of(&ctx.extensions) {
             cfg = caller.config(&self.cfg);
-            corr = caller.correlation(&corr);
+            corr = caller.call_correlation(&corr);
             if let Err(e) = crate::caller::admit_scope(&caller, &mut scope) {
                 return Ok(tool_error(e).into());
             }
@@ -494,7 +494,7 @@ impl CairnMcp {
             return Ok((self.cfg.clone(), corr, None, p));
         };
         let cfg = caller.config(&self.cfg);
-        let corr = caller.correlation(&corr);
+        let corr = caller.call_correlation(&corr);
         let p = {
             let (cfg, caller) = (cfg.clone(), caller.clone());
             blocking(move || crate::caller::admit_execute(&cfg, &caller, &mut p).map(|()| p))

@@ -1534,3 +1534,56 @@ fn bad_input_over_http_gets_a_clear_json_rpc_error_and_leaves_nothing_behind() {
     assert_eq!(h.state(&task), cairn::State::Delivered);
     assert_eq!(h.executions(), 1);
 }
+
+// Two agents behind one token send their first tools/call with the same JSON-RPC id at the same
+// time (2026-07-28: no session, each its own connection): each gets its own task, whose result
+// is its own command's.
+#[test]
+fn two_calls_of_one_actor_with_the_same_request_id_each_get_their_own_task() {
+    let h = Host::new();
+    let tok = token(&h, "agent:twins", &[]);
+    let s = Server::start(&h, 0, &[]);
+    let go = h.sshd.dir().join("go");
+    let port = s.port;
+    let calls: Vec<_> = ["left", "right"]
+        .into_iter()
+        .map(|word| {
+            let cmd = format!(
+                "{}while [ ! -e '{}' ]; do sleep 0.1; done; echo {word}",
+                h.count(),
+                go.display()
+            );
+            let tok = tok.clone();
+            std::thread::spawn(move || {
+                let r = mcp_2026(
+                    port,
+                    &tok,
+                    1,
+                    "tools/call",
+                    json!({"name": "run_command",
+                           "arguments": {"destination": "127.0.0.1", "command": cmd}}),
+                );
+                (word, r["result"]["taskId"].as_str().map(str::to_owned), r)
+            })
+        })
+        .collect();
+    let tasks: Vec<_> = calls.into_iter().map(|c| c.join().unwrap()).collect();
+    std::fs::write(&go, "").unwrap();
+    let mut ids = Vec::new();
+    for (word, task, r) in tasks {
+        let task = task.unwrap_or_else(|| panic!("{r}"));
+        let t = wait_for("the task completed", T, || {
+            let t = task_of(port, &tok, &task);
+            (t["status"] != "working").then_some(t)
+        });
+        assert_eq!(
+            t["result"]["structuredContent"]["stdout"],
+            format!("{word}\n"),
+            "{word}'s task is its own command's: {t}"
+        );
+        ids.push(task);
+    }
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(h.runs(), 2);
+    assert_eq!(h.executions(), 2);
+}
