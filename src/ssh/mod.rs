@@ -1017,7 +1017,21 @@ impl Connection {
             {
                 return Err(SshError::OneChannelPerConnection(format!("{r:?}")));
             }
-            Err(e) => return Err(map(e, &self.shared)),
+            Err(e) => {
+                let first_ended = self.shared.channels_opened.load(SeqCst) > 0
+                    && self.shared.channels_open.load(SeqCst) == 0;
+                return Err(match map(e, &self.shared) {
+                    // The race's other side: the server closed the connection as its one channel
+                    // ended, before it could refuse this one. Still transient (a link can drop
+                    // there too), but the message names the likely cause.
+                    SshError::Disconnected(m) if first_ended => SshError::Disconnected(format!(
+                        "{m} (the server closed the connection once its first channel ended: a \
+                         server that allows one channel per connection, as tinysshd, does so; \
+                         cairn needs one per operation)"
+                    )),
+                    other => other,
+                });
+            }
         };
         self.shared.channels_opened.fetch_add(1, SeqCst);
         self.shared.channels_open.fetch_add(1, SeqCst);
