@@ -150,8 +150,10 @@ fn first_line(p: &Path) -> Option<String> {
     Some(l.trim_matches([' ', '\t']).to_owned())
 }
 
+/// one `lstat`: a name that is there (a dangling link too) exists; where `lstat` fails, `stat`
+/// would fail the same way, so it is not asked as well
 fn exists(p: &Path) -> bool {
-    fs::symlink_metadata(p).is_ok() || p.exists()
+    fs::symlink_metadata(p).is_ok()
 }
 
 fn is_fifo(p: &Path) -> bool {
@@ -1211,9 +1213,14 @@ fn finish_one(cx: &mut Ctx, status: i32) {
     while !write_in_place(&tmp, &rec) {
         again();
     }
-    // the outputs with the record: no record on disk states bytes the disk does not hold
-    let _ = flush(&f.join("out"));
-    let _ = flush(&f.join("err"));
+    // the outputs with the record: no record on disk states bytes the disk does not hold (an
+    // output of 0 bytes has none to flush: the record states none)
+    if o > 0 {
+        let _ = flush(&f.join("out"));
+    }
+    if e > 0 {
+        let _ = flush(&f.join("err"));
+    }
     let _ = flush(&tmp);
     while fs::rename(&tmp, cx.done_path()).is_err() {
         again();

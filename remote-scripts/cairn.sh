@@ -519,8 +519,17 @@ if [ "$MODE" = supervise ]; then
 		[ "$i" -ge 3600 ] && exit 1
 		sleep 1
 	done
-	# the outputs with the record: no record on disk states bytes the disk does not hold
-	fsync "$F/out" "$F/err" "$F/done.tmp"
+	# the outputs with the record: no record on disk states bytes the disk does not hold (an
+	# output of 0 bytes has none to flush: the record states none)
+	if [ "$o" != 0 ] && [ "$SIZE" != 0 ]; then
+		fsync "$F/out" "$F/err" "$F/done.tmp"
+	elif [ "$o" != 0 ]; then
+		fsync "$F/out" "$F/done.tmp"
+	elif [ "$SIZE" != 0 ]; then
+		fsync "$F/err" "$F/done.tmp"
+	else
+		fsync "$F/done.tmp"
+	fi
 	until mv "$F/done.tmp" "$F.done" 2>/dev/null; do
 		i=$((i + 1))
 		[ "$i" -ge 3600 ] && exit 1
