@@ -53,7 +53,7 @@ pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     Ok(code)
 }
 
-fn error(id: &Value, e: &GatewayError) -> Value {
+pub(crate) fn error(id: &Value, e: &GatewayError) -> Value {
     let mut err = json!({"code": e.code, "message": e.message});
     if let Some(d) = &e.data {
         err["data"] = d.clone();

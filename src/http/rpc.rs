@@ -12,21 +12,13 @@ use std::sync::Arc;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use http::StatusCode;
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{DeliverOnEnd, Front};
 use crate::caller::{admit_execute, admit_read, HttpCaller};
 use crate::gateway::{self, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
-use crate::serve;
-
-fn error(id: &Value, e: &GatewayError) -> Value {
-    let mut err = json!({"code": e.code, "message": e.message});
-    if let Some(d) = &e.data {
-        err["data"] = d.clone();
-    }
-    json!({"jsonrpc": "2.0", "id": id, "error": err})
-}
+use crate::serve::{self, error};
 
 fn correlation(id: &Value) -> String {
     match id {
@@ -47,17 +39,10 @@ pub(super) async fn rpc(State(front): State<Arc<Front>>, req: Request) -> Respon
     let Some(caller) = req.extensions().get::<HttpCaller>().cloned() else {
         return (StatusCode::UNAUTHORIZED, "no caller").into_response();
     };
-    let body = match axum::body::to_bytes(req.into_body(), front.max_body).await {
+    // Over the limit: 413 with a JSON-RPC error, as on /mcp.
+    let body = match super::headers::read_body(req.into_body(), front.max_body).await {
         Ok(b) => b,
-        Err(_) => {
-            return super::plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!(
-                    "the request is larger than {} bytes (--max-body) or was cut off",
-                    front.max_body
-                ),
-            )
-        }
+        Err(too_large) => return too_large,
     };
     let line = String::from_utf8_lossy(&body);
     let r = match serve::decode_line(&line) {

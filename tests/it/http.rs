@@ -1513,6 +1513,11 @@ fn bad_input_over_http_gets_a_clear_json_rpc_error_and_leaves_nothing_behind() {
     let (code, msg) = rpc_error_of(&v);
     assert_eq!(code, -32600, "{v}");
     assert!(msg.contains("4096"), "{msg}");
+    // The same on /rpc.
+    let (status, text) = request(port, "POST", "/rpc", &hs, &big);
+    assert_eq!(status, 413, "{text}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert!(rpc_error_of(&v).1.contains("4096"), "{v}");
     // A body that is not JSON: 400, parse error.
     let (status, text) = request(port, "POST", "/mcp", &hs, "{not json");
     assert_eq!(status, 400, "{text}");
