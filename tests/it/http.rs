@@ -136,6 +136,19 @@ pub(crate) fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> (u16, String) {
+    let (status, _, body) = exchange(port, method, path, headers, body);
+    (status, body)
+}
+
+/// One HTTP/1.1 request on a fresh connection: (status, the head in lower case, the body as
+/// text, dechunked).
+pub(crate) fn exchange(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String, String) {
     let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
     let mut req = format!(
         "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\nContent-Length: {}\r\n",
@@ -156,15 +169,13 @@ pub(crate) fn request(
         .and_then(|c| c.parse().ok())
         .unwrap_or_else(|| panic!("no status line: {out:?}"));
     let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let body = if head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked")
-    {
+    let head = head.to_ascii_lowercase();
+    let body = if head.contains("transfer-encoding: chunked") {
         dechunk(body)
     } else {
         body.to_owned()
     };
-    (status, body)
+    (status, head, body)
 }
 
 /// The payload of an HTTP/1.1 chunked body.

@@ -3,39 +3,19 @@
 //! handed out. The journal operation is made to fail by the test hook `CAIRN_TEST_FAIL` (the
 //! rest of the server works), against a real `cairn mcp --listen`.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
-
 use serde_json::json;
 
-use crate::http::{token, Server};
+use crate::http::{exchange, token, Server};
 use crate::support::host::*;
 
-/// One HTTP/1.1 request: (status, the head in lower case, the body).
+/// One MCP `POST` (JSON, accepting JSON and SSE): (status, the head in lower case, the body).
 fn raw(port: u16, headers: &[(&str, &str)], body: &str) -> (u16, String, String) {
-    let mut s = TcpStream::connect(("127.0.0.1", port)).expect("connect");
-    let mut req = format!(
-        "POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n\
-         Content-Type: application/json\r\nAccept: application/json, text/event-stream\r\n\
-         Content-Length: {}\r\n",
-        body.len()
-    );
-    for (k, v) in headers {
-        req += &format!("{k}: {v}\r\n");
-    }
-    req += "\r\n";
-    req += body;
-    s.write_all(req.as_bytes()).unwrap();
-    let mut out = Vec::new();
-    s.read_to_end(&mut out).unwrap();
-    let out = String::from_utf8_lossy(&out).into_owned();
-    let (head, body) = out.split_once("\r\n\r\n").unwrap_or((&out, ""));
-    let status = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or_else(|| panic!("no status line: {out:?}"));
-    (status, head.to_ascii_lowercase(), body.to_owned())
+    let mut all = vec![
+        ("Content-Type", "application/json"),
+        ("Accept", "application/json, text/event-stream"),
+    ];
+    all.extend_from_slice(headers);
+    exchange(port, "POST", "/mcp", &all, body)
 }
 
 fn initialize() -> String {
