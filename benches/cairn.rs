@@ -1592,7 +1592,6 @@ fn start_replica(
     key: &Path,
     home: &Path,
 ) -> (Child, u16) {
-    use std::io::BufRead;
     let mut child = Command::new(bin)
         .args(["mcp", "--listen", "127.0.0.1:0", "--journal", url])
         .arg("--intent-key")
@@ -1610,21 +1609,7 @@ fn start_replica(
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn cairn mcp --listen");
-    let err = child.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split_whitespace().next().unwrap_or_default();
-                let _ = tx.send(addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()));
-            }
-        }
-    });
-    let port = rx
-        .recv_timeout(Duration::from_secs(60))
-        .ok()
-        .flatten()
-        .expect("the replica did not say where it listens");
+    let port = listening_port(&mut child, "the replica");
     (child, port)
 }
 
@@ -2598,4 +2583,24 @@ fn serve_vs_controlmaster(t: &mut Table, bin: &Path, sshd: &support::TestSshd, w
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
+}
+
+/// The port a `cairn mcp --listen` child says it listens on (its stderr is read to the end on
+/// a thread of its own: a full pipe would stall the server).
+fn listening_port(child: &mut std::process::Child, what: &str) -> u16 {
+    use std::io::BufRead;
+    let err = child.stderr.take().expect("stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if let Some(rest) = line.split("listening on http://").nth(1) {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
+                let _ = tx.send(addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()));
+            }
+        }
+    });
+    rx.recv_timeout(Duration::from_secs(60))
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| panic!("{what} did not say where it listens"))
 }

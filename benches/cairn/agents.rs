@@ -307,22 +307,7 @@ fn start_http(bin: &Path, sshd: &support::TestSshd, journal: &str, dir: &Path) -
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn cairn mcp --listen");
-    let err = child.stderr.take().expect("stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        // Read to the end: a full pipe would stall the server.
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            if let Some(rest) = line.split("listening on http://").nth(1) {
-                let addr = rest.split_whitespace().next().unwrap_or_default();
-                let _ = tx.send(addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok()));
-            }
-        }
-    });
-    let port = rx
-        .recv_timeout(Duration::from_secs(60))
-        .ok()
-        .flatten()
-        .expect("cairn mcp --listen did not say where it listens");
+    let port = super::listening_port(&mut child, "cairn mcp --listen");
     (child, port)
 }
 
