@@ -402,8 +402,6 @@ pub async fn main(cli: Cli) -> i32 {
     }
 }
 
-// Long: one match over every subcommand, each arm a few lines of glue; splitting it would
-// scatter the dispatch table.
 async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
     // A key's passphrase may be asked on the terminal, as ssh asks it; never by the servers.
     crate::ssh::allow_prompts(!matches!(cli.command, Command::Serve(_) | Command::Mcp(_)));
@@ -417,94 +415,12 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             let o = ex.attach(&id, &mut term).await?;
             finish(&mut ex, &o, json.then_some(&term))
         }
-        Command::Output { id, stderr, common } => {
-            let id = parse_id(&id)?;
-            let mut ex = common.executor()?;
-            let mut term = Terminal::new(false);
-            struct OneStream<'a>(&'a mut Terminal, bool);
-            impl OutputSink for OneStream<'_> {
-                fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
-                    if !self.1 {
-                        self.0.stdout(d)?;
-                    }
-                    Ok(())
-                }
-                fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
-                    // `--stderr` prints the command's stderr on stdout, so it can be piped.
-                    if self.1 {
-                        self.0.stdout(d)?;
-                    }
-                    Ok(())
-                }
-            }
-            let done = ex
-                .output(&id, stderr, &mut OneStream(&mut term, stderr))
-                .await?;
-            if done.is_none() {
-                eprintln!("cairn: {id} has not finished; this is the output so far");
-            }
-            Ok(0)
-        }
+        Command::Output { id, stderr, common } => output(&id, stderr, &common).await,
         Command::Ls {
             state,
             json,
             common,
-        } => {
-            let path = common.journal.unwrap_or_else(Journal::default_path);
-            let j = Journal::open(&path)?;
-            let rows: Vec<_> = j
-                .list()?
-                .into_iter()
-                .filter(|(_, st)| state.is_none_or(|s| s == st.state))
-                .collect();
-            // On a shared journal: how often each was taken over from a replica whose lease
-            // expired (bounded by MAX_TAKEOVERS; at the bound it is left for review).
-            let shared = j.is_shared();
-            let takeovers = j.takeover_counts()?;
-            let taken =
-                |id: &crate::id::ExecutionId| takeovers.get(id.as_str()).copied().unwrap_or(0);
-            if json {
-                let arr: Vec<_> = rows
-                    .iter()
-                    .map(|(r, st)| {
-                        let mut v = serde_json::json!({
-                            "execution_id": r.id, "state": st.state, "destination": r.destination,
-                            "host": format!("{}@{}:{}", r.user, r.host, r.port),
-                            "created_at": r.created_at, "command": r.command_display(),
-                        });
-                        if shared {
-                            v["takeovers"] = taken(&r.id).into();
-                        }
-                        v
-                    })
-                    .collect();
-                print_json(&serde_json::Value::Array(arr));
-            } else {
-                let taken_col = if shared { "TAKEOVERS " } else { "" };
-                println!(
-                    "{:<36} {:<11} {:<24} {:<24} {taken_col}COMMAND",
-                    "ID", "STATE", "HOST", "CREATED"
-                );
-                for (r, st) in rows {
-                    let mut cmd = r.command_display().replace('\n', "\\n");
-                    if cmd.chars().count() > 60 {
-                        cmd = cmd.chars().take(57).collect::<String>() + "...";
-                    }
-                    if shared {
-                        cmd = format!("{:<9} {cmd}", taken(&r.id));
-                    }
-                    println!(
-                        "{:<36} {:<11} {:<24} {:<24} {}",
-                        r.id.as_str(),
-                        st.state.as_str(),
-                        r.destination,
-                        r.created_at,
-                        cmd
-                    );
-                }
-            }
-            Ok(0)
-        }
+        } => ls(state, json, &common),
         Command::Recover { json, wait, common } => recover(&common, json, wait).await,
         Command::Audit { command } => audit(command),
         Command::Batch { command } => crate::fleet::batch(command.options()).await,
@@ -526,62 +442,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             tombstone_retention,
             json,
             common,
-        } => {
-            if tombstone_retention < output_retention {
-                return Err(ExecError::InvalidRequest(
-                    "--tombstone-retention must be at least --output-retention".into(),
-                ));
-            }
-            let mut ex = common.executor()?;
-            // One pass per (host, account, port, marker home) the journal has dispatched to.
-            let mut seen = std::collections::BTreeSet::new();
-            let mut results = Vec::new();
-            let mut code = 0;
-            for (rec, _) in ex.journal.list()? {
-                let key = (
-                    rec.host.clone(),
-                    rec.port,
-                    rec.user.clone(),
-                    rec.remote_dir.clone(),
-                );
-                if !seen.insert(key) {
-                    continue;
-                }
-                let place = format!("{}@{}:{} {}", rec.user, rec.host, rec.port, rec.remote_dir);
-                match ex
-                    .gc_host(&rec, output_retention, tombstone_retention)
-                    .await
-                {
-                    Ok(r) => results.push(serde_json::json!({"host": place, "result": r})),
-                    Err(e) => {
-                        code = 1;
-                        results.push(serde_json::json!({"host": place, "error": e.to_string()}))
-                    }
-                }
-            }
-            let pruned = ex.journal.prune_cursors()?;
-            if json {
-                print_json(&serde_json::json!({"hosts": results, "local_cursors_pruned": pruned}));
-            } else {
-                for r in &results {
-                    match (r.get("result"), r.get("error")) {
-                        (Some(v), _) => println!(
-                            "{}: {}",
-                            r["host"].as_str().unwrap_or(""),
-                            v.as_str().unwrap_or("")
-                        ),
-                        (_, Some(e)) => println!(
-                            "{}: not collected: {}",
-                            r["host"].as_str().unwrap_or(""),
-                            e.as_str().unwrap_or("")
-                        ),
-                        _ => {}
-                    }
-                }
-                println!("local: {pruned} output cursor(s) of delivered executions pruned; journal events are evidence and are never removed");
-            }
-            Ok(code)
-        }
+        } => gc(output_retention, tombstone_retention, json, &common).await,
         Command::Config {
             destination,
             common,
@@ -597,26 +458,179 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             grace,
             json,
             common,
-        } => {
-            let id = parse_id(&id)?;
-            let mut ex = common.executor()?;
-            let o = ex.cancel(&id, grace).await?;
-            if json {
-                print_json(&outcome_json(&o, None));
-            } else {
-                println!(
-                    "{}: {}{}",
-                    o.execution_id,
-                    o.state,
-                    o.reason
-                        .as_deref()
-                        .map(|r| format!(" ({r})"))
-                        .unwrap_or_default()
-                );
+        } => cancel(&id, grace, json, &common).await,
+    }
+}
+
+/// `cairn output ID [--stderr]`: the output kept so far, one stream.
+async fn output(id: &str, stderr: bool, common: &Common) -> Result<i32, ExecError> {
+    let id = parse_id(id)?;
+    let mut ex = common.executor()?;
+    let mut term = Terminal::new(false);
+    struct OneStream<'a>(&'a mut Terminal, bool);
+    impl OutputSink for OneStream<'_> {
+        fn stdout(&mut self, d: &[u8]) -> std::io::Result<()> {
+            if !self.1 {
+                self.0.stdout(d)?;
             }
-            Ok(if o.state == State::Cancelled { 0 } else { 1 })
+            Ok(())
+        }
+        fn stderr(&mut self, d: &[u8]) -> std::io::Result<()> {
+            // `--stderr` prints the command's stderr on stdout, so it can be piped.
+            if self.1 {
+                self.0.stdout(d)?;
+            }
+            Ok(())
         }
     }
+    let done = ex
+        .output(&id, stderr, &mut OneStream(&mut term, stderr))
+        .await?;
+    if done.is_none() {
+        eprintln!("cairn: {id} has not finished; this is the output so far");
+    }
+    Ok(0)
+}
+
+/// `cairn ls [--state S] [--json]`: the journal's executions.
+fn ls(state: Option<State>, json: bool, common: &Common) -> Result<i32, ExecError> {
+    let path = common.journal.clone().unwrap_or_else(Journal::default_path);
+    let j = Journal::open(&path)?;
+    let rows: Vec<_> = j
+        .list()?
+        .into_iter()
+        .filter(|(_, st)| state.is_none_or(|s| s == st.state))
+        .collect();
+    // On a shared journal: how often each was taken over from a replica whose lease
+    // expired (bounded by MAX_TAKEOVERS; at the bound it is left for review).
+    let shared = j.is_shared();
+    let takeovers = j.takeover_counts()?;
+    let taken = |id: &crate::id::ExecutionId| takeovers.get(id.as_str()).copied().unwrap_or(0);
+    if json {
+        let arr: Vec<_> = rows
+            .iter()
+            .map(|(r, st)| {
+                let mut v = serde_json::json!({
+                    "execution_id": r.id, "state": st.state, "destination": r.destination,
+                    "host": format!("{}@{}:{}", r.user, r.host, r.port),
+                    "created_at": r.created_at, "command": r.command_display(),
+                });
+                if shared {
+                    v["takeovers"] = taken(&r.id).into();
+                }
+                v
+            })
+            .collect();
+        print_json(&serde_json::Value::Array(arr));
+    } else {
+        let taken_col = if shared { "TAKEOVERS " } else { "" };
+        println!(
+            "{:<36} {:<11} {:<24} {:<24} {taken_col}COMMAND",
+            "ID", "STATE", "HOST", "CREATED"
+        );
+        for (r, st) in rows {
+            let mut cmd = r.command_display().replace('\n', "\\n");
+            if cmd.chars().count() > 60 {
+                cmd = cmd.chars().take(57).collect::<String>() + "...";
+            }
+            if shared {
+                cmd = format!("{:<9} {cmd}", taken(&r.id));
+            }
+            println!(
+                "{:<36} {:<11} {:<24} {:<24} {}",
+                r.id.as_str(),
+                st.state.as_str(),
+                r.destination,
+                r.created_at,
+                cmd
+            );
+        }
+    }
+    Ok(0)
+}
+
+/// `cairn gc`: one pass per (host, account, port, marker home) the journal has dispatched to.
+async fn gc(
+    output_retention: Duration,
+    tombstone_retention: Duration,
+    json: bool,
+    common: &Common,
+) -> Result<i32, ExecError> {
+    if tombstone_retention < output_retention {
+        return Err(ExecError::InvalidRequest(
+            "--tombstone-retention must be at least --output-retention".into(),
+        ));
+    }
+    let mut ex = common.executor()?;
+    // One pass per (host, account, port, marker home) the journal has dispatched to.
+    let mut seen = std::collections::BTreeSet::new();
+    let mut results = Vec::new();
+    let mut code = 0;
+    for (rec, _) in ex.journal.list()? {
+        let key = (
+            rec.host.clone(),
+            rec.port,
+            rec.user.clone(),
+            rec.remote_dir.clone(),
+        );
+        if !seen.insert(key) {
+            continue;
+        }
+        let place = format!("{}@{}:{} {}", rec.user, rec.host, rec.port, rec.remote_dir);
+        match ex
+            .gc_host(&rec, output_retention, tombstone_retention)
+            .await
+        {
+            Ok(r) => results.push(serde_json::json!({"host": place, "result": r})),
+            Err(e) => {
+                code = 1;
+                results.push(serde_json::json!({"host": place, "error": e.to_string()}))
+            }
+        }
+    }
+    let pruned = ex.journal.prune_cursors()?;
+    if json {
+        print_json(&serde_json::json!({"hosts": results, "local_cursors_pruned": pruned}));
+    } else {
+        for r in &results {
+            match (r.get("result"), r.get("error")) {
+                (Some(v), _) => println!(
+                    "{}: {}",
+                    r["host"].as_str().unwrap_or(""),
+                    v.as_str().unwrap_or("")
+                ),
+                (_, Some(e)) => println!(
+                    "{}: not collected: {}",
+                    r["host"].as_str().unwrap_or(""),
+                    e.as_str().unwrap_or("")
+                ),
+                _ => {}
+            }
+        }
+        println!("local: {pruned} output cursor(s) of delivered executions pruned; journal events are evidence and are never removed");
+    }
+    Ok(code)
+}
+
+/// `cairn cancel ID`: exit 0 only when the execution ended `cancelled`.
+async fn cancel(id: &str, grace: u64, json: bool, common: &Common) -> Result<i32, ExecError> {
+    let id = parse_id(id)?;
+    let mut ex = common.executor()?;
+    let o = ex.cancel(&id, grace).await?;
+    if json {
+        print_json(&outcome_json(&o, None));
+    } else {
+        println!(
+            "{}: {}{}",
+            o.execution_id,
+            o.state,
+            o.reason
+                .as_deref()
+                .map(|r| format!(" ({r})"))
+                .unwrap_or_default()
+        );
+    }
+    Ok(if o.state == State::Cancelled { 0 } else { 1 })
 }
 
 async fn run(args: RunArgs) -> Result<i32, ExecError> {

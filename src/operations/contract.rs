@@ -352,86 +352,92 @@ impl OperationsFile {
     }
 }
 
-impl Operation {
-    /// Read one operation as written, recording what cannot be understood as findings.
-    // Long: one pass over the operation's fields in the file format's order, each noting its
-    // line and its findings through the shared `lines` and `finding`; split, every step would
-    // take both.
-    fn read(name: String, raw: RawOp, text: &str, line: usize) -> Operation {
-        let at = |s: std::ops::Range<usize>| line_of(text, s.start);
-        let mut lines = Lines {
-            op: line,
-            ..Lines::default()
-        };
-        let mut found = Vec::new();
-        let mut finding = |line: usize, message: String, fix: &str| {
-            found.push(Finding {
-                line,
-                operation: Some(name.clone()),
-                message,
-                fix: fix.to_owned(),
-            })
-        };
-        let class = raw.class.as_ref().and_then(|c| {
-            lines.class = Some(at(c.span()));
-            match c.get_ref().parse::<OpClass>() {
-                Ok(c) => Some(c),
-                Err(e) => {
-                    finding(at(c.span()), e, "class = \"read-only\" (or idempotent, conditional, irreversible, remote-command)");
-                    None
-                }
+/// One operation being read: where each field was written, and what could not be understood.
+struct Reader<'a> {
+    text: &'a str,
+    name: &'a str,
+    found: Vec<Finding>,
+    lines: Lines,
+}
+
+impl Reader<'_> {
+    /// The line a span of the file starts on.
+    fn at(&self, s: std::ops::Range<usize>) -> usize {
+        line_of(self.text, s.start)
+    }
+
+    fn finding(&mut self, s: std::ops::Range<usize>, message: String, fix: &str) {
+        let line = self.at(s);
+        self.finding_at(line, message, fix);
+    }
+
+    fn finding_at(&mut self, line: usize, message: String, fix: &str) {
+        self.found.push(Finding {
+            line,
+            operation: Some(self.name.to_owned()),
+            message,
+            fix: fix.to_owned(),
+        })
+    }
+
+    /// A duration field (`retention`, `timeout`), noting its line in the slot `slot` picks.
+    fn duration(
+        &mut self,
+        v: &Option<Spanned<toml::Value>>,
+        what: &str,
+        slot: impl FnOnce(&mut Lines) -> &mut Option<usize>,
+    ) -> Option<Duration> {
+        let v = v.as_ref()?;
+        *slot(&mut self.lines) = Some(self.at(v.span()));
+        match duration(v.get_ref()) {
+            Ok(d) => Some(d),
+            Err(e) => {
+                self.finding(
+                    v.span(),
+                    format!("{what}: {e}"),
+                    "write a duration such as \"10m\" or \"24h\"",
+                );
+                None
             }
-        });
-        let mut dur = |v: &Option<Spanned<toml::Value>>, what: &str, slot: &mut Option<usize>| {
-            let v = v.as_ref()?;
-            *slot = Some(at(v.span()));
-            match duration(v.get_ref()) {
-                Ok(d) => Some(d),
-                Err(e) => {
-                    finding(
-                        at(v.span()),
-                        format!("{what}: {e}"),
-                        "write a duration such as \"10m\" or \"24h\"",
-                    );
-                    None
-                }
-            }
+        }
+    }
+
+    fn approval(&mut self, a: &Option<Spanned<String>>) -> Approval {
+        let Some(a) = a else {
+            return Approval::Caller;
         };
-        let retention_given = dur(&raw.retention, "retention", &mut lines.retention);
-        let timeout = dur(&raw.timeout, "timeout", &mut lines.timeout);
-        let approval = match &raw.approval {
-            None => Approval::Caller,
-            Some(a) => {
-                lines.approval = Some(at(a.span()));
-                match a.get_ref().as_str() {
-                    "caller" => Approval::Caller,
-                    "policy" => Approval::Policy,
-                    "prompt" => Approval::Prompt,
-                    other => {
-                        finding(
-                            at(a.span()),
-                            format!("approval {other:?} is not an approval rule"),
-                            "approval = \"caller\", \"policy\" or \"prompt\"",
-                        );
-                        Approval::Caller
-                    }
-                }
+        self.lines.approval = Some(self.at(a.span()));
+        match a.get_ref().as_str() {
+            "caller" => Approval::Caller,
+            "policy" => Approval::Policy,
+            "prompt" => Approval::Prompt,
+            other => {
+                self.finding(
+                    a.span(),
+                    format!("approval {other:?} is not an approval rule"),
+                    "approval = \"caller\", \"policy\" or \"prompt\"",
+                );
+                Approval::Caller
             }
-        };
+        }
+    }
+
+    /// Exactly one of `hosts`, `host_pattern` and `group`.
+    fn destination(&mut self, raw: &RawOp, line: usize) -> Destination {
         let mut kinds = 0;
         let mut destination = Destination::Missing;
         if let Some(h) = &raw.hosts {
             kinds += 1;
-            lines.destination = Some(at(h.span()));
+            self.lines.destination = Some(self.at(h.span()));
             destination = Destination::Hosts(h.get_ref().clone());
         }
         if let Some(p) = &raw.host_pattern {
             kinds += 1;
-            lines.destination = Some(at(p.span()));
+            self.lines.destination = Some(self.at(p.span()));
             match Regex::new(p.get_ref()) {
                 Ok(r) => destination = Destination::Pattern(p.get_ref().clone(), r),
-                Err(e) => finding(
-                    at(p.span()),
+                Err(e) => self.finding(
+                    p.span(),
                     format!("host_pattern is not a valid pattern: {e}"),
                     "write a regular expression such as \"^web-[0-9]+$\"",
                 ),
@@ -439,23 +445,86 @@ impl Operation {
         }
         if let Some(g) = &raw.group {
             kinds += 1;
-            lines.destination = Some(at(g.span()));
+            self.lines.destination = Some(self.at(g.span()));
             destination = Destination::Group(g.get_ref().clone());
         }
         if kinds > 1 {
-            finding(
-                lines.destination.unwrap_or(line),
+            self.finding_at(
+                self.lines.destination.unwrap_or(line),
                 "more than one destination rule (hosts, host_pattern, group)".into(),
                 "keep exactly one of hosts, host_pattern and group",
             );
         }
+        destination
+    }
+
+    /// `secrets`: names only (a list), or a table whose values are refused later by the checks.
+    fn secrets(&mut self, s: &Option<Spanned<toml::Value>>) -> (Vec<String>, bool) {
+        let (mut secrets, mut secret_values) = (Vec::new(), false);
+        let Some(s) = s else {
+            return (secrets, secret_values);
+        };
+        self.lines.secrets = Some(self.at(s.span()));
+        match s.get_ref() {
+            toml::Value::Array(a) => {
+                for v in a {
+                    match v {
+                        toml::Value::String(n) => secrets.push(n.clone()),
+                        other => self.finding(
+                            s.span(),
+                            format!("secrets lists {other}, not a variable name"),
+                            "secrets = [\"DEPLOY_TOKEN\"] (names only)",
+                        ),
+                    }
+                }
+            }
+            toml::Value::Table(t) => {
+                secret_values = true;
+                secrets.extend(t.keys().cloned());
+            }
+            other => self.finding(
+                s.span(),
+                format!("secrets is {other}, not a list of names"),
+                "secrets = [\"DEPLOY_TOKEN\"] (names only)",
+            ),
+        }
+        (secrets, secret_values)
+    }
+}
+
+impl Operation {
+    /// Read one operation as written, recording what cannot be understood as findings.
+    fn read(name: String, raw: RawOp, text: &str, line: usize) -> Operation {
+        let mut r = Reader {
+            text,
+            name: &name,
+            found: Vec::new(),
+            lines: Lines {
+                op: line,
+                ..Lines::default()
+            },
+        };
+        let class = raw.class.as_ref().and_then(|c| {
+            r.lines.class = Some(r.at(c.span()));
+            match c.get_ref().parse::<OpClass>() {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    r.finding(c.span(), e, "class = \"read-only\" (or idempotent, conditional, irreversible, remote-command)");
+                    None
+                }
+            }
+        });
+        let retention_given = r.duration(&raw.retention, "retention", |l| &mut l.retention);
+        let timeout = r.duration(&raw.timeout, "timeout", |l| &mut l.timeout);
+        let approval = r.approval(&raw.approval);
+        let destination = r.destination(&raw, line);
         if let Some(h) = &raw.host_arg {
-            lines.host_arg = Some(at(h.span()));
+            r.lines.host_arg = Some(r.at(h.span()));
         }
         let (argv, argv_raw) = match &raw.argv {
             Some(a) => {
-                lines.argv = Some(at(a.span()));
-                lines.words = a.get_ref().iter().map(|w| at(w.span())).collect();
+                r.lines.argv = Some(r.at(a.span()));
+                r.lines.words = a.get_ref().iter().map(|w| r.at(w.span())).collect();
                 let raw: Vec<String> = a.get_ref().iter().map(|w| w.get_ref().clone()).collect();
                 (raw.iter().map(|w| parse_word(w)).collect(), raw)
             }
@@ -464,49 +533,24 @@ impl Operation {
         let mut env = BTreeMap::new();
         let mut env_raw = BTreeMap::new();
         for (k, v) in &raw.env {
-            lines.env.insert(k.get_ref().clone(), at(k.span()));
+            r.lines.env.insert(k.get_ref().clone(), r.at(k.span()));
             env.insert(k.get_ref().clone(), parse_word(v.get_ref()));
             env_raw.insert(k.get_ref().clone(), v.get_ref().clone());
         }
-        let (mut secrets, mut secret_values) = (Vec::new(), false);
-        if let Some(s) = &raw.secrets {
-            lines.secrets = Some(at(s.span()));
-            match s.get_ref() {
-                toml::Value::Array(a) => {
-                    for v in a {
-                        match v {
-                            toml::Value::String(n) => secrets.push(n.clone()),
-                            other => finding(
-                                at(s.span()),
-                                format!("secrets lists {other}, not a variable name"),
-                                "secrets = [\"DEPLOY_TOKEN\"] (names only)",
-                            ),
-                        }
-                    }
-                }
-                toml::Value::Table(t) => {
-                    secret_values = true;
-                    secrets.extend(t.keys().cloned());
-                }
-                other => finding(
-                    at(s.span()),
-                    format!("secrets is {other}, not a list of names"),
-                    "secrets = [\"DEPLOY_TOKEN\"] (names only)",
-                ),
-            }
-        }
+        let (secrets, secret_values) = r.secrets(&raw.secrets);
         let mut args: Vec<Arg> = Vec::new();
         for (k, a) in raw.args {
-            let line = at(k.span());
+            let line = r.at(k.span());
             match Arg::read(k.into_inner(), a, line) {
                 Ok(a) => args.push(a),
-                Err((m, fix)) => finding(line, m, fix),
+                Err((m, fix)) => r.finding_at(line, m, fix),
             }
         }
         args.sort_by_key(|a| a.line);
         if let Some(c) = &raw.cwd {
-            lines.cwd = Some(at(c.span()));
+            r.lines.cwd = Some(r.at(c.span()));
         }
+        let Reader { found, lines, .. } = r;
         Operation {
             description: raw.description.unwrap_or_default(),
             class,
