@@ -371,8 +371,8 @@ impl Evidence<'_> {
         serde_json::to_value(self).expect("evidence serializes to JSON")
     }
 
-    /// `(kind, state, evidence)` as the journal's append takes them.
-    pub fn into_event(self) -> crate::journal::NewEvent {
+    /// `(kind, state, evidence)` as the journal's append takes them (its `NewEvent`).
+    pub fn into_event(self) -> (EventKind, Option<State>, Value) {
         (self.kind(), self.state(), self.to_value())
     }
 }

@@ -664,7 +664,7 @@ impl IntentKey {
         }
         if journal
             .to_str()
-            .is_some_and(crate::journal::is_postgres_url)
+            .is_some_and(crate::location::is_postgres_url)
         {
             return None;
         }

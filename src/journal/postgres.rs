@@ -591,11 +591,8 @@ pub enum TakeOver {
     NotNeeded,
 }
 
-/// Whether a journal location names a PostgreSQL database.
-pub fn is_postgres_url(location: &str) -> bool {
-    let lower = location.get(..13).unwrap_or(location).to_ascii_lowercase();
-    lower.starts_with("postgres://") || lower.starts_with("postgresql://")
-}
+/// Whether a journal location names a PostgreSQL database (pure, in the core).
+pub use crate::location::is_postgres_url;
 
 /// The journal runtime: two threads that drive every PostgreSQL connection of this process.
 fn runtime() -> &'static tokio::runtime::Runtime {

@@ -18,6 +18,7 @@ pub mod epoch;
 pub mod event;
 pub mod id;
 pub mod lifecycle;
+pub mod location;
 pub mod machine;
 pub mod recovery;
 pub mod state;
