@@ -825,9 +825,12 @@ fn login_shell(user: &str) -> String {
 }
 
 /// The `cairn` binary cargo built beside this bench, with the same profile and features (no
-/// second build).
+/// second build); `CAIRN_BENCH_BIN=PATH` measures another build instead (an earlier commit's,
+/// for a before/after on the same machine and harness).
 fn cairn_binary() -> PathBuf {
-    let p = PathBuf::from(env!("CARGO_BIN_EXE_cairn"));
+    let p = std::env::var_os("CAIRN_BENCH_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_cairn")));
     assert!(p.exists(), "no {}", p.display());
     p
 }
