@@ -462,10 +462,10 @@ mod tests {
             // fleet::resume
             Ask::Resume => match state {
                 None if f.recorded == Recorded::Absent => Route::New,
-                Some(s) if s == Delivered => Route::Settled,
-                Some(s) if s == Accepted => Route::Authorize,
-                Some(s) if s == Authorized => Route::Redispatch,
-                Some(s) if s == Failed => Route::RetryNeverStarted,
+                Some(Delivered) => Route::Settled,
+                Some(Accepted) => Route::Authorize,
+                Some(Authorized) => Route::Redispatch,
+                Some(Failed) => Route::RetryNeverStarted,
                 _ => Route::Attach,
             },
             // Executor::execute with `--id`
