@@ -45,7 +45,8 @@
 //! | | anything else | | [`Route::LeaveAlone`] | `may_redrive` |
 //!
 //! So: a settled execution is never dispatched again except `failed` (proven never started),
-//! and only by `cairn batch resume`; an execution a live other owner holds is never driven here;
+//! and in this table only by `cairn batch resume` (`cairn resolve --retry` is the other way, a
+//! reviewer's); an execution a live other owner holds is never driven here;
 //! an `unknown` or `interrupted` execution whose class cannot be run again goes to review; the
 //! owner's sweep picks one execution up at most [`MAX_REDRIVES`] times.
 
