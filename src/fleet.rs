@@ -27,6 +27,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::admission::{self, Recorded, Route};
 use crate::evidence::SessionEvidence;
 use crate::executor::{ExecError, Executor, Outcome, OutputSink, RunRequest};
 use crate::executor::{EXIT_NOT_DISPATCHED, EXIT_UNKNOWN};
@@ -187,6 +188,40 @@ enum Mode {
     /// Failed: provably never started (unreachable, refused before the start guard): dispatch
     /// it again under its own ID.
     Retry,
+}
+
+impl Mode {
+    /// How `cairn batch resume` works on one member: the admission table's route for what the
+    /// journal records of it ([`admission::Ask::Resume`] looks at the recorded state alone; the
+    /// executor's call for the member checks its owner: `authorize_accepted` attaches to one a
+    /// live owner holds, `redispatch` and `attach` drive only what this process may drive).
+    fn resume(recorded: Recorded, intent: &Intent) -> Mode {
+        let facts = admission::Facts {
+            recorded,
+            class: admission::Class::from_recorded(intent.class.as_str()),
+            owner: admission::Owner::Nobody,
+            redrives: 0,
+            detached: false,
+        };
+        match admission::route(admission::Ask::Resume, &facts) {
+            Route::New => Mode::Fresh,
+            Route::Authorize => Mode::Authorize,
+            Route::Redispatch => Mode::Redispatch,
+            Route::RetryNeverStarted => Mode::Retry,
+            Route::Settled => Mode::Settled,
+            // (a resume routes nowhere else; attaching applies the recovery table whatever it is)
+            Route::Attach
+            | Route::RetryUnderSameId
+            | Route::Recover
+            | Route::Review
+            | Route::Wait
+            | Route::TakeOver
+            | Route::Drive
+            | Route::HeldByAnother
+            | Route::LeaveAlone
+            | Route::Conflict => Mode::Attach,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -679,14 +714,12 @@ async fn resume(
     for (idx, m) in b.members.iter().enumerate() {
         let id = ExecutionId::parse(&m.execution_id)
             .map_err(|e| ExecError::Internal(format!("batch member: {e}")))?;
-        let mode = match ex.journal.status(&id)? {
-            None if ex.journal.execution(&id)?.is_none() => Mode::Fresh,
-            Some(s) if s.state == State::Delivered => Mode::Settled,
-            Some(s) if s.state == State::Accepted => Mode::Authorize,
-            Some(s) if s.state == State::Authorized => Mode::Redispatch,
-            Some(s) if s.state == State::Failed => Mode::Retry,
-            _ => Mode::Attach,
+        let recorded = match ex.journal.status(&id)? {
+            Some(s) => Recorded::At(s.state),
+            None if ex.journal.execution(&id)?.is_none() => Recorded::Absent,
+            None => Recorded::Stateless,
         };
+        let mode = Mode::resume(recorded, &intent);
         jobs.push(Job {
             idx,
             destination: m.destination.clone(),
@@ -1151,6 +1184,56 @@ fn summary(batch_id: &str, results: &[HostResult], json: bool, code: i32, dir: O
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The router before the admission table, kept as the oracle: the table must route every
+    /// member exactly as it did, whatever the batch's class.
+    #[test]
+    fn resume_routes_every_member_as_the_hand_written_router_did() {
+        let before = |recorded: Recorded| match recorded {
+            Recorded::Absent => Mode::Fresh,
+            Recorded::At(State::Delivered) => Mode::Settled,
+            Recorded::At(State::Accepted) => Mode::Authorize,
+            Recorded::At(State::Authorized) => Mode::Redispatch,
+            Recorded::At(State::Failed) => Mode::Retry,
+            _ => Mode::Attach,
+        };
+        let recorded = [Recorded::Absent, Recorded::Stateless]
+            .into_iter()
+            .chain(State::ALL.into_iter().map(Recorded::At));
+        for r in recorded {
+            for class in OpClass::ALL {
+                let intent = Intent {
+                    class,
+                    ..Intent::default()
+                };
+                assert_eq!(Mode::resume(r, &intent), before(r), "{r:?} {class}");
+            }
+        }
+    }
+
+    /// The core's mirror of the class rules and bounds is the executor's.
+    #[test]
+    fn the_admission_table_knows_the_classes_and_bounds_the_executor_uses() {
+        use crate::intent::AfterUnknown as A;
+        for class in OpClass::ALL {
+            let core = admission::Class::from_recorded(class.as_str());
+            assert_ne!(core, admission::Class::Unrecognized, "{class}");
+            for n in 0..=crate::intent::READ_ONLY_RETRY_LIMIT + 1 {
+                let want = match class.after_unknown(n) {
+                    A::RunAgain => admission::AfterUnknown::RunAgain,
+                    A::RetrySameId => admission::AfterUnknown::RetrySameId,
+                    A::ProbeMarker => admission::AfterUnknown::ProbeMarker,
+                    A::Review => admission::AfterUnknown::Review,
+                };
+                assert_eq!(core.after_unknown(n), want, "{class} {n}");
+            }
+        }
+        assert_eq!(
+            admission::READ_ONLY_RETRY_LIMIT,
+            crate::intent::READ_ONLY_RETRY_LIMIT
+        );
+        assert_eq!(admission::MAX_REDRIVES, crate::executor::MAX_REDRIVES);
+    }
 
     #[test]
     fn batch_options_are_the_record_batches_always_wrote_and_a_damaged_one_is_refused() {

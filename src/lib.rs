@@ -104,7 +104,7 @@ pub mod token;
 pub mod tool_result;
 
 // The pure core is its own crate (crates/cairn-core); its modules keep their paths here.
-pub use cairn_core::{epoch, event, id, lifecycle, location, machine, recovery, state};
+pub use cairn_core::{admission, epoch, event, id, lifecycle, location, machine, recovery, state};
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

@@ -13,7 +13,10 @@
 //! - [`state`], [`id`], [`event`]: the lifecycle states; execution IDs; the kinds of journal
 //!   events as typed values.
 //! - [`lifecycle`]: which transitions between states the journal accepts, as one table.
+//! - [`admission`]: where a request for an execution that may already exist goes (a new run,
+//!   an attach, a wait for its owner, review …), as one table.
 
+pub mod admission;
 pub mod epoch;
 pub mod event;
 pub mod id;
