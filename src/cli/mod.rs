@@ -511,12 +511,14 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
         Command::Review(a) => gateway::review(a),
         Command::Resolve(a) => gateway::resolve(a).await,
         Command::Sessions(a) => gateway::sessions(a),
-        Command::Serve(a) => crate::serve::main(a.server.config_with_operations("serve")?).await,
+        Command::Serve(a) => {
+            crate::front::stdio::main(a.server.config_with_operations("serve")?).await
+        }
         Command::Mcp(a) => match a.http.options(a.server.actor.is_some())? {
             Some(http) => {
-                crate::http::serve_mcp(a.server.config_with_operations("mcp")?, http).await
+                crate::front::http::serve_mcp(a.server.config_with_operations("mcp")?, http).await
             }
-            None => crate::mcp::main(a.server.config_with_operations("mcp")?).await,
+            None => crate::front::mcp::main(a.server.config_with_operations("mcp")?).await,
         },
         Command::Token { command } => listen::token(command),
         Command::Op(a) => ops::op(a).await,

@@ -15,10 +15,10 @@ use http::StatusCode;
 use serde_json::Value;
 
 use super::{DeliverOnEnd, Front};
-use crate::caller::{admit_execute, admit_read, HttpCaller};
-use crate::gateway::{self, GatewayConfig, GatewayError};
+use crate::front::caller::{admit_execute, admit_read, HttpCaller};
+use crate::front::gateway::{self, GatewayConfig, GatewayError};
+use crate::front::stdio::{self, error};
 use crate::id::ExecutionId;
-use crate::serve::{self, error};
 
 fn correlation(id: &Value) -> String {
     match id {
@@ -45,7 +45,7 @@ pub(super) async fn rpc(State(front): State<Arc<Front>>, req: Request) -> Respon
         Err(too_large) => return too_large,
     };
     let line = String::from_utf8_lossy(&body);
-    let r = match serve::decode_line(&line) {
+    let r = match stdio::decode_line(&line) {
         Ok(r) => r,
         Err(resp) => return DeliverOnEnd::response(StatusCode::OK, resp, None),
     };
@@ -90,7 +90,7 @@ async fn admit(
             }
             "call" => {
                 let mut scope = p.get("scope").and_then(Value::as_str).map(str::to_owned);
-                crate::caller::admit_scope(&caller, &mut scope)?;
+                crate::front::caller::admit_scope(&caller, &mut scope)?;
                 Ok(scope.map(Value::String))
             }
             "recover" => Err(GatewayError {
@@ -140,7 +140,7 @@ async fn answer(
             Box::pin(tracing::Instrument::instrument(
                 async move {
                     let r =
-                        serve::handle_waiting_as(&cfg, &method, params, &shown, Some(corr)).await;
+                        stdio::handle_waiting_as(&cfg, &method, params, &shown, Some(corr)).await;
                     drop(slot);
                     let _ = tx.send(r);
                 },
@@ -161,7 +161,7 @@ async fn answer(
     let shown = id.clone();
     let actor = caller.caller.actor.clone();
     tokio::task::spawn_blocking(move || {
-        let (mut resp, deliver) = serve::handle(&cfg, &method, params, &shown);
+        let (mut resp, deliver) = stdio::handle(&cfg, &method, params, &shown);
         if method == "review" {
             own_only(&cfg, &actor, &mut resp);
         }

@@ -25,7 +25,7 @@ use serde_json::{json, Value};
 
 use crate::evidence::Evidence;
 use crate::executor::ExecError;
-use crate::gateway::{self, GatewayConfig, GatewayError, Workers};
+use crate::front::gateway::{self, GatewayConfig, GatewayError, Workers};
 use crate::id::ExecutionId;
 use crate::journal::{ExecutionJournal, Journal};
 use crate::state::State;
@@ -199,7 +199,7 @@ pub async fn get(
             };
             let (c3, i3) = (cfg.clone(), id.clone());
             let _ = tokio::task::spawn_blocking(move || gateway::delivered(&c3, &i3)).await;
-            let r = crate::tool_result::result(v);
+            let r = crate::front::tool_result::result(v);
             TaskPayload::Completed {
                 result: object(serde_json::to_value(r).map_err(internal)?),
             }

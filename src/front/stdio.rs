@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
-use crate::gateway::{self, GatewayConfig, GatewayError};
+use crate::front::gateway::{self, GatewayConfig, GatewayError};
 use crate::id::ExecutionId;
 
 /// The methods, for `rpc.discover`-style listing in errors.

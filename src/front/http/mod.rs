@@ -13,7 +13,7 @@
 //! Every request but `/healthz` passes one guard, in this order, before anything else runs:
 //! the `Host` header must name this server (DNS rebinding), an `Origin` header, when present,
 //! must be one that was allowed (`--allow-origin`), and `Authorization: Bearer <token>` must
-//! carry a valid token ([`crate::token`]). A refused request gets 403 or 401, touches no
+//! carry a valid token ([`crate::front::token`]). A refused request gets 403 or 401, touches no
 //! execution, and is recorded as a `refused` event of the server's session (with the reason
 //! and the peer address; never the token). An accepted request acts as its token's actor: the
 //! actor of every execution it starts, the `by` of every decision; an MCP session belongs to
@@ -30,12 +30,12 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
-use crate::caller::{HttpCaller, InFlight};
 use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
-use crate::gateway::{GatewayConfig, Workers};
+use crate::front::caller::{HttpCaller, InFlight};
+use crate::front::gateway::{GatewayConfig, Workers};
+use crate::front::token::Caller;
 use crate::journal::Journal;
-use crate::token::Caller;
 
 mod events;
 mod headers;
@@ -84,7 +84,7 @@ struct Front {
     workers: Arc<Workers>,
     /// MCP session → the actor that opened it (also in the journal, for a restarted server).
     sessions: Mutex<HashMap<String, String>>,
-    tasks: crate::tasks::TaskState,
+    tasks: crate::front::tasks::TaskState,
     local: metrics::Local,
 }
 
@@ -224,17 +224,17 @@ impl Front {
     ) -> Result<Caller, Response> {
         let f = self.clone();
         let verified = tokio::task::spawn_blocking(move || {
-            let j = Journal::open(&f.cfg.journal).map_err(crate::token::VerifyError::from)?;
-            crate::token::verify(&j, auth.as_deref())
+            let j =
+                Journal::open(&f.cfg.journal).map_err(crate::front::token::VerifyError::from)?;
+            crate::front::token::verify(&j, auth.as_deref())
         })
         .await;
         match verified {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(crate::token::VerifyError::Refused(r))) => {
+            Ok(Err(crate::front::token::VerifyError::Refused(r))) => {
                 let token_id = match &r {
-                    crate::token::Refusal::Revoked(id) | crate::token::Refusal::Expired(id) => {
-                        Some(id.clone())
-                    }
+                    crate::front::token::Refusal::Revoked(id)
+                    | crate::front::token::Refusal::Expired(id) => Some(id.clone()),
                     _ => None,
                 };
                 Err(self
@@ -501,11 +501,11 @@ fn front(cfg: &GatewayConfig, opts: &HttpOptions, addr: SocketAddr) -> Arc<Front
         origins: opts.allow_origins.iter().map(|o| origin_norm(o)).collect(),
         max_body: opts.max_body_bytes,
         in_flight: InFlight::with_cap(opts.max_in_flight_per_actor),
-        workers: Arc::new(Workers::start(crate::gateway::WORKER_THREADS)),
+        workers: Arc::new(Workers::start(crate::front::gateway::WORKER_THREADS)),
         sessions: Mutex::new(HashMap::new()),
-        tasks: crate::tasks::TaskState {
+        tasks: crate::front::tasks::TaskState {
             results: Default::default(),
-            closed_stream: crate::tasks::ClosedStream {
+            closed_stream: crate::front::tasks::ClosedStream {
                 cancel_classes: opts.cancel_on_closed_stream.clone(),
             },
         },
@@ -520,7 +520,7 @@ fn mcp_service(
     opts: &HttpOptions,
     ct: tokio_util::sync::CancellationToken,
 ) -> rmcp::transport::streamable_http_server::StreamableHttpService<
-    crate::mcp::CairnMcp,
+    crate::front::mcp::CairnMcp,
     events::Sessions,
 > {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -528,7 +528,7 @@ fn mcp_service(
         StreamableHttpServerConfig, StreamableHttpService,
     };
     let cfg = &front.cfg;
-    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), front.workers.clone())
+    let server = crate::front::mcp::CairnMcp::with_workers(cfg.clone(), front.workers.clone())
         .with_tasks(front.tasks.clone());
     // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
     // off; its body limit stays.
