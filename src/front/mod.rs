@@ -1,6 +1,7 @@
 //! The fronts of a server: each knows its wire format; nothing below them does.
 //!
 //! - [`gateway`]: the operations every server front exposes, as JSON (one place for them).
+//! - [`rpc`]: the JSON-RPC method table, written once for [`stdio`] and `POST /rpc`.
 //! - [`stdio`]: `cairn serve --stdio`, JSON-RPC 2.0 on stdin/stdout.
 //! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
 //!   bearer tokens ([`token`]) that decide each request's actor ([`caller`]).
@@ -14,6 +15,7 @@ pub mod caller;
 pub mod gateway;
 pub mod http;
 pub mod mcp;
+pub mod rpc;
 pub mod stdio;
 pub mod tasks;
 pub mod token;
