@@ -5,6 +5,8 @@
 //! - [`stdio`]: `cairn serve --stdio`, JSON-RPC 2.0 on stdin/stdout.
 //! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
 //!   bearer tokens ([`token`]) that decide each request's actor ([`caller`]).
+//! - `ledger`: what the fronts read from and record in the journal, as methods of the
+//!   executor (no front reaches through it into the journal).
 //! - [`mcp`], [`tasks`], [`tool_result`]: MCP on stdio and over HTTP; MCP tasks keyed by
 //!   execution; a tool's result as MCP content.
 //!
@@ -14,6 +16,7 @@
 pub mod caller;
 pub mod gateway;
 pub mod http;
+mod ledger;
 pub mod mcp;
 pub mod rpc;
 pub mod stdio;
