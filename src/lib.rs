@@ -16,14 +16,16 @@
 //! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
 //! - [`front`]: the server fronts, one folder:
 //!   - [`front::gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose, as JSON.
+//!   - [`front::rpc`]: the JSON-RPC method table, written once for stdio and `/rpc`.
 //!   - [`front::stdio`], [`front::mcp`], [`front::tasks`]: JSON-RPC and MCP on stdio; MCP
 //!     tasks keyed by execution.
 //!   - [`front::http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`,
 //!     behind bearer tokens ([`front::token`]) that decide each request's actor
 //!     ([`front::caller`]).
 //!
-//!   Their former paths (`cairn::serve`, `cairn::gateway`, `cairn::http`, …) are kept as
-//!   re-exports.
+//!   No front reaches through the executor into the journal: what they read and record
+//!   there are methods of [`Executor`] written beside them. Their former paths
+//!   (`cairn::serve`, `cairn::gateway`, `cairn::http`, …) are kept as re-exports.
 //! - [`operations`]: named operations with a written replay contract (`cairn op`, `cairn ops`,
 //!   JSON-RPC `call`, one MCP tool per operation).
 //!

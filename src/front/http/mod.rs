@@ -8,7 +8,7 @@
 //!   `tools/call` again.
 //! - `/rpc`: one JSON-RPC 2.0 request per `POST`, the methods of `cairn serve --stdio`.
 //! - `/healthz`: `ok` (no token needed; says nothing else).
-//! - `/metrics`: the Prometheus text format (what it counts: `src/http/metrics.rs`).
+//! - `/metrics`: the Prometheus text format (what it counts: `src/front/http/metrics.rs`).
 //!
 //! Every request but `/healthz` passes one guard, in this order, before anything else runs:
 //! the `Host` header must name this server (DNS rebinding), an `Origin` header, when present,
@@ -65,7 +65,7 @@ pub struct HttpOptions {
     /// Calls in flight per actor (`tools/call`, `execute`, `attach`); past it a call is refused
     /// with an error saying so, and nothing starts.
     pub max_in_flight_per_actor: usize,
-    /// Classes whose executions are cancelled when the caller's stream closes (src/tasks.rs).
+    /// Classes whose executions are cancelled when the caller's stream closes (src/front/tasks.rs).
     pub cancel_on_closed_stream: Vec<crate::intent::OpClass>,
     /// Serve TLS with this PEM certificate chain and PEM private key.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -175,7 +175,7 @@ impl Front {
         self.local
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Sampled: at most a few per source and minute cost an append (src/http/refusals.rs).
+        // Sampled: at most a few per source and minute cost an append (src/front/http/refusals.rs).
         if self
             .local
             .refusals
@@ -452,7 +452,7 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         .map_err(|e| ExecError::Setup(format!("listener address: {e}")))?;
     let front = front(&cfg, &opts, addr);
     let ct = tokio_util::sync::CancellationToken::new();
-    // /mcp: what a client left out of its headers is read from its body (src/http/headers.rs).
+    // /mcp: what a client left out of its headers is read from its body (src/front/http/headers.rs).
     let mcp = axum::Router::new()
         .route_service("/mcp", mcp_service(&front, &opts, ct.clone()))
         .layer(axum::middleware::from_fn_with_state(

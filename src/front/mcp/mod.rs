@@ -8,7 +8,7 @@
 //! - `execution_status`: the journal's record of an execution (optionally a fresh probe).
 //! - `read_output`: an execution's stdout or stderr from a byte offset.
 //! - with `--operations FILE`, one tool per named operation, its replay contract in its
-//!   description and `_meta` (`src/mcp/operations.rs`); `--operations-only` drops `run_command`.
+//!   description and `_meta` (`src/front/mcp/operations.rs`); `--operations-only` drops `run_command`.
 //!
 //! Tool calls carry execution identity through intent matching: an agent that retries a
 //! `tools/call` (after a timeout, a crash, a reconnect) with the same arguments has the same
@@ -71,7 +71,7 @@ pub struct CairnMcp {
     cfg: GatewayConfig,
     /// `run_command` calls run as tasks on these threads (as `cairn serve`'s `execute`).
     workers: std::sync::Arc<gateway::Workers>,
-    /// Tasks' results and the closed-stream setting (src/tasks.rs).
+    /// Tasks' results and the closed-stream setting (src/front/tasks.rs).
     tasks: crate::front::tasks::TaskState,
     tool_router: ToolRouter<Self>,
 }
@@ -138,7 +138,7 @@ impl CairnMcp {
         }
     }
 
-    /// Tasks' state shared with the rest of the server (src/tasks.rs).
+    /// Tasks' state shared with the rest of the server (src/front/tasks.rs).
     pub fn with_tasks(mut self, t: crate::front::tasks::TaskState) -> Self {
         self.tasks = t;
         self
@@ -278,7 +278,7 @@ impl CairnMcp {
 }
 
 impl CairnMcp {
-    /// A named operation's tool (`src/mcp/operations.rs`): as `run_command` (a job that runs to
+    /// A named operation's tool (`src/front/mcp/operations.rs`): as `run_command` (a job that runs to
     /// its recorded outcome whatever the client does, a task when the client declares the
     /// extension and the call has one destination, a closed stream as `run_command`'s); over
     /// HTTP as the token's actor, in its scope, within its cap on calls in flight.
@@ -456,7 +456,7 @@ impl ServerHandler for CairnMcp {
         )
     }
 
-    /// `tasks/get`: the execution's journal record (src/tasks.rs).
+    /// `tasks/get`: the execution's journal record (src/front/tasks.rs).
     async fn get_task(
         &self,
         request: rmcp::model::GetTaskParams,
