@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod fleet;
 pub mod gateway;
+mod ledger;
 pub mod listen;
 pub mod ops;
 
@@ -539,7 +540,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
             let mut seen = std::collections::BTreeSet::new();
             let mut results = Vec::new();
             let mut code = 0;
-            for (rec, _) in ex.journal.list()? {
+            for (rec, _) in ex.recorded_executions()? {
                 let key = (
                     rec.host.clone(),
                     rec.port,
@@ -561,7 +562,7 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
                     }
                 }
             }
-            let pruned = ex.journal.prune_cursors()?;
+            let pruned = ex.prune_local_cursors()?;
             if json {
                 print_json(&serde_json::json!({"hosts": results, "local_cursors_pruned": pruned}));
             } else {
@@ -657,14 +658,12 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
     };
     let mut term = Terminal::new(args.json);
     let o = ex.execute(req, intent, &mut term).await;
-    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
-        ex.journal.session_evidence(
-            &session,
-            SessionEvidence::EndedExecution {
-                execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
-            },
-        )
-    });
+    let _ = ex.end_session(
+        &session,
+        SessionEvidence::EndedExecution {
+            execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
+        },
+    );
     let o = o?;
     if o.attached && !args.json {
         eprintln!(
@@ -926,7 +925,7 @@ async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, Ex
         v["next_action"] = next.into();
         print_json(&v);
     } else {
-        let rec = ex.journal.execution(id)?;
+        let rec = ex.execution_record(id)?;
         println!("execution   {}", o.execution_id);
         println!(
             "host        {} ({})",

@@ -178,14 +178,12 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
         let results = call::run(&p, &make, 1 << 20).await;
         many(&p, &results, a.json, &mut first)
     };
-    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
-        first.journal.session_evidence(
-            &session,
-            SessionEvidence::EndedOperation {
-                operation: &p.operation,
-            },
-        )
-    });
+    let _ = first.end_session(
+        &session,
+        SessionEvidence::EndedOperation {
+            operation: &p.operation,
+        },
+    );
     code
 }
 
