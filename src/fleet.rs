@@ -19,6 +19,8 @@
 //! dispatched anywhere; 254 when some host is `interrupted` or `unknown` (or still running);
 //! 1 otherwise (some host failed, exited non-zero, or was skipped).
 
+mod ledger;
+
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::fs::File;
 use std::io::{IsTerminal, Write};
@@ -399,7 +401,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
     let max_failures = if f.fail_fast { Some(0) } else { f.max_failures };
 
     let mut ex = ExecutorBuilder::host(&args.host).build()?;
-    if ex.journal.batch(&batch_id)?.is_some() {
+    if ex.batch_record(&batch_id)?.is_some() {
         return Err(ExecError::Refused(format!(
             "batch {batch_id} already exists; continue it with `cairn batch resume {batch_id}`"
         )));
@@ -436,8 +438,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
         .iter()
         .map(|j| (j.destination.clone(), j.id.clone()))
         .collect();
-    ex.journal
-        .create_batch(&batch_id, &command, &options, &members)?;
+    ex.create_batch(&batch_id, &command, &options, &members)?;
     if !args.json {
         eprintln!("cairn: batch {batch_id}: {} host(s)", jobs.len());
     }
@@ -458,10 +459,7 @@ pub async fn run(args: FleetRun, command: Vec<u8>) -> Result<i32, ExecError> {
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
-    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
-        ex.journal
-            .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code })
-    });
+    let _ = ex.end_session(&session, SessionEvidence::EndedWithExit { exit: code });
     Ok(code)
 }
 
@@ -471,8 +469,8 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
         BatchCommand::Ls { json, host } => {
             let mut ex = ExecutorBuilder::host(&host).build()?;
             let mut rows = Vec::new();
-            for id in ex.journal.batch_ids()? {
-                if let Some(b) = ex.journal.batch(&id)? {
+            for id in ex.batch_ids()? {
+                if let Some(b) = ex.batch_record(&id)? {
                     let states = member_states(&mut ex, &b)?;
                     rows.push((b, counts(states.iter().map(|s| s.0.as_str()))));
                 }
@@ -499,12 +497,7 @@ pub async fn batch(cmd: BatchCommand) -> Result<i32, ExecError> {
         }
         BatchCommand::Status { batch, json, host } => {
             let mut ex = ExecutorBuilder::host(&host).build()?;
-            let b = ex.journal.batch(&batch)?.ok_or_else(|| {
-                ExecError::InvalidRequest(format!(
-                    "no batch {batch} in journal {}",
-                    ex.journal.location()
-                ))
-            })?;
+            let b = ex.known_batch(&batch)?;
             let states = member_states(&mut ex, &b)?;
             let c = counts(states.iter().map(|s| s.0.as_str()));
             if json {
@@ -571,7 +564,7 @@ fn member_states(
     for m in &b.members {
         let id = ExecutionId::parse(&m.execution_id)
             .map_err(|e| ExecError::Internal(format!("batch member: {e}")))?;
-        if ex.journal.execution(&id)?.is_none() {
+        if !ex.was_accepted(&id)? {
             v.push(("not-started".to_string(), None));
         } else {
             let o = ex.journal_outcome(&id)?;
@@ -686,12 +679,7 @@ async fn resume(
     approve: ApproveOptions,
 ) -> Result<i32, ExecError> {
     let mut ex = ExecutorBuilder::host(&host).build()?;
-    let b = ex.journal.batch(batch)?.ok_or_else(|| {
-        ExecError::InvalidRequest(format!(
-            "no batch {batch} in journal {}",
-            ex.journal.location()
-        ))
-    })?;
+    let b = ex.known_batch(batch)?;
     let o = BatchOptions::read(&b.id, &b.options)?;
     // Hosts never reached are connected to as the batch was, unless flags say otherwise (those
     // already accepted follow their own recorded connection).
@@ -714,9 +702,9 @@ async fn resume(
     for (idx, m) in b.members.iter().enumerate() {
         let id = ExecutionId::parse(&m.execution_id)
             .map_err(|e| ExecError::Internal(format!("batch member: {e}")))?;
-        let recorded = match ex.journal.status(&id)? {
-            Some(s) => Recorded::At(s.state),
-            None if ex.journal.execution(&id)?.is_none() => Recorded::Absent,
+        let recorded = match ex.recorded_state(&id)? {
+            Some(s) => Recorded::At(s),
+            None if !ex.was_accepted(&id)? => Recorded::Absent,
             None => Recorded::Stateless,
         };
         let mode = Mode::resume(recorded, &intent);
@@ -759,10 +747,7 @@ async fn resume(
         session: Some(session.clone()),
     };
     let code = tokio::task::block_in_place(|| engine(plan));
-    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
-        ex.journal
-            .session_evidence(&session, SessionEvidence::EndedWithExit { exit: code })
-    });
+    let _ = ex.end_session(&session, SessionEvidence::EndedWithExit { exit: code });
     Ok(code)
 }
 

@@ -14,10 +14,18 @@
 //! Fronts (each knows its wire format; nothing below them does):
 //! - [`cli`]: the `cairn` command line; the only module that knows clap.
 //! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
-//! - [`gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose, as JSON.
-//! - [`serve`], [`mcp`], [`tasks`]: JSON-RPC and MCP on stdio; MCP tasks keyed by execution.
-//! - [`http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`, behind
-//!   bearer tokens ([`token`]) that decide each request's actor.
+//! - [`front`]: the server fronts, one folder:
+//!   - [`front::gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose, as JSON.
+//!   - [`front::rpc`]: the JSON-RPC method table, written once for stdio and `/rpc`.
+//!   - [`front::stdio`], [`front::mcp`], [`front::tasks`]: JSON-RPC and MCP on stdio; MCP
+//!     tasks keyed by execution.
+//!   - [`front::http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`,
+//!     behind bearer tokens ([`front::token`]) that decide each request's actor
+//!     ([`front::caller`]).
+//!
+//!   No front reaches through the executor into the journal: what they read and record
+//!   there are methods of [`Executor`] written beside them. Their former paths
+//!   (`cairn::serve`, `cairn::gateway`, `cairn::http`, …) are kept as re-exports.
 //! - [`operations`]: named operations with a written replay contract (`cairn op`, `cairn ops`,
 //!   JSON-RPC `call`, one MCP tool per operation).
 //!
@@ -71,7 +79,6 @@
 pub mod approve;
 pub mod audit;
 pub mod audit_show;
-pub mod caller;
 pub mod cli;
 pub mod error;
 pub mod evidence;
@@ -79,14 +86,12 @@ pub mod executor;
 #[doc(hidden)]
 pub mod failpoint;
 pub mod fleet;
+pub mod front;
 pub mod gate;
-pub mod gateway;
 pub mod host_helper;
-pub mod http;
 pub mod intent;
 pub mod journal;
 pub mod marker;
-pub mod mcp;
 pub mod operations;
 pub mod options;
 pub mod outcome;
@@ -96,15 +101,17 @@ pub mod reach;
 pub mod review;
 pub mod rt;
 pub mod runner;
-pub mod serve;
 pub mod session;
 pub mod ssh;
-pub mod tasks;
-pub mod token;
-pub mod tool_result;
 
 // The pure core is its own crate (crates/cairn-core); its modules keep their paths here.
 pub use cairn_core::{admission, epoch, event, id, lifecycle, location, machine, recovery, state};
+
+// The fronts live under `front/`; their former paths stay for the command line and the tests.
+#[doc(hidden)]
+pub use front::stdio as serve;
+#[doc(hidden)]
+pub use front::{caller, gateway, http, mcp, tasks, token, tool_result};
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

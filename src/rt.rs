@@ -8,7 +8,7 @@
 //! The one rule: **an async worker never waits on a journal commit**. A commit is durable on
 //! return (SQLite's fsync, or PostgreSQL's round trip on the journal's own threads, see
 //! `journal::postgres`), so it blocks whichever thread makes it. Executions therefore run on
-//! threads made for that: the gateway's execution threads ([`crate::gateway::Workers`]), a
+//! threads made for that: the gateway's execution threads ([`crate::front::gateway::Workers`]), a
 //! fleet's host threads, the blocking pool (`spawn_blocking`) of the HTTP and MCP fronts, and
 //! the thread of a single `cairn run`. Each drives its futures with [`block_on`], so a commit
 //! stops that thread's own futures and nothing else, while the I/O they wait for is served by

@@ -9,7 +9,7 @@ use clap::Args;
 
 use super::{parse_duration, Common};
 use crate::executor::{ExecError, Executor};
-use crate::gateway::GatewayConfig;
+use crate::front::gateway::GatewayConfig;
 use crate::id::ExecutionId;
 use crate::intent::{Intent, OpClass};
 use crate::journal::Journal;
@@ -185,7 +185,7 @@ pub async fn resolve(a: ResolveArgs) -> Result<i32, ExecError> {
         .actor
         .clone()
         .unwrap_or_else(|| crate::intent::local_actor("local"));
-    let mut cap = crate::gateway::Capture {
+    let mut cap = crate::front::gateway::Capture {
         cap: 1 << 20,
         ..Default::default()
     };
@@ -193,12 +193,12 @@ pub async fn resolve(a: ResolveArgs) -> Result<i32, ExecError> {
         .resolve(&id, a.resolution, &a.reason, &by, &mut cap)
         .await?;
     if a.json {
-        println!("{}", crate::gateway::outcome_value(&o, Some(&cap)));
+        println!("{}", crate::front::gateway::outcome_value(&o, Some(&cap)));
     } else {
         use std::io::Write;
         let _ = std::io::stdout().write_all(&cap.out);
         let _ = std::io::stderr().write_all(&cap.err);
-        println!("{}", crate::gateway::summary(&o));
+        println!("{}", crate::front::gateway::summary(&o));
     }
     Ok(match o.state {
         State::Completed | State::Failed | State::Delivered => 0,

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Subcommand};
 
 use crate::executor::ExecError;
-use crate::http::HttpOptions;
+use crate::front::http::HttpOptions;
 use crate::journal::Journal;
 use crate::options::parse_duration;
 
@@ -18,7 +18,7 @@ pub struct HttpArgs {
     /// Serve MCP over Streamable HTTP (at /mcp, with JSON-RPC at /rpc) on ADDR instead of
     /// stdio; every request needs a bearer token (`cairn token add`).
     #[arg(long, value_name = "ADDR", num_args = 0..=1,
-          default_missing_value = crate::http::DEFAULT_LISTEN)]
+          default_missing_value = crate::front::http::DEFAULT_LISTEN)]
     pub listen: Option<SocketAddr>,
     /// Listen on an address that is not loopback (without it, such an address is refused).
     #[arg(long, requires = "listen")]
@@ -31,10 +31,10 @@ pub struct HttpArgs {
     #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "listen")]
     pub allow_origins: Vec<String>,
     /// The largest request body accepted, in bytes.
-    #[arg(long, default_value_t = crate::http::DEFAULT_MAX_BODY, requires = "listen")]
+    #[arg(long, default_value_t = crate::front::http::DEFAULT_MAX_BODY, requires = "listen")]
     pub max_body: usize,
     /// Calls in flight per actor (tools/call, execute, attach); past it a call is refused.
-    #[arg(long, default_value_t = crate::http::DEFAULT_MAX_IN_FLIGHT as u64, requires = "listen",
+    #[arg(long, default_value_t = crate::front::http::DEFAULT_MAX_IN_FLIGHT as u64, requires = "listen",
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_in_flight: u64,
     /// An operation class whose executions are cancelled (as `cairn cancel`) when the caller's
@@ -135,7 +135,7 @@ pub fn token(c: TokenCommand) -> Result<i32, ExecError> {
             json,
         } => {
             let mut j = open(&journal)?;
-            let (t, rec) = crate::token::add(&mut j, &actor, scope_prefix, expires)?;
+            let (t, rec) = crate::front::token::add(&mut j, &actor, scope_prefix, expires)?;
             if json {
                 let mut v = serde_json::to_value(&rec).unwrap_or_default();
                 v["token"] = t.into();

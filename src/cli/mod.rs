@@ -13,6 +13,7 @@ use clap::{Args, Parser, Subcommand};
 
 pub mod fleet;
 pub mod gateway;
+mod ledger;
 pub mod listen;
 pub mod ops;
 
@@ -427,12 +428,14 @@ async fn dispatch(cli: Cli) -> Result<i32, ExecError> {
         Command::Review(a) => gateway::review(a),
         Command::Resolve(a) => gateway::resolve(a).await,
         Command::Sessions(a) => gateway::sessions(a),
-        Command::Serve(a) => crate::serve::main(a.server.config_with_operations("serve")?).await,
+        Command::Serve(a) => {
+            crate::front::stdio::main(a.server.config_with_operations("serve")?).await
+        }
         Command::Mcp(a) => match a.http.options(a.server.actor.is_some())? {
             Some(http) => {
-                crate::http::serve_mcp(a.server.config_with_operations("mcp")?, http).await
+                crate::front::http::serve_mcp(a.server.config_with_operations("mcp")?, http).await
             }
-            None => crate::mcp::main(a.server.config_with_operations("mcp")?).await,
+            None => crate::front::mcp::main(a.server.config_with_operations("mcp")?).await,
         },
         Command::Token { command } => listen::token(command),
         Command::Op(a) => ops::op(a).await,
@@ -566,7 +569,7 @@ async fn gc(
     let mut seen = std::collections::BTreeSet::new();
     let mut results = Vec::new();
     let mut code = 0;
-    for (rec, _) in ex.journal.list()? {
+    for (rec, _) in ex.recorded_executions()? {
         let key = (
             rec.host.clone(),
             rec.port,
@@ -588,7 +591,7 @@ async fn gc(
             }
         }
     }
-    let pruned = ex.journal.prune_cursors()?;
+    let pruned = ex.prune_local_cursors()?;
     if json {
         print_json(&serde_json::json!({"hosts": results, "local_cursors_pruned": pruned}));
     } else {
@@ -669,14 +672,12 @@ async fn run(args: RunArgs) -> Result<i32, ExecError> {
     };
     let mut term = Terminal::new(args.json);
     let o = ex.execute(req, intent, &mut term).await;
-    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
-        ex.journal.session_evidence(
-            &session,
-            SessionEvidence::EndedExecution {
-                execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
-            },
-        )
-    });
+    let _ = ex.end_session(
+        &session,
+        SessionEvidence::EndedExecution {
+            execution_id: o.as_ref().ok().map(|o| o.execution_id.as_str()),
+        },
+    );
     let o = o?;
     if o.attached && !args.json {
         eprintln!(
@@ -938,7 +939,7 @@ async fn status(id: &ExecutionId, common: &Common, json: bool) -> Result<i32, Ex
         v["next_action"] = next.into();
         print_json(&v);
     } else {
-        let rec = ex.journal.execution(id)?;
+        let rec = ex.execution_record(id)?;
         println!("execution   {}", o.execution_id);
         println!(
             "host        {} ({})",

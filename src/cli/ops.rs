@@ -178,14 +178,12 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
         let results = call::run(&p, &make, 1 << 20).await;
         many(&p, &results, a.json, &mut first)
     };
-    let _ = crate::journal::append_evidence_retrying("the end of the session", || {
-        first.journal.session_evidence(
-            &session,
-            SessionEvidence::EndedOperation {
-                operation: &p.operation,
-            },
-        )
-    });
+    let _ = first.end_session(
+        &session,
+        SessionEvidence::EndedOperation {
+            operation: &p.operation,
+        },
+    );
     code
 }
 
@@ -209,7 +207,7 @@ async fn one_streamed(
         return Ok(0);
     }
     if !matches!(o.state, State::Completed | State::Delivered) {
-        eprintln!("cairn: {}", crate::gateway::summary(&o));
+        eprintln!("cairn: {}", crate::front::gateway::summary(&o));
     }
     let _ = std::io::stdout().flush();
     deliver(&mut ex, &o);
@@ -251,7 +249,7 @@ fn many(
             let _ = std::io::stdout().write_all(&r.output.out);
             let _ = std::io::stderr().write_all(&r.output.err);
             match &r.result {
-                Ok(o) => println!("{}: {}", r.destination, crate::gateway::summary(o)),
+                Ok(o) => println!("{}: {}", r.destination, crate::front::gateway::summary(o)),
                 Err(e) => println!("{}: not run: {e}", r.destination),
             }
         }

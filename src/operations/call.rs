@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use super::contract::{Approval, OperationsFile};
 use crate::approve::{ApprovalRequest, Approver, Decision, Prompt};
 use crate::executor::{ExecError, Executor, Outcome, RunRequest};
-use crate::gateway::Capture;
+use crate::front::gateway::Capture;
 use crate::id::ExecutionId;
 use crate::intent::Intent;
 
@@ -177,7 +177,7 @@ pub fn deliverable(results: &[HostResult]) -> Vec<ExecutionId> {
 /// that error.
 pub fn result_value<'r>(p: &Prepared, results: &'r [HostResult]) -> Result<Value, &'r ExecError> {
     let one = |r: &HostResult| match &r.result {
-        Ok(o) => crate::gateway::outcome_value(o, Some(&r.output)),
+        Ok(o) => crate::front::gateway::outcome_value(o, Some(&r.output)),
         Err(e) => json!({"destination": r.destination, "error": e.to_string(),
                          "summary": format!("{}: not run: {e}", r.destination)}),
     };
@@ -206,14 +206,14 @@ pub fn result_value<'r>(p: &Prepared, results: &'r [HostResult]) -> Result<Value
 /// A call through a gateway (JSON-RPC `call`, an operation's MCP tool), as the server's actor:
 /// the value to answer, and the executions whose result it delivers.
 pub async fn gateway_call(
-    cfg: &crate::gateway::GatewayConfig,
+    cfg: &crate::front::gateway::GatewayConfig,
     name: &str,
     args: &serde_json::Map<String, Value>,
     scope: Option<String>,
     detach: bool,
     correlation_id: Option<String>,
-) -> Result<(Value, Vec<ExecutionId>), crate::gateway::GatewayError> {
-    use crate::gateway::GatewayError;
+) -> Result<(Value, Vec<ExecutionId>), crate::front::gateway::GatewayError> {
+    use crate::front::gateway::GatewayError;
     let empty = OperationsFile::empty();
     let file = cfg.operations.as_deref().unwrap_or(&empty);
     let opts = CallOptions {
@@ -232,7 +232,7 @@ pub async fn gateway_call(
         ex.approver = approver(p.approval, base, cfg.policy.is_some(), &p.operation);
         Ok(ex)
     };
-    let results = run(&p, &make, crate::gateway::INLINE_OUTPUT_CAP).await;
+    let results = run(&p, &make, crate::front::gateway::INLINE_OUTPUT_CAP).await;
     let v = result_value(&p, &results).map_err(GatewayError::exec)?;
     Ok((v, deliverable(&results)))
 }

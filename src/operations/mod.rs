@@ -11,7 +11,7 @@
 //! - [`check`]: the safety rules every file must pass before it is used (`cairn ops check`).
 //! - [`doc`]: the contract in plain words and as data (MCP `_meta`), and `cairn ops doc`.
 //! - [`call`]: running a call through the executor, for the CLI and the gateways.
-//! - one MCP tool per operation: `crate::mcp::operations`, in the MCP front.
+//! - one MCP tool per operation: `crate::front::mcp::operations`, in the MCP front.
 //!
 //! Loading a file runs every check: a server never exposes an operation that `ops check` refuses.
 

@@ -1,5 +1,5 @@
 //! `cairn mcp`: a Model Context Protocol server over stdio, on the official Rust SDK (`rmcp`);
-//! with `--listen`, the same tools over Streamable HTTP ([`crate::http`]), where each request acts
+//! with `--listen`, the same tools over Streamable HTTP ([`crate::front::http`]), where each request acts
 //! as its bearer token's actor.
 //!
 //! Tools (each declares its input with a JSON schema):
@@ -8,7 +8,7 @@
 //! - `execution_status`: the journal's record of an execution (optionally a fresh probe).
 //! - `read_output`: an execution's stdout or stderr from a byte offset.
 //! - with `--operations FILE`, one tool per named operation, its replay contract in its
-//!   description and `_meta` (`src/mcp/operations.rs`); `--operations-only` drops `run_command`.
+//!   description and `_meta` (`src/front/mcp/operations.rs`); `--operations-only` drops `run_command`.
 //!
 //! Tool calls carry execution identity through intent matching: an agent that retries a
 //! `tools/call` (after a timeout, a crash, a reconnect) with the same arguments has the same
@@ -34,9 +34,9 @@ use serde_json::{json, Value};
 
 use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
-use crate::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
+use crate::front::gateway::{self, ExecuteParams, GatewayConfig, GatewayError};
+pub(crate) use crate::front::tool_result::{result, tool_error};
 use crate::id::ExecutionId;
-pub(crate) use crate::tool_result::{result, tool_error};
 
 /// `execution_status` input.
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -71,8 +71,8 @@ pub struct CairnMcp {
     cfg: GatewayConfig,
     /// `run_command` calls run as tasks on these threads (as `cairn serve`'s `execute`).
     workers: std::sync::Arc<gateway::Workers>,
-    /// Tasks' results and the closed-stream setting (src/tasks.rs).
-    tasks: crate::tasks::TaskState,
+    /// Tasks' results and the closed-stream setting (src/front/tasks.rs).
+    tasks: crate::front::tasks::TaskState,
     tool_router: ToolRouter<Self>,
 }
 
@@ -87,7 +87,7 @@ fn correlation(id: &rmcp::model::RequestId) -> String {
 /// Over HTTP, a caller reads only its own executions.
 fn own(
     cfg: &GatewayConfig,
-    caller: Option<&crate::caller::HttpCaller>,
+    caller: Option<&crate::front::caller::HttpCaller>,
     params: &Value,
 ) -> Result<(), GatewayError> {
     let id = params.get("execution_id").and_then(Value::as_str);
@@ -95,7 +95,7 @@ fn own(
         caller,
         id.and_then(|s| crate::id::ExecutionId::parse(s).ok()),
     ) {
-        (Some(c), Some(id)) => crate::caller::admit_read(cfg, c, &id),
+        (Some(c), Some(id)) => crate::front::caller::admit_read(cfg, c, &id),
         _ => Ok(()),
     }
 }
@@ -138,8 +138,8 @@ impl CairnMcp {
         }
     }
 
-    /// Tasks' state shared with the rest of the server (src/tasks.rs).
-    pub fn with_tasks(mut self, t: crate::tasks::TaskState) -> Self {
+    /// Tasks' state shared with the rest of the server (src/front/tasks.rs).
+    pub fn with_tasks(mut self, t: crate::front::tasks::TaskState) -> Self {
         self.tasks = t;
         self
     }
@@ -202,7 +202,7 @@ impl CairnMcp {
         Parameters(p): Parameters<StatusParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
-        let caller = crate::caller::caller_of(&ctx.extensions);
+        let caller = crate::front::caller::caller_of(&ctx.extensions);
         let params = json!({"execution_id": p.execution_id, "probe": p.probe});
         Ok(
             match blocking(move || {
@@ -238,7 +238,7 @@ impl CairnMcp {
         Parameters(p): Parameters<OutputParams>,
     ) -> Result<CallToolResult, ErrorData> {
         let cfg = self.cfg.clone();
-        let caller = crate::caller::caller_of(&ctx.extensions);
+        let caller = crate::front::caller::caller_of(&ctx.extensions);
         let params = json!({"execution_id": p.execution_id, "stream": p.stream.unwrap_or_else(|| "stdout".into()),
                             "offset": p.offset.unwrap_or(0), "limit": p.limit});
         let params = if params["limit"].is_null() {
@@ -278,7 +278,7 @@ impl CairnMcp {
 }
 
 impl CairnMcp {
-    /// A named operation's tool (`src/mcp/operations.rs`): as `run_command` (a job that runs to
+    /// A named operation's tool (`src/front/mcp/operations.rs`): as `run_command` (a job that runs to
     /// its recorded outcome whatever the client does, a task when the client declares the
     /// extension and the call has one destination, a closed stream as `run_command`'s); over
     /// HTTP as the token's actor, in its scope, within its cap on calls in flight.
@@ -291,10 +291,10 @@ impl CairnMcp {
         let mut cfg = self.cfg.clone();
         let mut corr = correlation(&ctx.id);
         let (mut scope, mut slot) = (None, None);
-        if let Some(caller) = crate::caller::caller_of(&ctx.extensions) {
+        if let Some(caller) = crate::front::caller::caller_of(&ctx.extensions) {
             cfg = caller.config(&self.cfg);
             corr = caller.call_correlation(&corr);
-            if let Err(e) = crate::caller::admit_scope(&caller, &mut scope) {
+            if let Err(e) = crate::front::caller::admit_scope(&caller, &mut scope) {
                 return Ok(tool_error(e).into());
             }
             match caller.slot() {
@@ -336,7 +336,7 @@ impl CairnMcp {
     /// does. A client that declared the tasks extension gets a task once the execution is
     /// accepted (`may_task`: the call has one execution). Otherwise the answer waits for the
     /// job, unless the request is cancelled first (its stream closed, `notifications/cancelled`):
-    /// then nothing is answered, and the executions follow [`crate::tasks::stream_closed`].
+    /// then nothing is answered, and the executions follow [`crate::front::tasks::stream_closed`].
     // Long: the submission, the choice between a task and a waited answer, and the race with
     // cancellation share the channels and the gate set up at its top.
     async fn serve_call<F, Fut>(
@@ -344,7 +344,7 @@ impl CairnMcp {
         ctx: &RequestContext<RoleServer>,
         cfg: GatewayConfig,
         corr: String,
-        slot: Option<crate::caller::Slot>,
+        slot: Option<crate::front::caller::Slot>,
         may_task: bool,
         job: F,
     ) -> Result<rmcp::model::CallToolResponse, ErrorData>
@@ -360,7 +360,7 @@ impl CairnMcp {
         // One indexed read of the journal's last seq, done here: on the blocking pool, every
         // call in flight held a thread of its own (52 threads for 40 calls). The call's
         // correlation comes after it.
-        let after = crate::tasks::last_seq(&cfg);
+        let after = crate::front::tasks::last_seq(&cfg);
         let gate = crate::gate::Gate::new();
         let (job_cfg, job_corr, job_gate) = (cfg.clone(), corr.clone(), gate.clone());
         let results = self.tasks.results.clone();
@@ -386,11 +386,17 @@ impl CairnMcp {
             ))
         }));
         if as_task {
-            if let Some(id) = crate::tasks::wait_accepted(&cfg, &corr, after, &mut done_rx).await {
+            if let Some(id) =
+                crate::front::tasks::wait_accepted(&cfg, &corr, after, &mut done_rx).await
+            {
                 self.tasks.results.watch_unless_done(id.as_str());
-                let t =
-                    crate::tasks::get(cfg.clone(), &self.workers, &self.tasks.results, id.as_str())
-                        .await?;
+                let t = crate::front::tasks::get(
+                    cfg.clone(),
+                    &self.workers,
+                    &self.tasks.results,
+                    id.as_str(),
+                )
+                .await?;
                 // The task as the journal has it now: a call that failed at first contact is
                 // already `failed`, never reported as working.
                 return Ok(rmcp::model::CreateTaskResult::new(t.task).into());
@@ -399,7 +405,7 @@ impl CairnMcp {
         let r = tokio::select! {
             r = &mut rx => r,
             _ = ctx.ct.cancelled() => {
-                crate::tasks::stream_closed(cfg, &self.workers, &self.tasks.closed_stream,
+                crate::front::tasks::stream_closed(cfg, &self.workers, &self.tasks.closed_stream,
                                             &gate, &corr, after).await;
                 return Err(ErrorData::internal_error("the request was cancelled", None));
             }
@@ -450,14 +456,14 @@ impl ServerHandler for CairnMcp {
         )
     }
 
-    /// `tasks/get`: the execution's journal record (src/tasks.rs).
+    /// `tasks/get`: the execution's journal record (src/front/tasks.rs).
     async fn get_task(
         &self,
         request: rmcp::model::GetTaskParams,
         ctx: RequestContext<RoleServer>,
     ) -> Result<rmcp::model::GetTaskResult, ErrorData> {
         let cfg = self.task_caller(&ctx, &request.task_id).await?;
-        crate::tasks::get(cfg, &self.workers, &self.tasks.results, &request.task_id)
+        crate::front::tasks::get(cfg, &self.workers, &self.tasks.results, &request.task_id)
             .await
             .map(rmcp::model::GetTaskResult::new)
     }
@@ -469,7 +475,7 @@ impl ServerHandler for CairnMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<(), ErrorData> {
         let cfg = self.task_caller(&ctx, &request.task_id).await?;
-        crate::tasks::cancel(cfg, &self.workers, &request.task_id).await
+        crate::front::tasks::cancel(cfg, &self.workers, &request.task_id).await
     }
 }
 
@@ -484,20 +490,20 @@ impl CairnMcp {
         (
             GatewayConfig,
             String,
-            Option<crate::caller::Slot>,
+            Option<crate::front::caller::Slot>,
             ExecuteParams,
         ),
         GatewayError,
     > {
         let corr = correlation(&ctx.id);
-        let Some(caller) = crate::caller::caller_of(&ctx.extensions) else {
+        let Some(caller) = crate::front::caller::caller_of(&ctx.extensions) else {
             return Ok((self.cfg.clone(), corr, None, p));
         };
         let cfg = caller.config(&self.cfg);
         let corr = caller.call_correlation(&corr);
         let p = {
             let (cfg, caller) = (cfg.clone(), caller.clone());
-            blocking(move || crate::caller::admit_execute(&cfg, &caller, &mut p).map(|()| p))
+            blocking(move || crate::front::caller::admit_execute(&cfg, &caller, &mut p).map(|()| p))
                 .await?
         };
         let slot = caller.slot()?;
@@ -510,7 +516,7 @@ impl CairnMcp {
         ctx: &RequestContext<RoleServer>,
         task_id: &str,
     ) -> Result<GatewayConfig, ErrorData> {
-        let Some(caller) = crate::caller::caller_of(&ctx.extensions) else {
+        let Some(caller) = crate::front::caller::caller_of(&ctx.extensions) else {
             return Ok(self.cfg.clone());
         };
         let cfg = caller.config(&self.cfg);
@@ -518,7 +524,7 @@ impl CairnMcp {
         blocking(move || {
             let id = crate::id::ExecutionId::parse(&id)
                 .map_err(|e| GatewayError::params(e.to_string()))?;
-            crate::caller::admit_read(&c2, &caller, &id)
+            crate::front::caller::admit_read(&c2, &caller, &id)
         })
         .await
         .map_err(|e| ErrorData::invalid_params(e.message, None))?;

@@ -5,7 +5,7 @@
 use rmcp::model::{CallToolResult, ContentBlock};
 use serde_json::{json, Value};
 
-use crate::gateway::GatewayError;
+use crate::front::gateway::GatewayError;
 
 /// A gateway error as a tool result marked as an error, with its JSON-RPC code.
 pub fn tool_error(e: GatewayError) -> CallToolResult {

@@ -9,10 +9,10 @@ use std::sync::{Arc, Mutex};
 use serde_json::json;
 
 use crate::executor::ExecError;
-use crate::gateway::{ExecuteParams, GatewayConfig, GatewayError};
+use crate::front::gateway::{ExecuteParams, GatewayConfig, GatewayError};
+use crate::front::token::Caller;
 use crate::id::ExecutionId;
 use crate::journal::Journal;
-use crate::token::Caller;
 
 /// What a request carries past the guard, in its extensions (and so in the MCP request's
 /// `http::request::Parts`).

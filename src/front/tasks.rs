@@ -24,8 +24,7 @@ use rmcp::model::{DetailedTask, ErrorData, JsonObject, Task, TaskPayload, TaskSt
 use serde_json::{json, Value};
 
 use crate::evidence::Evidence;
-use crate::executor::ExecError;
-use crate::gateway::{self, GatewayConfig, GatewayError, Workers};
+use crate::front::gateway::{self, GatewayConfig, GatewayError, Workers};
 use crate::id::ExecutionId;
 use crate::journal::{ExecutionJournal, Journal};
 use crate::state::State;
@@ -120,18 +119,10 @@ fn seen(cfg: &GatewayConfig, id: &ExecutionId) -> Result<Seen, ErrorData> {
     let o = ex
         .journal_outcome(id)
         .map_err(|e| gateway_error(e.into()))?;
-    let review = crate::review::record(&ex.journal, id).map_err(|e| gateway_error(e.into()))?;
-    let events = ex
-        .journal
-        .events(id)
-        .map_err(|e| internal(ExecError::from(e)))?;
+    let review = ex.review_record(id).map_err(|e| gateway_error(e.into()))?;
+    let events = ex.timeline(id).map_err(internal)?;
     let last = events.last().map(|e| e.at.clone()).unwrap_or_default();
-    let ttl = ex
-        .journal
-        .intent_of(id)
-        .ok()
-        .flatten()
-        .map(|c| c.retention_secs * 1000);
+    let ttl = ex.task_ttl_ms(id);
     let mut task = Task::new(
         id.to_string(),
         TaskStatus::Working,
@@ -199,7 +190,7 @@ pub async fn get(
             };
             let (c3, i3) = (cfg.clone(), id.clone());
             let _ = tokio::task::spawn_blocking(move || gateway::delivered(&c3, &i3)).await;
-            let r = crate::tool_result::result(v);
+            let r = crate::front::tool_result::result(v);
             TaskPayload::Completed {
                 result: object(serde_json::to_value(r).map_err(internal)?),
             }

@@ -8,12 +8,12 @@
 //!   `tools/call` again.
 //! - `/rpc`: one JSON-RPC 2.0 request per `POST`, the methods of `cairn serve --stdio`.
 //! - `/healthz`: `ok` (no token needed; says nothing else).
-//! - `/metrics`: the Prometheus text format (what it counts: `src/http/metrics.rs`).
+//! - `/metrics`: the Prometheus text format (what it counts: `src/front/http/metrics.rs`).
 //!
 //! Every request but `/healthz` passes one guard, in this order, before anything else runs:
 //! the `Host` header must name this server (DNS rebinding), an `Origin` header, when present,
 //! must be one that was allowed (`--allow-origin`), and `Authorization: Bearer <token>` must
-//! carry a valid token ([`crate::token`]). A refused request gets 403 or 401, touches no
+//! carry a valid token ([`crate::front::token`]). A refused request gets 403 or 401, touches no
 //! execution, and is recorded as a `refused` event of the server's session (with the reason
 //! and the peer address; never the token). An accepted request acts as its token's actor: the
 //! actor of every execution it starts, the `by` of every decision; an MCP session belongs to
@@ -30,12 +30,12 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
-use crate::caller::{HttpCaller, InFlight};
 use crate::evidence::SessionEvidence;
 use crate::executor::ExecError;
-use crate::gateway::{GatewayConfig, Workers};
+use crate::front::caller::{HttpCaller, InFlight};
+use crate::front::gateway::{GatewayConfig, Workers};
+use crate::front::token::Caller;
 use crate::journal::Journal;
-use crate::token::Caller;
 
 mod events;
 mod headers;
@@ -43,6 +43,12 @@ pub mod listen;
 mod metrics;
 mod refusals;
 mod rpc;
+
+/// The JSON-RPC methods `POST /rpc` answers: the table of [`crate::front::rpc`], the same as
+/// `cairn serve --stdio` (`recover` among them, refused over HTTP as an operator's command).
+pub fn rpc_methods() -> Vec<&'static str> {
+    crate::front::rpc::names()
+}
 
 /// How the HTTP front listens and what it lets in (plain options: the CLI fills them).
 #[derive(Clone, Debug)]
@@ -59,7 +65,7 @@ pub struct HttpOptions {
     /// Calls in flight per actor (`tools/call`, `execute`, `attach`); past it a call is refused
     /// with an error saying so, and nothing starts.
     pub max_in_flight_per_actor: usize,
-    /// Classes whose executions are cancelled when the caller's stream closes (src/tasks.rs).
+    /// Classes whose executions are cancelled when the caller's stream closes (src/front/tasks.rs).
     pub cancel_on_closed_stream: Vec<crate::intent::OpClass>,
     /// Serve TLS with this PEM certificate chain and PEM private key.
     pub tls: Option<(std::path::PathBuf, std::path::PathBuf)>,
@@ -84,7 +90,7 @@ struct Front {
     workers: Arc<Workers>,
     /// MCP session → the actor that opened it (also in the journal, for a restarted server).
     sessions: Mutex<HashMap<String, String>>,
-    tasks: crate::tasks::TaskState,
+    tasks: crate::front::tasks::TaskState,
     local: metrics::Local,
 }
 
@@ -169,7 +175,7 @@ impl Front {
         self.local
             .refused
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        // Sampled: at most a few per source and minute cost an append (src/http/refusals.rs).
+        // Sampled: at most a few per source and minute cost an append (src/front/http/refusals.rs).
         if self
             .local
             .refusals
@@ -224,17 +230,17 @@ impl Front {
     ) -> Result<Caller, Response> {
         let f = self.clone();
         let verified = tokio::task::spawn_blocking(move || {
-            let j = Journal::open(&f.cfg.journal).map_err(crate::token::VerifyError::from)?;
-            crate::token::verify(&j, auth.as_deref())
+            let j =
+                Journal::open(&f.cfg.journal).map_err(crate::front::token::VerifyError::from)?;
+            crate::front::token::verify(&j, auth.as_deref())
         })
         .await;
         match verified {
             Ok(Ok(c)) => Ok(c),
-            Ok(Err(crate::token::VerifyError::Refused(r))) => {
+            Ok(Err(crate::front::token::VerifyError::Refused(r))) => {
                 let token_id = match &r {
-                    crate::token::Refusal::Revoked(id) | crate::token::Refusal::Expired(id) => {
-                        Some(id.clone())
-                    }
+                    crate::front::token::Refusal::Revoked(id)
+                    | crate::front::token::Refusal::Expired(id) => Some(id.clone()),
                     _ => None,
                 };
                 Err(self
@@ -446,7 +452,7 @@ pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32,
         .map_err(|e| ExecError::Setup(format!("listener address: {e}")))?;
     let front = front(&cfg, &opts, addr);
     let ct = tokio_util::sync::CancellationToken::new();
-    // /mcp: what a client left out of its headers is read from its body (src/http/headers.rs).
+    // /mcp: what a client left out of its headers is read from its body (src/front/http/headers.rs).
     let mcp = axum::Router::new()
         .route_service("/mcp", mcp_service(&front, &opts, ct.clone()))
         .layer(axum::middleware::from_fn_with_state(
@@ -501,11 +507,11 @@ fn front(cfg: &GatewayConfig, opts: &HttpOptions, addr: SocketAddr) -> Arc<Front
         origins: opts.allow_origins.iter().map(|o| origin_norm(o)).collect(),
         max_body: opts.max_body_bytes,
         in_flight: InFlight::with_cap(opts.max_in_flight_per_actor),
-        workers: Arc::new(Workers::start(crate::gateway::WORKER_THREADS)),
+        workers: Arc::new(Workers::start(crate::front::gateway::WORKER_THREADS)),
         sessions: Mutex::new(HashMap::new()),
-        tasks: crate::tasks::TaskState {
+        tasks: crate::front::tasks::TaskState {
             results: Default::default(),
-            closed_stream: crate::tasks::ClosedStream {
+            closed_stream: crate::front::tasks::ClosedStream {
                 cancel_classes: opts.cancel_on_closed_stream.clone(),
             },
         },
@@ -520,7 +526,7 @@ fn mcp_service(
     opts: &HttpOptions,
     ct: tokio_util::sync::CancellationToken,
 ) -> rmcp::transport::streamable_http_server::StreamableHttpService<
-    crate::mcp::CairnMcp,
+    crate::front::mcp::CairnMcp,
     events::Sessions,
 > {
     use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -528,7 +534,7 @@ fn mcp_service(
         StreamableHttpServerConfig, StreamableHttpService,
     };
     let cfg = &front.cfg;
-    let server = crate::mcp::CairnMcp::with_workers(cfg.clone(), front.workers.clone())
+    let server = crate::front::mcp::CairnMcp::with_workers(cfg.clone(), front.workers.clone())
         .with_tasks(front.tasks.clone());
     // The guard checks Host and Origin itself (and records refusals), so rmcp's own checks are
     // off; its body limit stays.

@@ -1,6 +1,6 @@
 //! The tools' output schemas: what a client may rely on in each result's `structuredContent`,
 //! so it reads a result by schema instead of by prose. Each is the JSON the gateway answers
-//! ([`crate::outcome::outcome_json`], [`crate::gateway::status`], [`crate::gateway::output`]);
+//! ([`crate::outcome::outcome_json`], [`crate::front::gateway::status`], [`crate::front::gateway::output`]);
 //! the tests check real results against them with the official Python SDK, which validates
 //! structured content against the tool's schema.
 //!

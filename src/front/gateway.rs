@@ -17,11 +17,11 @@ use base64::Engine;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::evidence::{Evidence, SessionEvidence};
+use crate::evidence::SessionEvidence;
 use crate::executor::{ExecError, Executor, Outcome, Patience, RunRequest};
 use crate::id::ExecutionId;
 use crate::intent::{OpClass, OperationSpec};
-use crate::journal::{ExecutionJournal, Journal};
+use crate::journal::Journal;
 use crate::options::ApproveOptions;
 use crate::runner::ExecutorBuilder;
 use crate::ssh::ConnectOptions;
@@ -513,7 +513,7 @@ pub fn status(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
         .and_then(Value::as_bool)
         .unwrap_or(false);
     let mut ex = cfg.executor()?;
-    let review = crate::review::record(&ex.journal, &id)?;
+    let review = ex.review_record(&id)?;
     let mut v = if probe {
         let (o, p) = block_on(ex.probe(&id))?;
         let mut v = outcome_value(&o, None);
@@ -530,9 +530,7 @@ pub fn status(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
     v["accepted_at"] = review.accepted_at.clone().into();
     v["first_dispatched_at"] = json!(review.first_dispatched_at);
     v["events"] = ex
-        .journal
-        .events(&id)
-        .map_err(ExecError::from)?
+        .timeline(&id)?
         .iter()
         .map(|e| json!({"seq": e.seq, "at": e.at, "kind": e.kind, "state": e.state}))
         .collect::<Vec<_>>()
@@ -596,16 +594,7 @@ pub async fn attach(
     let id = parse_id(params)?;
     let mut ex = cfg.executor()?;
     if let Some(c) = correlation_id {
-        ex.journal
-            .append_evidence(
-                &id,
-                Evidence::Attached {
-                    correlation_id: &c,
-                    session_id: cfg.session_id.as_deref(),
-                    method: (),
-                },
-            )
-            .map_err(ExecError::from)?;
+        ex.record_attached(&id, &c, cfg.session_id.as_deref())?;
     }
     let mut cap = Capture {
         cap: INLINE_OUTPUT_CAP,
@@ -640,7 +629,7 @@ pub fn recover(cfg: &GatewayConfig, params: &Value) -> GResult<Value> {
 /// `review`: executions waiting for a human, with their original record.
 pub fn review(cfg: &GatewayConfig) -> GResult<Value> {
     let ex = cfg.executor()?;
-    let r = crate::review::pending(&ex.journal)?;
+    let r = ex.pending_reviews()?;
     Ok(serde_json::to_value(r).unwrap_or_default())
 }
 

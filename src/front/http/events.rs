@@ -31,7 +31,7 @@ use rmcp::transport::streamable_http_server::session::{
 };
 use serde_json::{json, Value};
 
-use crate::gateway::{GatewayConfig, Workers};
+use crate::front::gateway::{GatewayConfig, Workers};
 use crate::journal::{Journal, StoredEvent, StreamRecord};
 
 /// The journal-backed event store.
@@ -152,7 +152,7 @@ impl JournalEvents {
                 let c2 = cfg.clone();
                 self.workers.submit(Box::new(move || {
                     Box::pin(async move {
-                        let r = crate::gateway::attach(&c2, &params, Some(corr)).await;
+                        let r = crate::front::gateway::attach(&c2, &params, Some(corr)).await;
                         let _ = tx.send(r);
                     })
                 }));
@@ -161,21 +161,21 @@ impl JournalEvents {
                         if let Some(d) = deliver {
                             let c3 = cfg.clone();
                             let _ = tokio::task::spawn_blocking(move || {
-                                crate::gateway::delivered(&c3, &d)
+                                crate::front::gateway::delivered(&c3, &d)
                             })
                             .await;
                         }
                         ServerJsonRpcMessage::response(
-                            rmcp::model::ServerResult::CallToolResult(crate::tool_result::result(
-                                v,
-                            )),
+                            rmcp::model::ServerResult::CallToolResult(
+                                crate::front::tool_result::result(v),
+                            ),
                             request_id,
                         )
                     }
                     Err(e) => ServerJsonRpcMessage::response(
-                        rmcp::model::ServerResult::CallToolResult(crate::tool_result::tool_error(
-                            e,
-                        )),
+                        rmcp::model::ServerResult::CallToolResult(
+                            crate::front::tool_result::tool_error(e),
+                        ),
                         request_id,
                     ),
                 }

@@ -3,9 +3,11 @@
 //! also for JSON-RPC errors); a notification (no `id`) is answered 202 with no body. A result
 //! is recorded `delivered` once the response has been handed to the connection whole.
 //!
-//! The per-execution methods (`status`, `output`, `attach`, `resolve`) see only the caller's
-//! own executions; `review` lists only them; `recover` (every unsettled execution of the
-//! journal) is an operator's command and is not offered over HTTP: `cairn recover` runs it.
+//! The methods, and what is checked of each before it runs, are the table of
+//! [`crate::front::rpc`]: the per-execution methods (`status`, `output`, `attach`, `resolve`)
+//! see only the caller's own executions; `review` lists only them; `recover` (every unsettled
+//! execution of the journal) is an operator's command and is not offered over HTTP: `cairn
+//! recover` runs it.
 
 use std::sync::Arc;
 
@@ -15,10 +17,10 @@ use http::StatusCode;
 use serde_json::Value;
 
 use super::{DeliverOnEnd, Front};
-use crate::caller::{admit_execute, admit_read, HttpCaller};
-use crate::gateway::{self, GatewayConfig, GatewayError};
+use crate::front::caller::{admit_execute, admit_read, HttpCaller};
+use crate::front::gateway::{self, GatewayConfig, GatewayError};
+use crate::front::rpc::{self, error, OverHttp};
 use crate::id::ExecutionId;
-use crate::serve::{self, error};
 
 fn correlation(id: &Value) -> String {
     match id {
@@ -45,7 +47,7 @@ pub(super) async fn rpc(State(front): State<Arc<Front>>, req: Request) -> Respon
         Err(too_large) => return too_large,
     };
     let line = String::from_utf8_lossy(&body);
-    let r = match serve::decode_line(&line) {
+    let r = match rpc::decode_line(&line) {
         Ok(r) => r,
         Err(resp) => return DeliverOnEnd::response(StatusCode::OK, resp, None),
     };
@@ -81,26 +83,26 @@ async fn admit(
     let (cfg, caller) = (cfg.clone(), caller.clone());
     let (m, p) = (method.to_owned(), params.clone());
     tokio::task::spawn_blocking(move || -> Result<Option<Value>, GatewayError> {
-        match m.as_str() {
-            "execute" => {
+        // An unknown method is checked as a read (and then answered "not found").
+        let over = rpc::find(&m).map_or(OverHttp::Own, |m| m.over_http);
+        match over {
+            OverHttp::Execute => {
                 let mut e: gateway::ExecuteParams = serde_json::from_value(p)
                     .map_err(|e| GatewayError::params(format!("execute: {e}")))?;
                 admit_execute(&cfg, &caller, &mut e)?;
                 Ok(e.scope.map(Value::String))
             }
-            "call" => {
+            OverHttp::Call => {
                 let mut scope = p.get("scope").and_then(Value::as_str).map(str::to_owned);
-                crate::caller::admit_scope(&caller, &mut scope)?;
+                crate::front::caller::admit_scope(&caller, &mut scope)?;
                 Ok(scope.map(Value::String))
             }
-            "recover" => Err(GatewayError {
+            OverHttp::Operator(why) => Err(GatewayError {
                 code: -32601,
-                message: "recover acts on every execution of the journal: an operator's \
-                          command (cairn recover), not offered over HTTP"
-                    .into(),
+                message: why.into(),
                 data: None,
             }),
-            _ => {
+            OverHttp::Own | OverHttp::OwnListed => {
                 if let Some(x) = named(&p) {
                     admit_read(&cfg, &caller, &x)?;
                 }
@@ -128,7 +130,7 @@ async fn answer(
         Ok(None) => {}
         Err(e) => return (error(id, &e), vec![]),
     }
-    if matches!(method.as_str(), "execute" | "attach" | "call") {
+    if rpc::waits(&method) {
         let slot = match caller.slot() {
             Ok(s) => s,
             Err(e) => return (error(id, &e), vec![]),
@@ -139,8 +141,7 @@ async fn answer(
         front.workers.submit(Box::new(move || {
             Box::pin(tracing::Instrument::instrument(
                 async move {
-                    let r =
-                        serve::handle_waiting_as(&cfg, &method, params, &shown, Some(corr)).await;
+                    let r = rpc::handle_waiting(&cfg, &method, params, &shown, Some(corr)).await;
                     drop(slot);
                     let _ = tx.send(r);
                 },
@@ -161,8 +162,9 @@ async fn answer(
     let shown = id.clone();
     let actor = caller.caller.actor.clone();
     tokio::task::spawn_blocking(move || {
-        let (mut resp, deliver) = serve::handle(&cfg, &method, params, &shown);
-        if method == "review" {
+        let (mut resp, deliver) = rpc::handle(&cfg, &method, params, &shown);
+        let listed = rpc::find(&method).is_some_and(|m| m.over_http == OverHttp::OwnListed);
+        if listed {
             own_only(&cfg, &actor, &mut resp);
         }
         (resp, deliver)
