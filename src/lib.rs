@@ -75,7 +75,7 @@ pub mod caller;
 pub mod cli;
 pub mod error;
 pub mod evidence;
-pub mod executor;
+pub mod exec;
 #[doc(hidden)]
 pub mod failpoint;
 pub mod fleet;
@@ -105,6 +105,9 @@ pub mod tool_result;
 
 // The pure core is its own crate (crates/cairn-core); its modules keep their paths here.
 pub use cairn_core::{epoch, event, id, lifecycle, machine, recovery, state};
+
+// The executor's old path: `crate::executor::X` and `cairn::executor::X` name the rooms' items.
+pub use exec as executor;
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};
