@@ -79,7 +79,6 @@ pub mod exec;
 #[doc(hidden)]
 pub mod failpoint;
 pub mod fleet;
-pub mod gate;
 pub mod gateway;
 pub mod host_helper;
 pub mod http;
@@ -90,7 +89,6 @@ pub mod mcp;
 pub mod operations;
 pub mod options;
 pub mod outcome;
-pub mod owner;
 pub mod pool;
 pub mod reach;
 pub mod review;
@@ -108,6 +106,8 @@ pub use cairn_core::{epoch, event, id, lifecycle, machine, recovery, state};
 
 // The executor's old path: `crate::executor::X` and `cairn::executor::X` name the rooms' items.
 pub use exec as executor;
+// Who may dispatch lives in the executor's claims room; its parts keep their old paths.
+pub use exec::claims::{gate, owner};
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

@@ -97,6 +97,47 @@ pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
     })
 }
 
+/// A request on its way to becoming an execution: what `execute` made of it before the
+/// journal saw it.
+pub(super) struct Admitting<'a> {
+    req: &'a RunRequest,
+    intent: &'a Intent,
+    target: Target,
+    /// The command as sent (`cwd`/`env` wrapped around the requested one) and its digest.
+    command: Vec<u8>,
+    digest: String,
+    /// The secret `export` lines to send after the command, if the request has any.
+    secret_blob: Option<Vec<u8>>,
+}
+
+impl Admitting<'_> {
+    /// The new execution's record under `id`.
+    fn record(&self, id: &ExecutionId) -> ExecutionRecord {
+        ExecutionRecord {
+            id: id.clone(),
+            created_at: now_rfc3339(),
+            destination: self.req.destination.clone(),
+            host: self.target.hostname.clone(),
+            port: self.target.port,
+            user: self.target.user.clone(),
+            command: self.command.clone(),
+            command_digest: self.digest.clone(),
+            remote_dir: self.req.remote_dir.clone(),
+            timeout_secs: self.req.timeout_secs,
+            client: crate::journal::client_identity().to_owned(),
+        }
+    }
+}
+
+/// The intent of an admitted request, as the journal is asked to accept or match it.
+pub(super) struct Accepting {
+    cols: IntentColumns,
+    /// The fingerprint of the record's first version (`fingerprint_v1`), matched as well.
+    legacy_fp: String,
+    evidence: serde_json::Value,
+    match_evidence: serde_json::Value,
+}
+
 /// What the approver is asked about, besides the target and the host key.
 pub(super) struct Asked<'a> {
     actor: &'a str,
@@ -176,9 +217,10 @@ impl<J: ExecutionJournal> Executor<J> {
     /// is still in its retention window and not yet delivered attaches to that execution
     /// (live output, the stored result, or its review record) instead of starting another;
     /// see [`crate::intent`] and docs/DESIGN.md, intent matching.
-    // Long: admission in its order (reuse by ID, first contact, the intent and its evidence,
-    // accept-or-match with its bounded retry, attach): each step hands the next the record, the
-    // connection and the fingerprint it made, and the order is the guarantee.
+    ///
+    /// Admission in its order (reuse by ID, first contact, the intent and its evidence,
+    /// accept-or-match with its bounded retry, attach): each step hands the next the record,
+    /// the connection and the fingerprint it made, and the order is the guarantee.
     #[tracing::instrument(name = "execution", skip_all, fields(execution_id = tracing::field::Empty))]
     pub async fn execute(
         &mut self,
@@ -191,51 +233,18 @@ impl<J: ExecutionJournal> Executor<J> {
         let secret_blob = secret_blob(&intent)?;
         let target = crate::ssh::resolve(&req.destination, &self.connect)?;
         let command = intent.wrap_command(&req.command);
-        let cmd_digest = digest(&command);
+        let a = Admitting {
+            digest: digest(&command),
+            req: &req,
+            intent: &intent,
+            target,
+            command,
+            secret_blob,
+        };
 
         if let Some(id) = &req.id {
             if let Some(rec) = self.journal.execution(id)? {
-                let same = rec.command_digest == cmd_digest
-                    && rec.host == target.hostname
-                    && rec.port == target.port
-                    && rec.user == target.user;
-                if !same {
-                    return Err(ExecError::IdConflict {
-                        id: id.to_string(),
-                        recorded: format!(
-                            "{}@{}:{} -- {}",
-                            rec.user,
-                            rec.host,
-                            rec.port,
-                            rec.command_display()
-                        ),
-                        requested: format!(
-                            "{}@{}:{} -- {}",
-                            target.user,
-                            target.hostname,
-                            target.port,
-                            String::from_utf8_lossy(&command)
-                        ),
-                    });
-                }
-                // The same operation again: never a second run. Replay from the start.
-                tracing::Span::current().record("execution_id", tracing::field::display(id));
-                self.journal.append_evidence(
-                    id,
-                    Evidence::RequestReused {
-                        by: crate::journal::client_identity(),
-                        correlation_id: intent.correlation_id.as_deref(),
-                        session_id: self.session_id.as_deref(),
-                        decision: (),
-                    },
-                )?;
-                correlation_recorded(intent.correlation_id.as_deref(), id);
-                if let Some(blob) = &secret_blob {
-                    self.secrets.insert(id.to_string(), blob.clone());
-                }
-                let mut o = self.attach_from(id, sink, (0, 0), !req.detach).await?;
-                o.attached = true;
-                return Ok(o);
+                return self.reuse_id(&a, id, &rec, sink).await;
             }
         }
 
@@ -243,60 +252,139 @@ impl<J: ExecutionJournal> Executor<J> {
         // Claimed before it is accepted, so that no moment exists in which the journal holds
         // it accepted and this process does not count as its live owner.
         let _claim = crate::owner::claim(&id);
-        let rec = ExecutionRecord {
-            id: id.clone(),
-            created_at: now_rfc3339(),
-            destination: req.destination.clone(),
-            host: target.hostname.clone(),
-            port: target.port,
-            user: target.user.clone(),
-            command: command.clone(),
-            command_digest: cmd_digest,
-            remote_dir: req.remote_dir.clone(),
-            timeout_secs: req.timeout_secs,
-            client: crate::journal::client_identity().to_owned(),
-        };
+        let rec = a.record(&id);
         let mut run = Run::new(rec.clone());
         // How it reaches the host, for every later connection made for it.
-        let reach = crate::reach::Reach::of(&target, &self.connect, &req.remote_dir);
+        let reach = crate::reach::Reach::of(&a.target, &self.connect, &req.remote_dir);
 
-        // First contact: connect and learn the host's key (the host identity in the intent).
-        // A failure here is a proven "never started": nothing was sent. The execution is
-        // recorded without a fingerprint (the host was never identified), so it matches nothing.
-        let conn_idx = match self.connection(&target).await {
+        let conn_idx = match self.first_contact(&a, &mut run, &reach).await? {
             Ok(i) => i,
-            Err(e) => {
-                tracing::Span::current().record("execution_id", tracing::field::display(&id));
-                let actor = intent.actor.trim();
-                let evidence = Evidence::Accepted {
-                    record: crate::journal::accepted_evidence(&rec),
-                    connection: Some(&reach),
-                    intent: None,
-                    asked_by: Some(actor),
-                };
-                self.journal
-                    .accept(&rec, evidence.to_value())
-                    .map_err(|e| lost_id_race(e, &id))?;
-                self.correlate(&id, &intent, true)?;
-                // An outcome, not an error: `--json` callers get the object, and the reason
-                // carries the error (host key, auth, unreachable) for people.
-                return self.conclude(&mut run, State::Failed, &format!("never dispatched: {e}"));
-            }
+            Err(o) => return Ok(o),
         };
         let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
         run.host_key = Some(fp.clone());
 
-        // Intent: the keyed fingerprint of the canonical operation record.
+        let acc = self.accepting(&a, &rec, &reach, &fp)?;
+        if let Some(o) = self.accept_or_attach(&a, &rec, &acc, sink).await? {
+            return Ok(o);
+        }
+        if let Some(blob) = a.secret_blob.clone() {
+            self.secrets.insert(id.to_string(), blob);
+        }
+        self.correlate(&id, &intent, true)?;
+
+        let asked = Asked {
+            actor: &acc.cols.actor,
+            scope: &acc.cols.scope,
+            class: intent.class,
+            destination: &req.destination,
+            command: &req.command,
+        };
+        self.authorize_and_dispatch(&a.target, &mut run, conn_idx, &asked, req.detach, sink)
+            .await
+    }
+
+    /// `execute` of an ID the journal already holds: the same operation again is never a
+    /// second run (replayed from the start); another operation under that ID is refused.
+    async fn reuse_id(
+        &mut self,
+        a: &Admitting<'_>,
+        id: &ExecutionId,
+        rec: &ExecutionRecord,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Outcome, ExecError> {
+        let target = &a.target;
+        let same = rec.command_digest == a.digest
+            && rec.host == target.hostname
+            && rec.port == target.port
+            && rec.user == target.user;
+        if !same {
+            return Err(ExecError::IdConflict {
+                id: id.to_string(),
+                recorded: format!(
+                    "{}@{}:{} -- {}",
+                    rec.user,
+                    rec.host,
+                    rec.port,
+                    rec.command_display()
+                ),
+                requested: format!(
+                    "{}@{}:{} -- {}",
+                    target.user,
+                    target.hostname,
+                    target.port,
+                    String::from_utf8_lossy(&a.command)
+                ),
+            });
+        }
+        // The same operation again: never a second run. Replay from the start.
+        tracing::Span::current().record("execution_id", tracing::field::display(id));
+        self.journal.append_evidence(
+            id,
+            Evidence::RequestReused {
+                by: crate::journal::client_identity(),
+                correlation_id: a.intent.correlation_id.as_deref(),
+                session_id: self.session_id.as_deref(),
+                decision: (),
+            },
+        )?;
+        correlation_recorded(a.intent.correlation_id.as_deref(), id);
+        if let Some(blob) = &a.secret_blob {
+            self.secrets.insert(id.to_string(), blob.clone());
+        }
+        let mut o = self.attach_from(id, sink, (0, 0), !a.req.detach).await?;
+        o.attached = true;
+        Ok(o)
+    }
+
+    /// First contact: connect and learn the host's key (the host identity in the intent).
+    /// A failure here is a proven "never started": nothing was sent. The execution is
+    /// recorded without a fingerprint (the host was never identified), so it matches nothing;
+    /// `Ok(Err)` is its outcome.
+    async fn first_contact(
+        &mut self,
+        a: &Admitting<'_>,
+        run: &mut Run,
+        reach: &crate::reach::Reach,
+    ) -> Result<Result<usize, Outcome>, ExecError> {
+        let e = match self.connection(&a.target).await {
+            Ok(i) => return Ok(Ok(i)),
+            Err(e) => e,
+        };
+        let id = run.rec.id.clone();
+        tracing::Span::current().record("execution_id", tracing::field::display(&id));
+        let actor = a.intent.actor.trim();
+        let evidence = Evidence::Accepted {
+            record: crate::journal::accepted_evidence(&run.rec),
+            connection: Some(reach),
+            intent: None,
+            asked_by: Some(actor),
+        };
+        self.journal
+            .accept(&run.rec, evidence.to_value())
+            .map_err(|e| lost_id_race(e, &id))?;
+        self.correlate(&id, a.intent, true)?;
+        // An outcome, not an error: `--json` callers get the object, and the reason
+        // carries the error (host key, auth, unreachable) for people.
+        self.conclude(run, State::Failed, &format!("never dispatched: {e}"))
+            .map(Err)
+    }
+
+    /// The intent: the keyed fingerprint of the canonical operation record on the host whose
+    /// key is `fp`, its columns, and the evidence of accepting it or matching an earlier one.
+    fn accepting(
+        &mut self,
+        a: &Admitting<'_>,
+        rec: &ExecutionRecord,
+        reach: &crate::reach::Reach,
+        fp: &str,
+    ) -> Result<Accepting, ExecError> {
+        let (target, intent) = (&a.target, a.intent);
         let key = self.intent_key()?;
         let host = crate::intent::canonical_host(&target.hostname, target.port);
-        let op = intent.record(&fp, &host, &target.user, &req.command);
+        let op = intent.record(fp, &host, &target.user, &a.req.command);
         let fingerprint = op.fingerprint(&key);
         let legacy_fp = op.fingerprint_v1(&key);
-        let legacy = crate::journal::LegacyIntent {
-            fingerprint: &legacy_fp,
-            host: &target.hostname,
-            port: target.port,
-        };
         let cols = IntentColumns {
             fingerprint: fingerprint.clone(),
             actor: op.actor_canonical(),
@@ -308,8 +396,8 @@ impl<J: ExecutionJournal> Executor<J> {
             intent: op.display_json(),
         };
         let evidence = Evidence::Accepted {
-            record: crate::journal::accepted_evidence(&rec),
-            connection: Some(&reach),
+            record: crate::journal::accepted_evidence(rec),
+            connection: Some(reach),
             intent: Some(AcceptedIntent {
                 fingerprint: &fingerprint,
                 actor: &cols.actor,
@@ -330,65 +418,71 @@ impl<J: ExecutionJournal> Executor<J> {
             decision: (),
         }
         .to_value();
-        let mut accepted = false;
+        Ok(Accepting {
+            cols,
+            legacy_fp,
+            evidence,
+            match_evidence,
+        })
+    }
+
+    /// Accept `rec`, or attach to the earlier execution its intent matches (`Some`: that
+    /// one's outcome). A match proven never dispatched gives way: accepting is tried again,
+    /// at most five times.
+    async fn accept_or_attach(
+        &mut self,
+        a: &Admitting<'_>,
+        rec: &ExecutionRecord,
+        acc: &Accepting,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Option<Outcome>, ExecError> {
+        let id = &rec.id;
+        let legacy = crate::journal::LegacyIntent {
+            fingerprint: &acc.legacy_fp,
+            host: &a.target.hostname,
+            port: a.target.port,
+        };
         for _ in 0..5 {
-            let mut cols = cols.clone();
+            let mut cols = acc.cols.clone();
             cols.accepted_ms = crate::journal::now_ms();
             match self
                 .journal
                 .accept_or_match_with(
-                    &rec,
+                    rec,
                     &cols,
                     Some(legacy),
-                    evidence.clone(),
-                    match_evidence.clone(),
+                    acc.evidence.clone(),
+                    acc.match_evidence.clone(),
                     choose_match,
                 )
-                .map_err(|e| lost_id_race(e, &id))?
+                .map_err(|e| lost_id_race(e, id))?
             {
                 AcceptOrMatch::Accepted(_) => {
-                    tracing::Span::current().record("execution_id", tracing::field::display(&id));
-                    accepted = true;
-                    break;
+                    tracing::Span::current().record("execution_id", tracing::field::display(id));
+                    return Ok(None);
                 }
                 AcceptOrMatch::Matched(c) => {
                     // (the match evidence, with the correlation, was committed with the match)
-                    correlation_recorded(intent.correlation_id.as_deref(), &c.id);
+                    correlation_recorded(a.intent.correlation_id.as_deref(), &c.id);
                     tracing::Span::current().record("execution_id", tracing::field::display(&c.id));
                     tracing::info!(
                         "cairn: same intent as {} ({}): attaching to it instead of running again",
                         c.id,
                         c.status.state
                     );
-                    if let Some(blob) = &secret_blob {
+                    if let Some(blob) = &a.secret_blob {
                         self.secrets.insert(c.id.to_string(), blob.clone());
                     }
-                    if let Some(o) = self.attach_matched(&c, req.detach, sink).await? {
-                        return Ok(o);
+                    if let Some(o) = self.attach_matched(&c, a.req.detach, sink).await? {
+                        return Ok(Some(o));
                     }
                     // The earlier one was proven never dispatched: accept this one.
                 }
             }
         }
-        if !accepted {
-            return Err(ExecError::Internal(
-                "intent matching did not settle after 5 attempts".into(),
-            ));
-        }
-        if let Some(blob) = secret_blob {
-            self.secrets.insert(id.to_string(), blob);
-        }
-        self.correlate(&id, &intent, true)?;
-
-        let asked = Asked {
-            actor: &cols.actor,
-            scope: &cols.scope,
-            class: intent.class,
-            destination: &req.destination,
-            command: &req.command,
-        };
-        self.authorize_and_dispatch(&target, &mut run, conn_idx, &asked, req.detach, sink)
-            .await
+        Err(ExecError::Internal(
+            "intent matching did not settle after 5 attempts".into(),
+        ))
     }
 
     /// An execution accepted in the journal whose client stopped before it asked for

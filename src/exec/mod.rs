@@ -21,7 +21,7 @@ use crate::ssh::{ConnectOptions, Connection, SshError};
 use crate::state::State;
 
 mod admission;
-mod claims;
+pub(crate) mod claims;
 mod drive;
 mod link;
 mod operator;

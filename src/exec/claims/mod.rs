@@ -1,4 +1,33 @@
-//! Who may dispatch (see the registries listed below).
+//! Who may dispatch: the one room that decides whether a call of this process may send (or
+//! drive towards sending) an execution, or must wait, leave it as it is, or report it held.
+//!
+//! Every registry that takes part in that decision, and why each exists:
+//! - [`owner`]'s `DRIVING` map ([`owner::claim`]): the executions this process is taking
+//!   towards their dispatch, counted per call, from before their acceptance. Between
+//!   `accepted` and `dispatched` only the owner may send an execution; while it lives, "never
+//!   dispatched" is no conclusion. This map is how this process knows which of its own
+//!   acceptances are still in flight (another process asks the owner's PID instead:
+//!   [`owner::may_still_dispatch`]).
+//! - [`drivers()`] ([`Driving`]): on a shared journal, the calls of this process driving one
+//!   execution: the owner's calls beside each other (`shared`), or one call alone (`sole`:
+//!   the recovery after a takeover, or the owner's sweep picking up an execution none of its
+//!   calls drives any more). One call recovers and the others wait for its result instead of
+//!   recording it twice; the sweep never drives beside a live call ([`drive_undriven`] checks
+//!   both this registry and `DRIVING` under one lock).
+//! - [`gate`]'s task-local [`gate::Gate`]: one front request's dispatch boundary. A caller
+//!   gone before the first `dispatched` is committed means nothing is sent; one gone after
+//!   finds the execution dispatched, never killed by a transport event.
+//! - The journal's replica ownership (lease, epoch, takeover), read through
+//!   [`ExecutionJournal::ownership`](crate::journal::ExecutionJournal::ownership): which
+//!   replica of a shared journal owns an execution. It lives in the journal backends (the
+//!   PostgreSQL backend's own map of what this replica owns is theirs, not this room's);
+//!   [`Executor::own_or_wait`] and [`Executor::live_owner`] are where it meets the two
+//!   registries above.
+//! - [`may_redrive`] with [`MAX_REDRIVES`]: whether the owner's sweep may pick up an
+//!   execution no call drives, and how often.
+
+pub mod gate;
+pub mod owner;
 
 use std::time::{Duration, Instant};
 
