@@ -19,7 +19,7 @@ use crate::recovery::Prior;
 use crate::ssh::Target;
 use crate::state::State;
 
-use super::drive::place_of;
+use super::drive::{place_of, DriveMode};
 use super::*;
 
 /// Calls waiting to learn which execution their correlation gets recorded against
@@ -622,7 +622,8 @@ impl<J: ExecutionJournal> Executor<J> {
         };
         run.last_seen_epoch = Some(epoch.clone());
         run.dispatch_epoch = Some(epoch);
-        self.drive(target, run, true, detach, true, sink).await
+        self.drive(target, run, DriveMode::Dispatch { detach }, sink)
+            .await
     }
 
     /// The secret `export` lines to send after the command for a dispatch of `id`: those of

@@ -124,6 +124,36 @@ pub(super) fn finish_text(f: &FinishRecord) -> String {
     )
 }
 
+/// What a drive starts with and what it is for (see [`Executor::drive`]). `detach`: stop as
+/// soon as the command is known to be running.
+#[derive(Clone, Copy, Debug)]
+pub(super) enum DriveMode {
+    /// A fresh run: dispatch first, and stream the output to the sink.
+    Dispatch { detach: bool },
+    /// Follow an execution already sent (attach): probe first, and stream its output from the
+    /// run's offsets.
+    Follow { detach: bool },
+    /// Settle an execution without its output (recover, cancel): probe first, no bytes to a
+    /// sink.
+    Settle { detach: bool },
+}
+
+impl DriveMode {
+    /// The machine's view of this mode.
+    fn machine(self) -> Mode {
+        let (dispatch_first, detach, live) = match self {
+            DriveMode::Dispatch { detach } => (true, detach, true),
+            DriveMode::Follow { detach } => (false, detach, true),
+            DriveMode::Settle { detach } => (false, detach, false),
+        };
+        Mode {
+            dispatch_first,
+            detach,
+            live,
+        }
+    }
+}
+
 impl<J: ExecutionJournal> Executor<J> {
     /// The reply has ended (or broken): settle what it held.
     pub(super) fn reply_over(
@@ -249,26 +279,16 @@ impl<J: ExecutionJournal> Executor<J> {
         }
     }
 
-    /// The loop: dispatch or probe, stream, and on a lost connection reconnect and decide again.
-    ///
-    /// `dispatch_first`: start with a dispatch (a fresh run) instead of a probe.
-    /// `detach`: stop as soon as the command is known to be running.
-    /// `live`: stream output bytes to the sink (off for recover/cancel/status).
+    /// The loop: dispatch or probe, stream, and on a lost connection reconnect and decide again;
+    /// `mode` says which it starts with and whether output streams (see [`DriveMode`]).
     pub(super) async fn drive(
         &mut self,
         target: &Target,
         run: &mut Run,
-        dispatch_first: bool,
-        detach: bool,
-        live: bool,
+        mode: DriveMode,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        let mode = Mode {
-            dispatch_first,
-            detach,
-            live,
-        };
-        let r = self.drive_inner(target, run, mode, sink).await;
+        let r = self.drive_inner(target, run, mode.machine(), sink).await;
         // Nothing a run holds may be left behind, whichever way it ended.
         let flushed = self.flush_held(run);
         let past_dispatch = matches!(run.m.prior(), Prior::Dispatched | Prior::Started);
@@ -321,31 +341,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 Step::Held => return self.held_outcome(run),
                 Step::Settled => return self.settled_outcome(target, run, sink).await,
                 Step::Connect { within } => {
-                    let attempt = match within {
-                        Some(left) => {
-                            match tokio::time::timeout(left, self.connection(target)).await {
-                                Ok(r) => r,
-                                Err(_) => Err(SshError::Timeout {
-                                    what: "reconnecting within --reconnect-for",
-                                    after: left,
-                                }),
-                            }
-                        }
-                        None => self.connection(target).await,
-                    };
-                    let event = match attempt {
-                        Ok(i) => {
-                            ci = Some(i);
-                            Event::Connected {
-                                presented: self.conns[i].1.host_key_fingerprint().to_owned(),
-                                pinned: run.host_key.clone(),
-                            }
-                        }
-                        Err(e) => Event::ConnectFailed {
-                            transient: e.is_transient(),
-                            error: e.to_string(),
-                        },
-                    };
+                    let event = self.connect_step(target, run, within, &mut ci).await;
                     run.m.handle(Instant::now(), event)
                 }
                 Step::Wait { until, why } => {
@@ -376,15 +372,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 }
                 Step::Watch { wait } => {
                     let i = ci.ok_or_else(|| not_connected(run))?;
-                    let nonce = marker::new_nonce();
-                    let idc = run.rec.id.clone();
-                    let op = Op::Watch {
-                        id: &idc,
-                        out_off: run.out_off,
-                        err_off: run.err_off,
-                        wait,
-                    };
-                    let reply = self.exec_op(i, &op, &nonce, None, run, sink).await?;
+                    let reply = self.watch(i, run, wait, sink).await?;
                     self.heard(run, &reply, false)?;
                     let (answer, probe) = self.answer_of(run, &reply);
                     last = Some((reply, probe));
@@ -415,6 +403,61 @@ impl<J: ExecutionJournal> Executor<J> {
                 Step::Report => return self.outcome_from_journal(run),
             };
         }
+    }
+
+    /// The machine's `Connect` step: a connection to `target`, within `within` when the
+    /// reconnect window bounds it, as the event the machine is fed; `ci` becomes the
+    /// connection made.
+    async fn connect_step(
+        &mut self,
+        target: &Target,
+        run: &Run,
+        within: Option<Duration>,
+        ci: &mut Option<usize>,
+    ) -> Event {
+        let attempt = match within {
+            Some(left) => match tokio::time::timeout(left, self.connection(target)).await {
+                Ok(r) => r,
+                Err(_) => Err(SshError::Timeout {
+                    what: "reconnecting within --reconnect-for",
+                    after: left,
+                }),
+            },
+            None => self.connection(target).await,
+        };
+        match attempt {
+            Ok(i) => {
+                *ci = Some(i);
+                Event::Connected {
+                    presented: self.conns[i].1.host_key_fingerprint().to_owned(),
+                    pinned: run.host_key.clone(),
+                }
+            }
+            Err(e) => Event::ConnectFailed {
+                transient: e.is_transient(),
+                error: e.to_string(),
+            },
+        }
+    }
+
+    /// The machine's `Watch` step on connection `i`: the probe, which is also the reattach
+    /// stream while the command runs (`wait`: until it ends).
+    async fn watch(
+        &mut self,
+        i: usize,
+        run: &mut Run,
+        wait: bool,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Reply, ExecError> {
+        let nonce = marker::new_nonce();
+        let idc = run.rec.id.clone();
+        let op = Op::Watch {
+            id: &idc,
+            out_off: run.out_off,
+            err_off: run.err_off,
+            wait,
+        };
+        self.exec_op(i, &op, &nonce, None, run, sink).await
     }
 
     /// Carry out one of the machine's notes (before its next step).

@@ -16,7 +16,7 @@ use crate::ssh::{SshError, Target};
 use crate::state::State;
 
 use super::claims::Drive;
-use super::drive::{finish_text, place_of, reason_text};
+use super::drive::{finish_text, place_of, reason_text, DriveMode};
 use super::*;
 
 impl<J: ExecutionJournal> Executor<J> {
@@ -41,7 +41,7 @@ impl<J: ExecutionJournal> Executor<J> {
         // reply to it records which one that was).
         run.dispatch_epoch = None;
         run.m.set_prior(Prior::Dispatched);
-        self.drive(&target, &mut run, true, detach, true, sink)
+        self.drive(&target, &mut run, DriveMode::Dispatch { detach }, sink)
             .await
     }
 
@@ -94,7 +94,13 @@ impl<J: ExecutionJournal> Executor<J> {
         run.m.set_prior(Prior::Dispatched);
         // Two retries racing: the journal lets only the first `dispatched` follow `failed`.
         run.dispatch_from = Some(&[State::Failed]);
-        self.drive(&target, &mut run, true, false, true, sink).await
+        self.drive(
+            &target,
+            &mut run,
+            DriveMode::Dispatch { detach: false },
+            sink,
+        )
+        .await
     }
 
     /// `cairn resolve`: record a human decision about an execution under review, as evidence.
@@ -192,7 +198,13 @@ impl<J: ExecutionJournal> Executor<J> {
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
         run.m.set_prior(Prior::Dispatched);
-        self.drive(&target, &mut run, true, false, true, sink).await
+        self.drive(
+            &target,
+            &mut run,
+            DriveMode::Dispatch { detach: false },
+            sink,
+        )
+        .await
     }
 
     /// Attach from byte 0 of both streams (a gateway's caller holds no offsets), wait.
@@ -231,7 +243,7 @@ impl<J: ExecutionJournal> Executor<J> {
         run.out_off = offsets.0;
         run.err_off = offsets.1;
         let target = self.target_for(&run)?;
-        self.drive(&target, &mut run, false, !wait, true, sink)
+        self.drive(&target, &mut run, DriveMode::Follow { detach: !wait }, sink)
             .await
     }
 
@@ -260,8 +272,13 @@ impl<J: ExecutionJournal> Executor<J> {
         run.out_off = NO_BYTES;
         run.err_off = NO_BYTES;
         let target = self.target_for(&run)?;
-        self.drive(&target, &mut run, false, !wait, false, &mut Discard)
-            .await
+        self.drive(
+            &target,
+            &mut run,
+            DriveMode::Settle { detach: !wait },
+            &mut Discard,
+        )
+        .await
     }
 
     /// The owner's sweep picks up `id`, an execution this replica owns that no call of this
@@ -521,8 +538,13 @@ impl<J: ExecutionJournal> Executor<J> {
                 // Signalled, prevented or already finished: collect the finish record.
                 run.out_off = NO_BYTES;
                 run.err_off = NO_BYTES;
-                self.drive(&target, &mut run, false, false, false, &mut Discard)
-                    .await
+                self.drive(
+                    &target,
+                    &mut run,
+                    DriveMode::Settle { detach: false },
+                    &mut Discard,
+                )
+                .await
             }
         }
     }
