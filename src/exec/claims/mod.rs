@@ -239,6 +239,36 @@ impl<J: ExecutionJournal> Executor<J> {
         Ok(crate::owner::may_still_dispatch(id.as_str(), owner).then(|| owner.to_owned()))
     }
 
+    /// `id`'s owner's lease expired: take it over (then the caller reads its ownership again
+    /// and drives it as its new owner). `Some(Drive::Review)` when it was taken over too often.
+    async fn take_over_expired(&mut self, id: &ExecutionId) -> Result<Option<Drive>, ExecError> {
+        for (_, t) in self.journal.take_over(Some(id), 1)? {
+            match t {
+                crate::journal::TakeOver::Taken { from, epoch } => {
+                    tracing::info!(
+                        "cairn: {id}: the lease of its owner {from} expired; this replica \
+                         took it over (epoch {epoch}) and recovers it"
+                    );
+                }
+                crate::journal::TakeOver::Exhausted => {
+                    tracing::warn!(
+                        "cairn: {id} was taken over {} times already; left for review",
+                        crate::journal::MAX_TAKEOVERS
+                    );
+                    return Ok(Some(Drive::Review));
+                }
+                // Settled, or taken over a moment ago by this process's own sweep
+                // (which drives it then): read again rather than drive it beside that.
+                crate::journal::TakeOver::NotNeeded => {}
+                // Another replica is taking it over right now: let it commit.
+                crate::journal::TakeOver::Held => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// On a shared journal an execution is driven by its owner. Before driving `id` (attach,
     /// recover, dispatch again): go ahead when nobody owns it, this replica owns it from its
     /// own acceptance (unless its sweep picked it up, see [`Executor::redrive_owned`]: then
@@ -283,29 +313,8 @@ impl<J: ExecutionJournal> Executor<J> {
                 // another call of this replica recovers it (after a takeover, or the owner's
                 // sweep picked it up): wait for its result
             } else if !o.live {
-                for (_, t) in self.journal.take_over(Some(id), 1)? {
-                    match t {
-                        crate::journal::TakeOver::Taken { from, epoch } => {
-                            tracing::info!(
-                                "cairn: {id}: the lease of its owner {from} expired; this replica \
-                                 took it over (epoch {epoch}) and recovers it"
-                            );
-                        }
-                        crate::journal::TakeOver::Exhausted => {
-                            tracing::warn!(
-                                "cairn: {id} was taken over {} times already; left for review",
-                                crate::journal::MAX_TAKEOVERS
-                            );
-                            return Ok(Drive::Review);
-                        }
-                        // Settled, or taken over a moment ago by this process's own sweep
-                        // (which drives it then): read again rather than drive it beside that.
-                        crate::journal::TakeOver::NotNeeded => {}
-                        // Another replica is taking it over right now: let it commit.
-                        crate::journal::TakeOver::Held => {
-                            tokio::time::sleep(Duration::from_millis(20)).await
-                        }
-                    }
+                if let Some(d) = self.take_over_expired(id).await? {
+                    return Ok(d);
                 }
                 continue;
             }
