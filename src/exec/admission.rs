@@ -231,7 +231,7 @@ impl<J: ExecutionJournal> Executor<J> {
         marker::validate_remote_dir(&req.remote_dir).map_err(ExecError::InvalidRequest)?;
         intent.validate().map_err(ExecError::InvalidRequest)?;
         let secret_blob = secret_blob(&intent)?;
-        let target = crate::ssh::resolve(&req.destination, &self.connect)?;
+        let target = crate::ssh::resolve(&req.destination, &self.link.connect)?;
         let command = intent.wrap_command(&req.command);
         let a = Admitting {
             digest: digest(&command),
@@ -255,13 +255,13 @@ impl<J: ExecutionJournal> Executor<J> {
         let rec = a.record(&id);
         let mut run = Run::new(rec.clone());
         // How it reaches the host, for every later connection made for it.
-        let reach = crate::reach::Reach::of(&a.target, &self.connect, &req.remote_dir);
+        let reach = crate::reach::Reach::of(&a.target, &self.link.connect, &req.remote_dir);
 
         let conn_idx = match self.first_contact(&a, &mut run, &reach).await? {
             Ok(i) => i,
             Err(o) => return Ok(o),
         };
-        let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
+        let fp = self.link.host_key(conn_idx).to_owned();
         run.host_key = Some(fp.clone());
 
         let acc = self.accepting(&a, &rec, &reach, &fp)?;
@@ -347,7 +347,7 @@ impl<J: ExecutionJournal> Executor<J> {
         run: &mut Run,
         reach: &crate::reach::Reach,
     ) -> Result<Result<usize, Outcome>, ExecError> {
-        let e = match self.connection(&a.target).await {
+        let e = match self.link.connection(&a.target).await {
             Ok(i) => return Ok(Ok(i)),
             Err(e) => e,
         };
@@ -531,11 +531,11 @@ impl<J: ExecutionJournal> Executor<J> {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let target = self.target_for(run)?;
-        let conn_idx = match self.connection(&target).await {
+        let conn_idx = match self.link.connection(&target).await {
             Ok(i) => i,
             Err(e) => return self.conclude(run, State::Failed, &format!("never dispatched: {e}")),
         };
-        let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
+        let fp = self.link.host_key(conn_idx).to_owned();
         run.host_key = Some(fp.clone());
         let host = crate::intent::canonical_host(&target.hostname, target.port);
         let op = intent.record(&fp, &host, &target.user, command);
@@ -564,7 +564,7 @@ impl<J: ExecutionJournal> Executor<J> {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let id = run.rec.id.clone();
-        let fp = self.conns[conn_idx].1.host_key_fingerprint().to_owned();
+        let fp = self.link.host_key(conn_idx).to_owned();
         let target_text = format!("{}@{}:{}", target.user, target.hostname, target.port);
         let decision = self.approver.decide(&ApprovalRequest {
             execution_id: id.as_str(),
@@ -605,7 +605,7 @@ impl<J: ExecutionJournal> Executor<J> {
         let place = place_of(&run.rec, &fp);
         let epoch = match self.journal.host_epoch_at(&place)? {
             Some(e) => e,
-            None => match self.hello(conn_idx, &run.rec.remote_dir).await {
+            None => match self.link.hello(conn_idx, &run.rec.remote_dir).await {
                 Ok(h) => {
                     self.note_epoch(run, &h.epoch)?;
                     h.epoch
@@ -707,7 +707,7 @@ impl<J: ExecutionJournal> Executor<J> {
         // An execution another process is still starting: give it time to reach the host,
         // so that we watch its dispatch rather than race it with our own (the start guard
         // would make that harmless, but not quiet).
-        let deadline = Instant::now() + self.connect.connect_timeout + Duration::from_secs(30);
+        let deadline = Instant::now() + self.link.connect.connect_timeout + Duration::from_secs(30);
         let mut state = c.status.state;
         while matches!(
             state,

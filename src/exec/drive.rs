@@ -416,20 +416,20 @@ impl<J: ExecutionJournal> Executor<J> {
         ci: &mut Option<usize>,
     ) -> Event {
         let attempt = match within {
-            Some(left) => match tokio::time::timeout(left, self.connection(target)).await {
+            Some(left) => match tokio::time::timeout(left, self.link.connection(target)).await {
                 Ok(r) => r,
                 Err(_) => Err(SshError::Timeout {
                     what: "reconnecting within --reconnect-for",
                     after: left,
                 }),
             },
-            None => self.connection(target).await,
+            None => self.link.connection(target).await,
         };
         match attempt {
             Ok(i) => {
                 *ci = Some(i);
                 Event::Connected {
-                    presented: self.conns[i].1.host_key_fingerprint().to_owned(),
+                    presented: self.link.host_key(i).to_owned(),
                     pinned: run.host_key.clone(),
                 }
             }
@@ -500,7 +500,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 };
                 self.record(run, lost.into_event())?;
                 if let Some(i) = ci.take() {
-                    self.drop_connection(i);
+                    self.link.drop_connection(i);
                 }
             }
             Note::GuardExists => {
@@ -558,7 +558,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 )))
             };
             loop {
-                let why = match self.connection(target).await {
+                let why = match self.link.connection(target).await {
                     Err(e) if !e.is_transient() => return Err(unread(&run.rec.id, &e)),
                     Err(e) => e.to_string(),
                     Ok(ci) => {
@@ -572,7 +572,7 @@ impl<J: ExecutionJournal> Executor<J> {
                         };
                         let reply = self.exec_op(ci, &op, &nonce, None, run, sink).await?;
                         let Some(why) = reply.broken else { break };
-                        self.drop_connection(ci);
+                        self.link.drop_connection(ci);
                         why
                     }
                 };
@@ -694,20 +694,24 @@ impl<J: ExecutionJournal> Executor<J> {
                 secrets_len: secrets.len(),
             }
         };
-        let side = if self.host_session {
-            self.side_for(ci, &run.rec.remote_dir).await?
+        let side = if self.link.host_session {
+            self.link.side_for(ci, &run.rec.remote_dir).await?
         } else {
             Side::Script
         };
-        let session = match &self.conns[ci].2 {
+        let session = match &self.link.conns[ci].2 {
             Some(lease)
-                if self.host_session
+                if self.link.host_session
                     && secrets.is_empty()
                     && !detach
                     && run.rec.command.len() <= crate::session::MAX_COMMAND
                     && marker::session_can_carry(&run.rec.command) =>
             {
-                Some(lease.session(&self.conns[ci].1, &run.rec.remote_dir, side == Side::Helper))
+                Some(lease.session(
+                    &self.link.conns[ci].1,
+                    &run.rec.remote_dir,
+                    side == Side::Helper,
+                ))
             }
             _ => None,
         };

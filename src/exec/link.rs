@@ -61,7 +61,39 @@ pub(super) fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<()
     c.insert(key.to_owned(), (Instant::now(), d));
 }
 
-impl<J: ExecutionJournal> Executor<J> {
+/// The host link: how an executor reaches hosts. Its connections (its own, or leased from a
+/// process-wide pool), the options new ones are made with, and which side runs the marker
+/// protocol (the host script, installed or streamed, or the native helper). It knows nothing
+/// of the journal: the executor's drive records what the link's execs bring back.
+pub(crate) struct HostLink {
+    pub(crate) connect: ConnectOptions,
+    /// Connections this executor uses, with its claim when the connection is pooled.
+    pub(super) conns: Vec<(String, Connection, Option<crate::pool::Lease>)>,
+    /// Connections shared with other executors of this process (`cairn serve`, `cairn mcp`);
+    /// `None`: this executor connects for itself.
+    pub(crate) pool: Option<std::sync::Arc<crate::pool::Pool>>,
+    /// Dispatch through the pooled connection's host session (`--host-session`; see
+    /// [`crate::session`]) when the dispatch allows it. Needs `pool`.
+    pub(crate) host_session: bool,
+    /// Which host implementation runs the marker protocol (`--host-helper`).
+    pub(crate) host_helper: HostHelper,
+}
+
+impl HostLink {
+    pub(super) fn new(connect: ConnectOptions) -> HostLink {
+        HostLink {
+            connect,
+            conns: Vec::new(),
+            pool: None,
+            host_session: false,
+            host_helper: HostHelper::Auto,
+        }
+    }
+
+    /// The host key connection `ci` presented.
+    pub(super) fn host_key(&self, ci: usize) -> &str {
+        self.conns[ci].1.host_key_fingerprint()
+    }
     /// A live connection to `target`, reusing one if it is still open (and presents the key
     /// the target is pinned to, if any).
     pub(super) async fn connection(&mut self, target: &Target) -> Result<usize, SshError> {
@@ -113,83 +145,6 @@ impl<J: ExecutionJournal> Executor<J> {
             Some(h) if errors.is_empty() => Ok(h),
             _ if !errors.is_empty() => Err(errors.join("; ")),
             _ => Err("the host did not answer the marker protocol (is /bin/sh POSIX?)".into()),
-        }
-    }
-
-    /// Run one protocol exec and consume its reply, streaming command output to `sink` and
-    /// recording `running` the moment the started record is seen. With the native helper
-    /// where it runs (`--host-helper`), else the sh script; a helper that did not run at all
-    /// (nothing happened on the host) gives way to the script for this and later operations.
-    pub(super) async fn exec_op(
-        &mut self,
-        ci: usize,
-        op: &Op<'_>,
-        nonce: &str,
-        stdin: Option<&[u8]>,
-        run: &mut Run,
-        sink: &mut dyn OutputSink,
-    ) -> Result<Reply, ExecError> {
-        let dir = run.rec.remote_dir.clone();
-        if self.side_for(ci, &dir).await? == Side::Helper {
-            let cmd = host_helper::invocation(op, &dir, nonce);
-            run.host_side = Some(Side::Helper);
-            match self
-                .exec_cmd(
-                    ci,
-                    cmd,
-                    nonce,
-                    stdin,
-                    run,
-                    sink,
-                    Some(host_helper::did_not_run),
-                )
-                .await?
-            {
-                Ok(reply) => return Ok(reply),
-                Err(why) => {
-                    let why = format!("the host helper did not run ({why})");
-                    tracing::info!("cairn: {why}; using the sh script");
-                    self.decide_side(ci, &dir, Err(why.clone()));
-                    if self.host_helper == HostHelper::Always {
-                        return Err(ExecError::Refused(format!("--host-helper always: {why}")));
-                    }
-                }
-            }
-        }
-        run.host_side = Some(Side::Script);
-        // The script installed in the marker home; where it is not (yet) there, installed
-        // first; where it cannot be, streamed on stdin (docs/HOST-HELPER.md).
-        if !self.script_streamed(ci, &dir) {
-            for attempt in 0..2 {
-                let cmd = marker::invocation(op, &dir, nonce);
-                let not_run = Some(marker::script_did_not_run as fn(Option<u32>) -> bool);
-                match self
-                    .exec_cmd(ci, cmd, nonce, stdin, run, sink, not_run)
-                    .await?
-                {
-                    Ok(reply) => return Ok(reply),
-                    Err(why) => match self.script_missing(ci, &dir, attempt, why).await {
-                        Ok(true) => {}
-                        Ok(false) => break,
-                        // (the connection, not the host: the machine reconnects)
-                        Err(e) => {
-                            return Ok(Reply {
-                                broken: Some(e.to_string()),
-                                ..Reply::default()
-                            })
-                        }
-                    },
-                }
-            }
-        }
-        let (cmd, mut input) = marker::streamed_invocation(op, &dir, nonce);
-        input.extend_from_slice(stdin.unwrap_or_default());
-        match self
-            .exec_cmd(ci, cmd, nonce, Some(&input), run, sink, None)
-            .await?
-        {
-            Ok(reply) => Ok(reply),
-            Err(why) => Err(ExecError::HostReported(why)),
         }
     }
 
@@ -432,6 +387,86 @@ impl<J: ExecutionJournal> Executor<J> {
         }
         Ok((lines, errors, exit))
     }
+}
+
+/// The execs whose replies the drive consumes (output to the sink, events to the journal).
+impl<J: ExecutionJournal> Executor<J> {
+    /// Run one protocol exec and consume its reply, streaming command output to `sink` and
+    /// recording `running` the moment the started record is seen. With the native helper
+    /// where it runs (`--host-helper`), else the sh script; a helper that did not run at all
+    /// (nothing happened on the host) gives way to the script for this and later operations.
+    pub(super) async fn exec_op(
+        &mut self,
+        ci: usize,
+        op: &Op<'_>,
+        nonce: &str,
+        stdin: Option<&[u8]>,
+        run: &mut Run,
+        sink: &mut dyn OutputSink,
+    ) -> Result<Reply, ExecError> {
+        let dir = run.rec.remote_dir.clone();
+        if self.link.side_for(ci, &dir).await? == Side::Helper {
+            let cmd = host_helper::invocation(op, &dir, nonce);
+            run.host_side = Some(Side::Helper);
+            match self
+                .exec_cmd(
+                    ci,
+                    cmd,
+                    nonce,
+                    stdin,
+                    run,
+                    sink,
+                    Some(host_helper::did_not_run),
+                )
+                .await?
+            {
+                Ok(reply) => return Ok(reply),
+                Err(why) => {
+                    let why = format!("the host helper did not run ({why})");
+                    tracing::info!("cairn: {why}; using the sh script");
+                    self.link.decide_side(ci, &dir, Err(why.clone()));
+                    if self.link.host_helper == HostHelper::Always {
+                        return Err(ExecError::Refused(format!("--host-helper always: {why}")));
+                    }
+                }
+            }
+        }
+        run.host_side = Some(Side::Script);
+        // The script installed in the marker home; where it is not (yet) there, installed
+        // first; where it cannot be, streamed on stdin (docs/HOST-HELPER.md).
+        if !self.link.script_streamed(ci, &dir) {
+            for attempt in 0..2 {
+                let cmd = marker::invocation(op, &dir, nonce);
+                let not_run = Some(marker::script_did_not_run as fn(Option<u32>) -> bool);
+                match self
+                    .exec_cmd(ci, cmd, nonce, stdin, run, sink, not_run)
+                    .await?
+                {
+                    Ok(reply) => return Ok(reply),
+                    Err(why) => match self.link.script_missing(ci, &dir, attempt, why).await {
+                        Ok(true) => {}
+                        Ok(false) => break,
+                        // (the connection, not the host: the machine reconnects)
+                        Err(e) => {
+                            return Ok(Reply {
+                                broken: Some(e.to_string()),
+                                ..Reply::default()
+                            })
+                        }
+                    },
+                }
+            }
+        }
+        let (cmd, mut input) = marker::streamed_invocation(op, &dir, nonce);
+        input.extend_from_slice(stdin.unwrap_or_default());
+        match self
+            .exec_cmd(ci, cmd, nonce, Some(&input), run, sink, None)
+            .await?
+        {
+            Ok(reply) => Ok(reply),
+            Err(why) => Err(ExecError::HostReported(why)),
+        }
+    }
 
     /// One exec of `cmd`. `Err(why)`: a host side that did not run (`not_run` says so of the
     /// exit status, and no protocol line came): what it wrote is held back, not taken as the
@@ -448,7 +483,7 @@ impl<J: ExecutionJournal> Executor<J> {
         not_run: Option<fn(Option<u32>) -> bool>,
     ) -> Result<Result<Reply, String>, ExecError> {
         let mut reply = Reply::default();
-        let exec = self.conns[ci].1.exec(cmd.as_bytes()).await;
+        let exec = self.link.conns[ci].1.exec(cmd.as_bytes()).await;
         drop(cmd);
         let mut exec = match exec {
             Ok(e) => e,

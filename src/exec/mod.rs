@@ -10,7 +10,7 @@
 use std::time::{Duration, Instant};
 
 use crate::approve::{Allow, Approver};
-use crate::host_helper::{HostHelper, Side};
+use crate::host_helper::Side;
 use crate::id::ExecutionId;
 use crate::intent::IntentKey;
 use crate::journal::{ExecutionJournal, ExecutionRecord, Journal, NewEvent};
@@ -30,6 +30,7 @@ mod outcome;
 pub use admission::{await_correlation, choose_match, forget_correlation};
 pub use claims::MAX_REDRIVES;
 pub(crate) use claims::{drive_taken, drive_undriven, driven_here, may_redrive, Driving};
+pub(crate) use link::HostLink;
 
 /// Offsets larger than any output: a probe that wants the records but no bytes.
 const NO_BYTES: u64 = 999_999_999_999_999; // 15 digits: the host script accepts at most 15
@@ -222,18 +223,9 @@ const HOLD_RUNNING: Duration = Duration::from_millis(20);
 /// with the defaults).
 pub struct Executor<J: ExecutionJournal = Journal> {
     pub journal: J,
-    pub(crate) connect: ConnectOptions,
     pub(crate) patience: Patience,
-    /// Connections this executor uses, with its claim when the connection is pooled.
-    conns: Vec<(String, Connection, Option<crate::pool::Lease>)>,
-    /// Connections shared with other executors of this process (`cairn serve`, `cairn mcp`);
-    /// `None`: this executor connects for itself.
-    pub(crate) pool: Option<std::sync::Arc<crate::pool::Pool>>,
-    /// Dispatch through the pooled connection's host session (`--host-session`; see
-    /// [`crate::session`]) when the dispatch allows it. Needs `pool`.
-    pub(crate) host_session: bool,
-    /// Which host implementation runs the marker protocol (`--host-helper`).
-    pub(crate) host_helper: HostHelper,
+    /// How this executor reaches hosts: its connections, the pool, the host script and helper.
+    pub(crate) link: HostLink,
     /// The intent fingerprint key file (default: `intent.key` next to the journal).
     pub(crate) intent_key_path: Option<std::path::PathBuf>,
     intent_key: Option<IntentKey>,
@@ -283,12 +275,8 @@ impl<J: ExecutionJournal> Executor<J> {
     pub fn new(journal: J, connect: ConnectOptions, patience: Patience) -> Self {
         Executor {
             journal,
-            connect,
             patience,
-            conns: Vec::new(),
-            pool: None,
-            host_session: false,
-            host_helper: HostHelper::Auto,
+            link: HostLink::new(connect),
             intent_key_path: None,
             intent_key: None,
             approver: Box::new(Allow {

@@ -342,7 +342,7 @@ impl<J: ExecutionJournal> Executor<J> {
         let patience = self.patience.clone();
         let first = run.m.start(Mode::RECOVER, &patience, Instant::now());
         // The host is probed whatever the journal concludes: `host_says` shows it.
-        let connected = self.connection(&target).await;
+        let connected = self.link.connection(&target).await;
         let mut last = None;
         let probe = match &connected {
             Err(e) => Err(e.to_string()),
@@ -373,7 +373,7 @@ impl<J: ExecutionJournal> Executor<J> {
         } else {
             let event = match &connected {
                 Ok(ci) => Event::Connected {
-                    presented: self.conns[*ci].1.host_key_fingerprint().to_owned(),
+                    presented: self.link.host_key(*ci).to_owned(),
                     pinned: run.host_key.clone(),
                 },
                 Err(e) => Event::ConnectFailed {
@@ -430,7 +430,7 @@ impl<J: ExecutionJournal> Executor<J> {
         let offset = offset.min(NO_BYTES - 1);
         let mut run = self.load(id)?;
         let target = self.target_for(&run)?;
-        let ci = self.connection(&target).await?;
+        let ci = self.link.connection(&target).await?;
         let nonce = marker::new_nonce();
         let (o, e) = if stderr {
             (NO_BYTES, offset)
@@ -510,7 +510,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 },
             }
         }
-        let ci = self.connection(&target).await?;
+        let ci = self.link.connection(&target).await?;
         let nonce = marker::new_nonce();
         self.journal
             .append_evidence(id, Evidence::CancelRequested { grace_secs })?;
@@ -566,7 +566,7 @@ impl<J: ExecutionJournal> Executor<J> {
         };
         run.m.set_prior(Prior::Settled);
         let target = self.target_for(&run)?;
-        let ci = self.connection(&target).await?;
+        let ci = self.link.connection(&target).await?;
         let nonce = marker::new_nonce();
         let op = Op::Gc {
             output_age_secs: output_age.as_secs(),
@@ -682,11 +682,11 @@ impl<J: ExecutionJournal> Executor<J> {
         let mut t = match &run.reach {
             Some(r) => {
                 let mut t =
-                    crate::ssh::resolve(&rec.destination, &r.resolve_options(&self.connect))?;
-                r.apply(&mut t, &self.connect)?;
+                    crate::ssh::resolve(&rec.destination, &r.resolve_options(&self.link.connect))?;
+                r.apply(&mut t, &self.link.connect)?;
                 t
             }
-            None => crate::ssh::resolve(&rec.destination, &self.connect)?,
+            None => crate::ssh::resolve(&rec.destination, &self.link.connect)?,
         };
         // Reach the host the execution was dispatched to, whatever the config says today.
         t.hostname = rec.host.clone();
