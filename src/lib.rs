@@ -26,14 +26,18 @@
 //! - [`rt`]: the process's one async runtime, and which threads may wait on a commit.
 //! - [`options`]: the plain option structs the library takes.
 //! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
-//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover; the driver of
-//!   [`machine`]: it does the SSH, journal and clock work and feeds the machine what happened.
+//! - [`exec`] (also [`executor`], its old path): sequences accept → dispatch → stream →
+//!   reconnect → recover, one room per concern: admission (a request becomes an execution),
+//!   claims (the one room for who may dispatch), drive (the driver of [`machine`]: it does the
+//!   SSH, journal and clock work and feeds the machine what happened), the host link
+//!   (connections, host script and helper), operator commands and outcomes.
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
-//! - [`gate`]: one request's dispatch boundary: a caller gone before it means nothing is sent.
-//! - [`owner`]: who may still dispatch an accepted execution (this process's claims, a live
-//!   PID), so that no other process concludes "never dispatched" while its owner sends it.
+//! - [`gate`] and [`owner`], parts of the executor's claims room kept under their old paths:
+//!   one request's dispatch boundary (a caller gone before it means nothing is sent); who may
+//!   still dispatch an accepted execution (this process's claims, a live PID), so that no
+//!   other process concludes "never dispatched" while its owner sends it.
 //!
 //! Pure decisions (no I/O): the crate `cairn-core` (`crates/cairn-core`), re-exported here under
 //! the same paths; its dependency list keeps tokio, SQLite, SSH and clap out of it. [`intent`]

@@ -602,7 +602,7 @@ impl<J: ExecutionJournal> Executor<J> {
         fresh: bool,
         detach: bool,
     ) -> Result<(Event, Vec<u8>), ExecError> {
-        // A new execution whose request's caller is gone sends nothing (src/gate.rs).
+        // A new execution whose request's caller is gone sends nothing (src/exec/claims/gate.rs).
         let gate = fresh.then(crate::gate::current).flatten();
         let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
             Some(Err(why)) => return Ok((Event::DispatchRefused(why), Vec::new())),

@@ -6,6 +6,15 @@
 //! this module is its driver: it connects, runs the execs (a `watch` is both the probe and,
 //! when the command is still running, the reattach stream), writes the journal, sleeps, and
 //! feeds the machine what happened.
+//!
+//! One room per concern, each an `impl Executor` of its own file:
+//! - `admission`: a request becomes an execution (or attaches to the one it matches), is
+//!   authorized, and is handed to the drive.
+//! - `claims`: who may dispatch; its doc lists every registry that decides it.
+//! - `drive`: the driver of [`crate::machine::Machine`] and every event a drive records.
+//! - `link`: the host link, `HostLink`: connections, the host script and helper, one exec.
+//! - `operator`: commands on existing executions (attach, recover, resolve, cancel, output,
+//!   gc); `outcome`: an outcome as the journal holds it.
 
 use std::time::{Duration, Instant};
 
