@@ -27,9 +27,9 @@ use super::*;
 /// task) is told by the executor that recorded it, right after the commit, instead of asking
 /// the journal over and over: with a thousand calls waiting, those queries took every thread of
 /// the blocking pool and starved the very commits they waited for.
-pub(super) type CorrelationWaiters =
+type CorrelationWaiters =
     std::collections::HashMap<String, Vec<tokio::sync::oneshot::Sender<ExecutionId>>>;
-pub(super) fn correlation_waiters() -> std::sync::MutexGuard<'static, CorrelationWaiters> {
+fn correlation_waiters() -> std::sync::MutexGuard<'static, CorrelationWaiters> {
     static W: std::sync::OnceLock<std::sync::Mutex<CorrelationWaiters>> =
         std::sync::OnceLock::new();
     W.get_or_init(Default::default)
@@ -61,7 +61,7 @@ pub fn forget_correlation(correlation: &str) {
 }
 
 /// `correlation` was just committed against `id`: wake whoever waits for it.
-pub(super) fn correlation_recorded(correlation: Option<&str>, id: &ExecutionId) {
+fn correlation_recorded(correlation: Option<&str>, id: &ExecutionId) {
     let Some(c) = correlation else { return };
     let waiting = correlation_waiters().remove(c);
     for tx in waiting.into_iter().flatten() {
@@ -99,7 +99,7 @@ pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
 
 /// A request on its way to becoming an execution: what `execute` made of it before the
 /// journal saw it.
-pub(super) struct Admitting<'a> {
+struct Admitting<'a> {
     req: &'a RunRequest,
     intent: &'a Intent,
     target: Target,
@@ -130,7 +130,7 @@ impl Admitting<'_> {
 }
 
 /// The intent of an admitted request, as the journal is asked to accept or match it.
-pub(super) struct Accepting {
+struct Accepting {
     cols: IntentColumns,
     /// The fingerprint of the record's first version (`fingerprint_v1`), matched as well.
     legacy_fp: String,
@@ -139,7 +139,7 @@ pub(super) struct Accepting {
 }
 
 /// What the approver is asked about, besides the target and the host key.
-pub(super) struct Asked<'a> {
+struct Asked<'a> {
     actor: &'a str,
     scope: &'a str,
     class: OpClass,
@@ -151,7 +151,7 @@ pub(super) struct Asked<'a> {
 /// accepted it between our look-up and our insert) says so plainly, instead of a database
 /// error: the other process runs it, once. (Attaching here could meet it accepted but not yet
 /// dispatched, which reads as "never dispatched".)
-pub(super) fn lost_id_race(e: crate::journal::JournalError, id: &ExecutionId) -> ExecError {
+fn lost_id_race(e: crate::journal::JournalError, id: &ExecutionId) -> ExecError {
     if e.is_duplicate_id() {
         ExecError::Refused(format!(
             "execution {id} was accepted by another process at the same moment; it runs there, \
@@ -166,7 +166,7 @@ pub(super) fn lost_id_race(e: crate::journal::JournalError, id: &ExecutionId) ->
 /// the host as `export NAME='value'` lines that travel after the command on the dispatch's
 /// stdin. They are never journaled, written to the marker, or put in argv; see
 /// `docs/GATEWAYS.md` for the host side.
-pub(super) fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
+fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
     if intent.secret_env.is_empty() {
         return Ok(None);
     }
@@ -554,7 +554,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// Authorization (asked once, the decision is evidence), the host's epoch, then the
     /// dispatch: the part of `execute` after the execution was accepted.
-    pub(super) async fn authorize_and_dispatch(
+    async fn authorize_and_dispatch(
         &mut self,
         target: &Target,
         run: &mut Run,
@@ -676,12 +676,7 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// Record the caller's correlation ID (a JSON-RPC id) against an execution.
-    pub(super) fn correlate(
-        &mut self,
-        id: &ExecutionId,
-        intent: &Intent,
-        new: bool,
-    ) -> Result<(), ExecError> {
+    fn correlate(&mut self, id: &ExecutionId, intent: &Intent, new: bool) -> Result<(), ExecError> {
         if let Some(c) = &intent.correlation_id {
             self.journal.append_evidence(
                 id,
@@ -698,7 +693,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// A request matched `c`: attach to it according to its state and class. `None` when it
     /// turned out never to have been dispatched (its owner died first): accept anew.
-    pub(super) async fn attach_matched(
+    async fn attach_matched(
         &mut self,
         c: &Candidate,
         detach: bool,

@@ -25,7 +25,7 @@ pub(super) fn place_of(rec: &ExecutionRecord, host_key: &str) -> HostPlace {
 
 /// The host's announced epoch against the one `run` is bound to: its started record's (as the
 /// journal knew it, else as this reply shows it), else its dispatch's.
-pub(super) fn epoch_check(run: &Run, hello: &Hello) -> epoch::Check {
+fn epoch_check(run: &Run, hello: &Hello) -> epoch::Check {
     epoch::check(
         epoch::expected(run.start_epoch.as_deref(), run.dispatch_epoch.as_deref()),
         &hello.epoch,
@@ -34,7 +34,7 @@ pub(super) fn epoch_check(run: &Run, hello: &Hello) -> epoch::Check {
 
 /// The evidence behind a recovery conclusion, in words: what the host's reply showed that the
 /// decision rests on (epochs, boot identities, the supervisor), appended to the table's reason.
-pub(super) fn with_evidence(reason: &str, run: &Run, reply: &Reply, probe: &Probe) -> String {
+fn with_evidence(reason: &str, run: &Run, reply: &Reply, probe: &Probe) -> String {
     let Some(hello) = &reply.hello else {
         return reason.to_owned();
     };
@@ -97,14 +97,14 @@ pub(super) fn reason_text(
 }
 
 /// A step that needs the connection came without one (the machine always connects first).
-pub(super) fn not_connected(run: &Run) -> ExecError {
+fn not_connected(run: &Run) -> ExecError {
     ExecError::Internal(format!(
         "internal: {} had no connection for its next exec",
         run.rec.id
     ))
 }
 
-pub(super) fn start_text(s: &StartRecord) -> String {
+fn start_text(s: &StartRecord) -> String {
     format!(
         "v=1 id={} len={} digest={} epoch={} boot={} sup_pid={} sup_start={} started_at={} timeout={}",
         s.id, s.len, s.digest, s.epoch, s.boot, s.sup_pid, s.sup_start, s.started_at, s.timeout
@@ -307,7 +307,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// The driver of [`Machine`]: carries out its steps on SSH, the journal and the clock, and
     /// feeds it what happened. Every decision is the machine's.
-    pub(super) async fn drive_inner(
+    async fn drive_inner(
         &mut self,
         target: &Target,
         run: &mut Run,
@@ -461,7 +461,7 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// Carry out one of the machine's notes (before its next step).
-    pub(super) fn carry_note(
+    fn carry_note(
         &mut self,
         note: Note,
         target: &Target,
@@ -537,7 +537,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// A settled execution is never touched again: report what the journal holds, plus the
     /// stored output when asked to replay it.
-    pub(super) async fn settled_outcome(
+    async fn settled_outcome(
         &mut self,
         target: &Target,
         run: &mut Run,
@@ -596,7 +596,7 @@ impl<J: ExecutionJournal> Executor<J> {
     /// Before the bytes of a dispatch leave: for a fresh one, the request's gate crossed; then
     /// the `dispatched` event made durable, or refused by the journal. Returns what happened
     /// for the machine, and the secrets to send.
-    pub(super) fn prepare_dispatch(
+    fn prepare_dispatch(
         &mut self,
         run: &mut Run,
         fresh: bool,
@@ -647,7 +647,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// Another process settled the execution before this one sent it: its approval stays on
     /// record as a note (a transition now would move the settled state back).
-    pub(super) fn withhold(&mut self, run: &mut Run) -> Result<Outcome, ExecError> {
+    fn withhold(&mut self, run: &mut Run) -> Result<Outcome, ExecError> {
         let s = run.withheld_at;
         let held = std::mem::take(&mut run.held);
         let kinds: Vec<&str> = held.iter().map(|h| h.0.as_str()).collect();
@@ -732,12 +732,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// What a reply's hello says about epochs, recorded: the epoch a dispatch ran under, and
     /// the bookkeeping of the host's place.
-    pub(super) fn heard(
-        &mut self,
-        run: &mut Run,
-        reply: &Reply,
-        was_dispatch: bool,
-    ) -> Result<(), ExecError> {
+    fn heard(&mut self, run: &mut Run, reply: &Reply, was_dispatch: bool) -> Result<(), ExecError> {
         let Some(h) = &reply.hello else {
             return Ok(());
         };
@@ -869,7 +864,7 @@ impl<J: ExecutionJournal> Executor<J> {
     /// `attach`, a `cancel`) settled the execution while this one could not reach the host.
     /// Its verdict stands: an `unknown` appended after it would contradict the host, and this
     /// process has none of the result to hand on.
-    pub(super) fn overtaken(
+    fn overtaken(
         &mut self,
         run: &mut Run,
         state: State,

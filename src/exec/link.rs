@@ -1,6 +1,9 @@
-//! The host link: connecting (own or pooled connections), the host script and the native
-//! helper (which side runs the marker protocol, installing either), and one protocol exec or
-//! host-session dispatch with its reply consumed.
+//! The host link (issue #36 part 4): [`HostLink`], which the executor owns and which knows no
+//! journal, connects (own or pooled connections), says hello, installs the host script, probes
+//! and uploads the native helper, and decides which side runs the marker protocol, remembered
+//! per process behind one gate per host and marker home. Below it, the executor's side of the
+//! link: one protocol exec or host-session dispatch, its reply consumed as it streams (output
+//! to the sink, `running` and the offsets to the journal).
 
 use std::time::{Duration, Instant};
 
@@ -14,18 +17,18 @@ use super::*;
 /// Which side runs the marker protocol, by connection and marker home, for every executor of
 /// this process (a gateway makes one per request): `Err` (the script, and why) is asked again
 /// after [`SCRIPT_DECISION_FOR`].
-pub(super) type SideCache = std::collections::HashMap<String, (Instant, Result<(), String>)>;
-pub(super) fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
+type SideCache = std::collections::HashMap<String, (Instant, Result<(), String>)>;
+fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
     static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
     C.get_or_init(Default::default)
 }
-pub(super) const SCRIPT_DECISION_FOR: Duration = Duration::from_secs(600);
+const SCRIPT_DECISION_FOR: Duration = Duration::from_secs(600);
 
 /// The gate each key of [`host_helper_cache`] is decided behind: executions that reach a host
 /// together (a gateway given a thousand calls at once) wait for the first one's probe and upload
 /// instead of each probing and each sending the 1.2 MB helper: those copies, and the SSH write
 /// buffers they grew (which keep their size), were most of what an execution in flight cost.
-pub(super) fn host_helper_gate(key: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
+fn host_helper_gate(key: &str) -> std::sync::Arc<tokio::sync::Mutex<()>> {
     type Gates = std::collections::HashMap<String, std::sync::Arc<tokio::sync::Mutex<()>>>;
     static G: std::sync::OnceLock<std::sync::Mutex<Gates>> = std::sync::OnceLock::new();
     G.get_or_init(Default::default)
@@ -38,17 +41,17 @@ pub(super) fn host_helper_gate(key: &str) -> std::sync::Arc<tokio::sync::Mutex<(
 
 /// Where the host script cannot be installed, by connection and marker home: `Err` (it is
 /// streamed with each operation, and why), asked again after [`SCRIPT_DECISION_FOR`].
-pub(super) fn script_cache() -> &'static std::sync::Mutex<SideCache> {
+fn script_cache() -> &'static std::sync::Mutex<SideCache> {
     static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
     C.get_or_init(Default::default)
 }
-pub(super) fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
+fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
     cache_get(host_helper_cache(), key)
 }
-pub(super) fn host_helper_cache_put(key: &str, d: Result<(), String>) {
+fn host_helper_cache_put(key: &str, d: Result<(), String>) {
     cache_put(host_helper_cache(), key, d)
 }
-pub(super) fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), String>> {
+fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), String>> {
     let c = c.lock().unwrap_or_else(|e| e.into_inner());
     match c.get(key) {
         Some((at, Err(_))) if at.elapsed() > SCRIPT_DECISION_FOR => None,
@@ -56,7 +59,7 @@ pub(super) fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Re
         None => None,
     }
 }
-pub(super) fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), String>) {
+fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), String>) {
     let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
     c.insert(key.to_owned(), (Instant::now(), d));
 }
@@ -152,7 +155,7 @@ impl HostLink {
     /// say whether to try it again; otherwise this connection streams the script from now on.
     /// `Err`: the installer's exec could not even start (the connection's fault, not the
     /// host's: nothing is decided).
-    pub(super) async fn script_missing(
+    async fn script_missing(
         &mut self,
         ci: usize,
         dir: &str,
@@ -176,7 +179,7 @@ impl HostLink {
     }
 
     /// Whether this connection streams the script to `dir` (it could not be installed there).
-    pub(super) fn script_streamed(&self, ci: usize, dir: &str) -> bool {
+    fn script_streamed(&self, ci: usize, dir: &str) -> bool {
         self.conns.get(ci).is_some_and(|(k, _, _)| {
             matches!(
                 cache_get(script_cache(), &format!("{k}\n{dir}")),
@@ -187,7 +190,7 @@ impl HostLink {
 
     /// Install the host script into marker home `dir` (docs/HOST-HELPER.md): `Ok(Err)`, why
     /// the host could not hold it; `Err`, the exec could not start.
-    pub(super) async fn install_script(
+    async fn install_script(
         &mut self,
         ci: usize,
         dir: &str,
@@ -244,7 +247,7 @@ impl HostLink {
         }
     }
 
-    pub(super) fn decide_side(&mut self, ci: usize, dir: &str, d: Result<(), String>) {
+    fn decide_side(&mut self, ci: usize, dir: &str, d: Result<(), String>) {
         if let Some((k, _, _)) = self.conns.get(ci) {
             host_helper_cache_put(&format!("{k}\n{dir}"), d);
         }
@@ -252,7 +255,7 @@ impl HostLink {
 
     /// Ask the host (with the script) for its architecture and the helper's state; upload the
     /// helper when it is missing or not the expected file. `Ok`: the helper runs there.
-    pub(super) async fn probe_helper(&mut self, ci: usize, dir: &str) -> Result<(), String> {
+    async fn probe_helper(&mut self, ci: usize, dir: &str) -> Result<(), String> {
         if !host_helper::available() {
             return Err("this cairn was built without the host helper".into());
         }
@@ -309,7 +312,7 @@ impl HostLink {
     /// One exec of the script whose reply is a few protocol lines: those, and the errors.
     /// The script installed in the marker home (installed first when it is missing), or
     /// streamed where it cannot be installed.
-    pub(super) async fn small_exec(
+    async fn small_exec(
         &mut self,
         ci: usize,
         op: &Op<'_>,
@@ -349,7 +352,7 @@ impl HostLink {
 
     /// One exec of `cmd` whose reply is a few protocol lines: those, the errors, the exit
     /// status.
-    pub(super) async fn small_exec_raw(
+    async fn small_exec_raw(
         &mut self,
         ci: usize,
         cmd: String,
@@ -472,7 +475,7 @@ impl<J: ExecutionJournal> Executor<J> {
     /// exit status, and no protocol line came): what it wrote is held back, not taken as the
     /// command's output.
     #[allow(clippy::too_many_arguments)]
-    pub(super) async fn exec_cmd(
+    async fn exec_cmd(
         &mut self,
         ci: usize,
         cmd: String,
@@ -631,7 +634,7 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// Command output received: to the sink, unless this run does not want the bytes.
-    pub(super) fn take_output(
+    fn take_output(
         &mut self,
         run: &mut Run,
         sink: &mut dyn OutputSink,

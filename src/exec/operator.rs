@@ -190,7 +190,7 @@ impl<J: ExecutionJournal> Executor<J> {
 
     /// Re-dispatch after `resolve --as retry`, keeping the recorded epoch (the probe just
     /// proved it unchanged).
-    pub(super) async fn redispatch_checked(
+    async fn redispatch_checked(
         &mut self,
         id: &ExecutionId,
         sink: &mut dyn OutputSink,

@@ -104,7 +104,7 @@ pub(super) enum Drive {
 /// beside each other (the owner's own calls), and whether one drives it alone (the recovery
 /// after a takeover, or the owner picking up an execution none of its calls drove any more).
 #[derive(Default)]
-pub(super) struct Drivers {
+struct Drivers {
     shared: usize,
     sole: bool,
 }
@@ -112,8 +112,7 @@ pub(super) struct Drivers {
 /// Executions this process drives (see [`Drivers`]): one call recovers an execution after a
 /// takeover and the others wait for its result instead of recording it twice, and the owner's
 /// sweep never drives an execution beside a live call of this process.
-pub(super) fn drivers() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, Drivers>>
-{
+fn drivers() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, Drivers>> {
     static S: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Drivers>>> =
         std::sync::OnceLock::new();
     S.get_or_init(Default::default)
@@ -161,7 +160,7 @@ pub(crate) fn drive_taken(id: &ExecutionId) -> Option<Driving> {
 
 /// Drive `id`, which this replica owns from its own acceptance, beside any other call of its
 /// own that does; `None` while one call drives it alone (the owner's sweep picked it up).
-pub(super) fn drive_own(id: &ExecutionId) -> Option<Driving> {
+fn drive_own(id: &ExecutionId) -> Option<Driving> {
     let mut d = drivers();
     let e = d.entry(id.as_str().to_owned()).or_default();
     if e.sole {
@@ -181,7 +180,7 @@ pub(crate) fn driven_here(id: &ExecutionId) -> bool {
 }
 
 /// [`driven_here`], under the lock already taken.
-pub(super) fn driven_in(d: &std::collections::HashMap<String, Drivers>, id: &ExecutionId) -> bool {
+fn driven_in(d: &std::collections::HashMap<String, Drivers>, id: &ExecutionId) -> bool {
     d.contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str())
 }
 
