@@ -34,14 +34,18 @@
 //! - [`rt`]: the process's one async runtime, and which threads may wait on a commit.
 //! - [`options`]: the plain option structs the library takes.
 //! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
-//! - [`executor`]: sequences accept → dispatch → stream → reconnect → recover; the driver of
-//!   [`machine`]: it does the SSH, journal and clock work and feeds the machine what happened.
+//! - [`exec`] (also [`executor`], its old path): sequences accept → dispatch → stream →
+//!   reconnect → recover, one room per concern: admission (a request becomes an execution),
+//!   claims (the one room for who may dispatch), drive (the driver of [`machine`]: it does the
+//!   SSH, journal and clock work and feeds the machine what happened), the host link
+//!   (connections, host script and helper), operator commands and outcomes.
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
 //! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
-//! - [`gate`]: one request's dispatch boundary: a caller gone before it means nothing is sent.
-//! - [`owner`]: who may still dispatch an accepted execution (this process's claims, a live
-//!   PID), so that no other process concludes "never dispatched" while its owner sends it.
+//! - [`gate`] and [`owner`], parts of the executor's claims room kept under their old paths:
+//!   one request's dispatch boundary (a caller gone before it means nothing is sent); who may
+//!   still dispatch an accepted execution (this process's claims, a live PID), so that no
+//!   other process concludes "never dispatched" while its owner sends it.
 //!
 //! Pure decisions (no I/O): the crate `cairn-core` (`crates/cairn-core`), re-exported here under
 //! the same paths; its dependency list keeps tokio, SQLite, SSH and clap out of it. [`intent`]
@@ -82,12 +86,11 @@ pub mod audit_show;
 pub mod cli;
 pub mod error;
 pub mod evidence;
-pub mod executor;
+pub mod exec;
 #[doc(hidden)]
 pub mod failpoint;
 pub mod fleet;
 pub mod front;
-pub mod gate;
 pub mod host_helper;
 pub mod intent;
 pub mod journal;
@@ -95,7 +98,6 @@ pub mod marker;
 pub mod operations;
 pub mod options;
 pub mod outcome;
-pub mod owner;
 pub mod pool;
 pub mod reach;
 pub mod review;
@@ -112,6 +114,11 @@ pub use cairn_core::{admission, epoch, event, id, lifecycle, location, machine, 
 pub use front::stdio as serve;
 #[doc(hidden)]
 pub use front::{caller, gateway, http, mcp, tasks, token, tool_result};
+
+// The executor's old path: `crate::executor::X` and `cairn::executor::X` name the rooms' items.
+pub use exec as executor;
+// Who may dispatch lives in the executor's claims room; its parts keep their old paths.
+pub use exec::claims::{gate, owner};
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

@@ -145,9 +145,9 @@ impl ExecutorBuilder {
         let mut ex = Executor::new(journal, self.connect, self.patience);
         ex.intent_key_path = self.intent_key;
         ex.session_id = self.session_id;
-        ex.host_session = self.host_session && self.pool.is_some();
-        ex.host_helper = self.host_helper;
-        ex.pool = self.pool;
+        ex.link.host_session = self.host_session && self.pool.is_some();
+        ex.link.host_helper = self.host_helper;
+        ex.link.pool = self.pool;
         ex.approver = match self.approval {
             Approval::Given(a) => a,
             Approval::Options { options, by } => {
@@ -248,13 +248,13 @@ impl Executor {
     /// answer is no) and holds no secrets.
     fn sibling(&self) -> Result<Executor, ExecError> {
         let journal = Journal::open(self.journal.path())?;
-        let mut ex = Executor::new(journal, self.connect.clone(), self.patience.clone());
+        let mut ex = Executor::new(journal, self.link.connect.clone(), self.patience.clone());
         ex.approver = Box::new(crate::approve::Deny);
         ex.intent_key_path.clone_from(&self.intent_key_path);
         ex.session_id.clone_from(&self.session_id);
-        ex.host_session = self.host_session;
-        ex.host_helper = self.host_helper;
-        ex.pool.clone_from(&self.pool);
+        ex.link.host_session = self.link.host_session;
+        ex.link.host_helper = self.link.host_helper;
+        ex.link.pool.clone_from(&self.link.pool);
         Ok(ex)
     }
 }
@@ -308,7 +308,7 @@ mod tests {
         assert_eq!(ex.intent_key_path, host.intent_key);
         assert_eq!(ex.session_id.as_deref(), Some("se_1"));
         assert_eq!(ex.patience.reconnect_for, std::time::Duration::from_secs(7));
-        assert!(!ex.host_session, "a host session needs a pool");
+        assert!(!ex.link.host_session, "a host session needs a pool");
         assert_eq!(ex.journal.path(), dir.path().join("j.db"));
 
         let bad = ApproveOptions {

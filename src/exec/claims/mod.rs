@@ -1,0 +1,439 @@
+//! Who may dispatch: the one room that decides whether a call of this process may send (or
+//! drive towards sending) an execution, or must wait, leave it as it is, or report it held.
+//!
+//! Every registry that takes part in that decision, and why each exists:
+//! - [`owner`]'s `DRIVING` map ([`owner::claim`]): the executions this process is taking
+//!   towards their dispatch, counted per call, from before their acceptance. Between
+//!   `accepted` and `dispatched` only the owner may send an execution; while it lives, "never
+//!   dispatched" is no conclusion. This map is how this process knows which of its own
+//!   acceptances are still in flight (another process asks the owner's PID instead:
+//!   [`owner::may_still_dispatch`]).
+//! - [`drivers()`] ([`Driving`]): on a shared journal, the calls of this process driving one
+//!   execution: the owner's calls beside each other (`shared`), or one call alone (`sole`:
+//!   the recovery after a takeover, or the owner's sweep picking up an execution none of its
+//!   calls drives any more). One call recovers and the others wait for its result instead of
+//!   recording it twice; the sweep never drives beside a live call ([`drive_undriven`] checks
+//!   both this registry and `DRIVING` under one lock).
+//! - [`gate`]'s task-local [`gate::Gate`]: one front request's dispatch boundary. A caller
+//!   gone before the first `dispatched` is committed means nothing is sent; one gone after
+//!   finds the execution dispatched, never killed by a transport event.
+//! - The journal's replica ownership (lease, epoch, takeover), read through
+//!   [`ExecutionJournal::ownership`](crate::journal::ExecutionJournal::ownership): which
+//!   replica of a shared journal owns an execution. It lives in the journal backends (the
+//!   PostgreSQL backend's own map of what this replica owns is theirs, not this room's);
+//!   [`Executor::own_or_wait`] and [`Executor::live_owner`] are where it meets the two
+//!   registries above.
+//! - [`may_redrive`] with [`MAX_REDRIVES`]: whether the owner's sweep may pick up an
+//!   execution no call drives, and how often.
+
+pub mod gate;
+pub mod owner;
+
+use std::time::{Duration, Instant};
+
+use crate::event::EventKind;
+use crate::id::ExecutionId;
+use crate::journal::ExecutionJournal;
+use crate::machine::Machine;
+use crate::state::State;
+
+use super::*;
+
+/// How many times the owner's sweep picks up one execution that none of its calls drives
+/// ([`Executor::redrive_owned`]): one whose recovery keeps failing is then left as it is.
+pub const MAX_REDRIVES: usize = 3;
+
+/// Whether the owner's sweep may pick up `id` when no call drives it: its state and how many
+/// times it was picked up before, or `None` to leave it alone: settled or `unknown` (a call
+/// concluded it), detached (its callers attach to it or poll it), or picked up
+/// [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
+pub(crate) fn may_redrive(
+    j: &impl ExecutionJournal,
+    id: &ExecutionId,
+) -> Result<Option<(State, usize)>, crate::journal::JournalError> {
+    let Some(status) = j.status(id)? else {
+        return Ok(None);
+    };
+    if !matches!(
+        status.state,
+        State::Accepted | State::Authorized | State::Dispatched | State::Running
+    ) {
+        return Ok(None);
+    }
+    let events = j.events(id)?;
+    let detached = events
+        .iter()
+        .rev()
+        .find(|e| e.kind == EventKind::Dispatched)
+        .is_some_and(|e| e.evidence["detach"] == true);
+    if detached {
+        return Ok(None);
+    }
+    let before = events
+        .iter()
+        .filter(|e| e.kind == EventKind::Redrive)
+        .count();
+    if before >= MAX_REDRIVES {
+        tracing::warn!(
+            "cairn: {id} ({}): no call of its owner drives it, and its owner picked it up \
+             {MAX_REDRIVES} times already; left as it is (cairn recover finishes it)",
+            status.state
+        );
+        return Ok(None);
+    }
+    Ok(Some((status.state, before)))
+}
+
+/// Whether a caller may drive an execution of a shared journal (see `own_or_wait`).
+pub(super) enum Drive {
+    /// Go ahead; with the guard when this replica owns it (this call drives it then).
+    Go(Option<Driving>),
+    /// Taken over too often: leave it for review.
+    Review,
+    /// A live replica (`replica`, process `client`, lease epoch `epoch`) owns it and it stayed
+    /// unsettled for the caller's whole reconnect window: report it as held by that owner,
+    /// what the journal holds, concluding nothing ([`Step::Held`]).
+    Held {
+        replica: String,
+        client: String,
+        epoch: i64,
+    },
+}
+
+/// The calls of this process driving one execution of a shared journal: how many drive it
+/// beside each other (the owner's own calls), and whether one drives it alone (the recovery
+/// after a takeover, or the owner picking up an execution none of its calls drove any more).
+#[derive(Default)]
+struct Drivers {
+    shared: usize,
+    sole: bool,
+}
+
+/// Executions this process drives (see [`Drivers`]): one call recovers an execution after a
+/// takeover and the others wait for its result instead of recording it twice, and the owner's
+/// sweep never drives an execution beside a live call of this process.
+fn drivers() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, Drivers>> {
+    static S: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<String, Drivers>>> =
+        std::sync::OnceLock::new();
+    S.get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+}
+
+/// This call drives `id` (alone, or beside other calls of the owner) until dropped.
+#[must_use = "the drive ends when it is dropped"]
+pub(crate) struct Driving {
+    id: String,
+    sole: bool,
+}
+
+impl Drop for Driving {
+    fn drop(&mut self) {
+        let mut d = drivers();
+        if let Some(e) = d.get_mut(&self.id) {
+            if self.sole {
+                e.sole = false;
+            } else {
+                e.shared = e.shared.saturating_sub(1);
+            }
+            if !e.sole && e.shared == 0 {
+                d.remove(&self.id);
+            }
+        }
+    }
+}
+
+/// Become the one call of this process that drives `id` after its takeover; `None` when
+/// another call does.
+pub(crate) fn drive_taken(id: &ExecutionId) -> Option<Driving> {
+    let mut d = drivers();
+    let e = d.entry(id.as_str().to_owned()).or_default();
+    if e.sole {
+        return None;
+    }
+    e.sole = true;
+    Some(Driving {
+        id: id.as_str().to_owned(),
+        sole: true,
+    })
+}
+
+/// Drive `id`, which this replica owns from its own acceptance, beside any other call of its
+/// own that does; `None` while one call drives it alone (the owner's sweep picked it up).
+fn drive_own(id: &ExecutionId) -> Option<Driving> {
+    let mut d = drivers();
+    let e = d.entry(id.as_str().to_owned()).or_default();
+    if e.sole {
+        return None;
+    }
+    e.shared += 1;
+    Some(Driving {
+        id: id.as_str().to_owned(),
+        sole: false,
+    })
+}
+
+/// Whether a call of this process drives `id`, or is taking it towards its dispatch
+/// ([`crate::owner::claim`], from before its acceptance).
+pub(crate) fn driven_here(id: &ExecutionId) -> bool {
+    driven_in(&drivers(), id)
+}
+
+/// [`driven_here`], under the lock already taken.
+fn driven_in(d: &std::collections::HashMap<String, Drivers>, id: &ExecutionId) -> bool {
+    d.contains_key(id.as_str()) || crate::owner::claimed_here(id.as_str())
+}
+
+/// Become the one call of this process that drives `id`, an execution this replica owns, when
+/// no call of this process drives it or is taking it towards its dispatch (checked under the
+/// same lock every driving call registers under); `None` otherwise.
+pub(crate) fn drive_undriven(id: &ExecutionId) -> Option<Driving> {
+    let mut d = drivers();
+    if driven_in(&d, id) {
+        return None;
+    }
+    d.insert(
+        id.as_str().to_owned(),
+        Drivers {
+            shared: 0,
+            sole: true,
+        },
+    );
+    Some(Driving {
+        id: id.as_str().to_owned(),
+        sole: true,
+    })
+}
+
+impl<J: ExecutionJournal> Executor<J> {
+    /// The owner of `id` (`pid@host`) when it is accepted, not dispatched, and that owner may
+    /// still send it (see [`crate::owner`]).
+    pub(super) fn owner_may_dispatch(&self, id: &ExecutionId) -> Result<Option<String>, ExecError> {
+        let Some(rec) = self.journal.execution(id)? else {
+            return Ok(None);
+        };
+        let events = self.journal.events(id)?;
+        self.live_owner(id, &rec.client, &events)
+    }
+
+    /// The process that may still dispatch `id` if it is accepted and not dispatched. On a
+    /// shared journal that is its owning replica while its lease is current, and nobody once
+    /// this replica took it over (the old owner's appends, its `dispatched` among them, are
+    /// refused by the fence). Elsewhere, see [`crate::owner`].
+    pub(super) fn live_owner(
+        &self,
+        id: &ExecutionId,
+        accepted_by: &str,
+        events: &[crate::journal::Event],
+    ) -> Result<Option<String>, ExecError> {
+        if let Some(o) = self.journal.ownership(id)? {
+            if !o.mine {
+                return Ok(o.live.then_some(o.client));
+            }
+            if self.journal.taken_over_here(id) {
+                return Ok(None);
+            }
+        }
+        let owner = crate::owner::owner_of(accepted_by, events);
+        Ok(crate::owner::may_still_dispatch(id.as_str(), owner).then(|| owner.to_owned()))
+    }
+
+    /// `id`'s owner's lease expired: take it over (then the caller reads its ownership again
+    /// and drives it as its new owner). `Some(Drive::Review)` when it was taken over too often.
+    async fn take_over_expired(&mut self, id: &ExecutionId) -> Result<Option<Drive>, ExecError> {
+        for (_, t) in self.journal.take_over(Some(id), 1)? {
+            match t {
+                crate::journal::TakeOver::Taken { from, epoch } => {
+                    tracing::info!(
+                        "cairn: {id}: the lease of its owner {from} expired; this replica \
+                         took it over (epoch {epoch}) and recovers it"
+                    );
+                }
+                crate::journal::TakeOver::Exhausted => {
+                    tracing::warn!(
+                        "cairn: {id} was taken over {} times already; left for review",
+                        crate::journal::MAX_TAKEOVERS
+                    );
+                    return Ok(Some(Drive::Review));
+                }
+                // Settled, or taken over a moment ago by this process's own sweep
+                // (which drives it then): read again rather than drive it beside that.
+                crate::journal::TakeOver::NotNeeded => {}
+                // Another replica is taking it over right now: let it commit.
+                crate::journal::TakeOver::Held => {
+                    tokio::time::sleep(Duration::from_millis(20)).await
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// On a shared journal an execution is driven by its owner. Before driving `id` (attach,
+    /// recover, dispatch again): go ahead when nobody owns it, this replica owns it from its
+    /// own acceptance (unless its sweep picked it up, see [`Executor::redrive_owned`]: then
+    /// wait for that), or it is settled; when its owner's lease expired, take it over (a
+    /// `takeover` event, the epoch bumped: the old owner is fenced) and drive it as its new
+    /// owner; while a live replica owns it, or another call of this process drives it after
+    /// a takeover, wait until it settles (or that lease expires): woken by the notification of
+    /// its settling append, reading the journal again without one every poll interval and when
+    /// the lease would expire (docs/REPLICAS.md: notifications are hints).
+    /// [`Drive::Review`] when it was taken over [`crate::journal::MAX_TAKEOVERS`] times
+    /// already: left for review, not driven again.
+    pub(super) async fn own_or_wait(&mut self, id: &ExecutionId) -> Result<Drive, ExecError> {
+        // Made before the first read, so that a settling notified after it wakes the wait.
+        let Some(mut watch) = self.journal.watch(id) else {
+            return Ok(Drive::Go(None));
+        };
+        let mut said = false;
+        // Waiting on a live replica's lease is bounded by this call's reconnect window: past
+        // it the caller gets what the journal holds, as held by that owner.
+        let mut until: Option<Instant> = None;
+        loop {
+            let Some(o) = self.journal.ownership(id)? else {
+                return Ok(Drive::Go(None));
+            };
+            if o.settled
+                || self
+                    .journal
+                    .status(id)?
+                    .is_some_and(|s| s.state.is_settled())
+            {
+                return Ok(Drive::Go(None));
+            }
+            if o.mine {
+                let g = if self.journal.taken_over_here(id) {
+                    drive_taken(id)
+                } else {
+                    drive_own(id)
+                };
+                if let Some(g) = g {
+                    return Ok(Drive::Go(Some(g)));
+                }
+                // another call of this replica recovers it (after a takeover, or the owner's
+                // sweep picked it up): wait for its result
+            } else if !o.live {
+                if let Some(d) = self.take_over_expired(id).await? {
+                    return Ok(d);
+                }
+                continue;
+            }
+            if !said {
+                tracing::info!(
+                    "cairn: {id} is driven by replica {} (lease epoch {}); waiting until it \
+                     settles or its lease expires",
+                    o.replica,
+                    o.epoch
+                );
+                said = true;
+            }
+            // Another replica's lease: read again when it would expire, if nothing comes first,
+            // and give up waiting at the end of the reconnect window.
+            let within = match o.mine {
+                true => crate::journal::poll_every(),
+                false => {
+                    let now = Instant::now();
+                    let mut end = *until.get_or_insert(now + self.patience.reconnect_for);
+                    // A run its owner drives, or would pick up once undriven (`may_redrive`),
+                    // ends with a result worth waiting for, as on one gateway: wait another
+                    // window. Only one the owner leaves alone (detached, `unknown`, picked up
+                    // too often) is answered as held at the end of the window.
+                    if now >= end && may_redrive(&self.journal, id)?.is_some() {
+                        end = now + self.patience.reconnect_for;
+                        until = Some(end);
+                    }
+                    if now >= end {
+                        tracing::info!(
+                            "cairn: {id} is still owned by live replica {} (lease epoch {}) and \
+                             not settled after this call's reconnect window ({:?}); answering \
+                             what the journal holds, nothing concluded",
+                            o.replica,
+                            o.epoch,
+                            self.patience.reconnect_for
+                        );
+                        return Ok(Drive::Held {
+                            replica: o.replica,
+                            client: o.client,
+                            epoch: o.epoch,
+                        });
+                    }
+                    Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50).min(end - now)
+                }
+            };
+            match watch.wait(within).await {
+                crate::journal::Woken::Notified => {
+                    tracing::debug!("cairn: {id}: woken by the notification of its settling")
+                }
+                crate::journal::Woken::Listening => tracing::debug!(
+                    "cairn: {id}: woken by the listener listening again; reading the journal"
+                ),
+                crate::journal::Woken::Timeout => {}
+            }
+        }
+    }
+
+    /// The answer of a call that may not drive `id` ([`Executor::own_or_wait`] said so):
+    /// left for review, or held by its live owner. Nothing is written.
+    pub(super) fn not_driven(&mut self, id: &ExecutionId, d: Drive) -> Result<Outcome, ExecError> {
+        let (replica, client, epoch) = match d {
+            Drive::Held {
+                replica,
+                client,
+                epoch,
+            } => (replica, client, epoch),
+            _ => return self.review_outcome(id),
+        };
+        let run = self.load(id)?;
+        let mut o = self.outcome_from_journal(&run)?;
+        o.reason = Some(format!(
+            "{}; held by its owner, replica {replica} (lease epoch {epoch}), which is alive: it \
+             did not settle within this call's reconnect window ({:?}); nothing is concluded: \
+             attach to it again, or send the call to that replica (its owner drives it)",
+            o.state, self.patience.reconnect_for
+        ));
+        o.held_by = Some(client);
+        Ok(o)
+    }
+
+    /// `run` is held by a live owner: wait (within the reconnect window) until the owner
+    /// dispatches it, settles it, or is gone; then `run` is what the journal says by then.
+    pub(super) async fn wait_for_owner(&mut self, run: &mut Run) -> Result<(), ExecError> {
+        let id = run.rec.id.clone();
+        let deadline = Instant::now() + self.patience.reconnect_for;
+        let mut said = false;
+        while Instant::now() < deadline {
+            let state = self.journal.status(&id)?.map(|s| s.state);
+            let pending = matches!(state, Some(State::Accepted | State::Authorized));
+            if !pending || self.owner_may_dispatch(&id)?.is_none() {
+                break;
+            }
+            if !said {
+                tracing::info!(
+                    "cairn: {id} is accepted by a live process that has not dispatched it yet; \
+                     waiting for it (up to {:?})",
+                    self.patience.reconnect_for
+                );
+                said = true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let (out_off, err_off) = (run.out_off, run.err_off);
+        *run = self.load(&id)?;
+        run.out_off = out_off;
+        run.err_off = err_off;
+        Ok(())
+    }
+
+    /// The outcome of an execution a live owner may still dispatch: the journal's state, the
+    /// owner, and why nothing is concluded. Nothing is written.
+    pub(super) fn held_outcome(&self, run: &Run) -> Result<Outcome, ExecError> {
+        let owner = self.owner_may_dispatch(&run.rec.id)?;
+        let mut o = self.outcome_from_journal(run)?;
+        let reason = Machine::held_reason();
+        o.reason = Some(format!(
+            "{reason} (owner: {})",
+            owner.as_deref().unwrap_or("gone since")
+        ));
+        o.held_by = owner.or_else(|| Some(run.rec.client.clone()));
+        Ok(o)
+    }
+}
