@@ -118,7 +118,9 @@ fn wait_rusage(child: Child, t0: Instant, limit: Duration) -> (Option<i32>, Dura
             hwm = hwm.max(kb as i64);
         }
         let mut status: libc::c_int = 0;
+        // SAFETY: a zeroed rusage is a valid buffer for wait4 to fill.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: status and ru are live locals; pid is our own child.
         let r = unsafe { libc::wait4(pid, &mut status, libc::WNOHANG, &mut ru) };
         if r == pid {
             let code = if libc::WIFEXITED(status) {
@@ -133,6 +135,7 @@ fn wait_rusage(child: Child, t0: Instant, limit: Duration) -> (Option<i32>, Dura
             return (None, t0.elapsed(), 0);
         }
         if t0.elapsed() > limit {
+            // SAFETY: a signal to our own child, not reaped yet.
             unsafe { libc::kill(pid, libc::SIGKILL) };
         }
         std::thread::sleep(Duration::from_micros(500));
@@ -1112,6 +1115,7 @@ fn strace_breakdown(
             c.close().await;
         });
         std::thread::sleep(Duration::from_millis(500));
+        // SAFETY: a signal to our own child (strace), not reaped yet.
         unsafe { libc::kill(st.id() as libc::pid_t, libc::SIGINT) };
         let _ = st.wait();
         counts.push(strace_counts(&out));

@@ -19,7 +19,7 @@ use std::path::Path;
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
 
-pub use crate::journal::anchor::{Anchor, AnchorRecord};
+pub use crate::journal::anchor::Anchor;
 use crate::journal::{chain_hash, session_chain_hash, ChainFields};
 
 mod postgres;

@@ -629,6 +629,7 @@ pub fn local_actor(prefix: &str) -> String {
         .unwrap_or_else(|| {
             #[cfg(unix)]
             {
+                // SAFETY: getuid takes nothing, touches no memory and cannot fail.
                 format!("uid-{}", unsafe { libc::getuid() })
             }
             #[cfg(not(unix))]

@@ -81,26 +81,25 @@
 //! [`recovery::decide`]: both can be read without knowing russh or SQLite.
 
 pub mod approve;
-pub mod audit;
-pub mod audit_show;
+pub(crate) mod audit;
+pub(crate) mod audit_show;
 pub mod cli;
 pub mod error;
-pub mod evidence;
+pub(crate) mod evidence;
 pub mod exec;
-#[doc(hidden)]
-pub mod failpoint;
-pub mod fleet;
-pub mod front;
+pub(crate) mod failpoint;
+pub(crate) mod fleet;
+pub(crate) mod front;
 pub mod host_helper;
 pub mod intent;
 pub mod journal;
 pub mod marker;
-pub mod operations;
+pub(crate) mod operations;
 pub mod options;
 pub mod outcome;
-pub mod pool;
-pub mod reach;
-pub mod review;
+pub(crate) mod pool;
+pub(crate) mod reach;
+pub(crate) mod review;
 pub mod rt;
 pub mod runner;
 pub mod session;
@@ -112,13 +111,11 @@ pub use cairn_core::{admission, epoch, event, id, lifecycle, location, machine, 
 // The fronts live under `front/`; their former paths stay for the command line and the tests.
 #[doc(hidden)]
 pub use front::stdio as serve;
-#[doc(hidden)]
-pub use front::{caller, gateway, http, mcp, tasks, token, tool_result};
 
 // The executor's old path: `crate::executor::X` and `cairn::executor::X` name the rooms' items.
 pub use exec as executor;
 // Who may dispatch lives in the executor's claims room; its parts keep their old paths.
-pub use exec::claims::{gate, owner};
+pub(crate) use exec::claims::{gate, owner};
 
 pub use event::EventKind;
 pub use executor::{ExecError, Executor, Outcome, OutputSink, Patience, RunRequest};

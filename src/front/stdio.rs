@@ -28,11 +28,6 @@ use crate::id::ExecutionId;
 // former paths (`cairn::serve::decode_line`, …).
 pub use crate::front::rpc::{decode_line, error, handle, Request};
 
-/// The methods this front answers (all of the table, [`rpc::METHODS`]).
-pub fn methods() -> Vec<&'static str> {
-    rpc::names()
-}
-
 /// Serve JSON-RPC on stdin/stdout until stdin ends.
 pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {
     cfg.start_session("serve")?;

@@ -20,11 +20,7 @@ pub mod check;
 pub mod contract;
 pub mod doc;
 
-pub use check::Finding;
 pub use contract::{Call, Operation, OperationsFile};
-
-/// The environment variable naming the operations file (`--operations FILE` overrides it).
-pub const ENV_VAR: &str = "CAIRN_OPERATIONS";
 
 /// Load and check an operations file; every finding is an error (with its line and a fix).
 pub fn load(path: &std::path::Path) -> Result<OperationsFile, String> {

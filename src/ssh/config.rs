@@ -705,6 +705,7 @@ fn expand_tokens(s: &str, t: &Tokens<'_>, loc: &Loc) -> Result<String, SshError>
             Some('u') => out.push_str(t.local_user),
             Some('d') => out.push_str(t.home),
             Some('p') => out.push_str(&t.port.to_string()),
+            // SAFETY: getuid takes nothing, touches no memory and cannot fail.
             Some('i') => out.push_str(&unsafe { libc::getuid() }.to_string()),
             Some(other) => {
                 return Err(cfg_err(loc, format!("unknown token %{other} in \"{s}\"")));
@@ -735,6 +736,7 @@ pub(crate) fn local_user_and_home() -> (String, PathBuf) {
         .ok()
         .filter(|u| !u.is_empty())
         .or(pw_name)
+        // SAFETY: getuid takes nothing, touches no memory and cannot fail.
         .unwrap_or_else(|| unsafe { libc::getuid() }.to_string());
     let home = std::env::var_os("HOME")
         .filter(|h| !h.is_empty())
@@ -747,6 +749,7 @@ pub(crate) fn local_user_and_home() -> (String, PathBuf) {
 fn passwd_entry() -> (Option<String>, Option<PathBuf>) {
     use std::ffi::CStr;
     let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    // SAFETY: a zeroed passwd (null pointers, zero ids) is a valid buffer for getpwuid_r to fill.
     let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
     let mut result: *mut libc::passwd = std::ptr::null_mut();
     // SAFETY: buffers are valid for the given sizes; result is checked before use.

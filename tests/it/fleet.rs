@@ -408,6 +408,7 @@ fn docker_twenty_hosts_cut_reboot_kill_resume() {
     hosts.fault(&["reboot", "h3"]);
     std::thread::sleep(Duration::from_millis(500));
     say("fleet: kill -9 the client mid-batch");
+    // SAFETY: a signal to our own child, not reaped yet.
     unsafe {
         libc::kill(child.id() as i32, libc::SIGKILL);
     }

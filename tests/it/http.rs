@@ -250,7 +250,7 @@ fn requests_without_a_valid_token_or_from_a_foreign_origin_are_refused_and_only_
     let wrong = bearer("cairn_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA");
     // (path, headers, body, the status it gets)
     type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, &'a str, u16);
-    let cases: Vec<Case> = vec![
+    let cases: Vec<Case<'_>> = vec![
         ("/mcp", vec![MCP_ACCEPT, JSON], &call, 401),
         (
             "/mcp",

@@ -616,6 +616,7 @@ fn the_python_mcp_sdk_sees_the_contract_calls_and_a_retried_call_attaches() {
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .stdin(Stdio::null());
+    // SAFETY: the closure runs between fork and exec and makes only async-signal-safe calls.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut first, || {
             libc::setpgid(0, 0);

@@ -34,6 +34,7 @@ fn remote_script_passes_its_local_suite_under_bash_dash_and_busybox_ash_and_so_d
     // The test harness ignores some signals (SIGPIPE, a realtime one) and children inherit
     // that; sh cannot undo a signal ignored on entry. sshd hands the script default
     // dispositions, so do the same here.
+    // SAFETY: the closure runs between fork and exec and makes only async-signal-safe calls.
     unsafe {
         cmd.pre_exec(|| {
             for sig in 1..=64 {

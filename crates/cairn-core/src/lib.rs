@@ -16,6 +16,8 @@
 //! - [`admission`]: where a request for an execution that may already exist goes (a new run,
 //!   an attach, a wait for its owner, review …), as one table.
 
+#![forbid(unsafe_code)]
+
 pub mod admission;
 pub mod epoch;
 pub mod event;

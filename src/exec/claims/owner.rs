@@ -97,6 +97,7 @@ pub fn process_alive(client: &str) -> bool {
     }
     #[cfg(unix)]
     {
+        // SAFETY: kill with signal 0 sends nothing; it only checks that `pid` exists (pid > 0 here).
         let r = unsafe { libc::kill(pid, 0) };
         if r == 0 {
             // A zombie answers kill -0: look at its state.

@@ -44,12 +44,6 @@ mod metrics;
 mod refusals;
 mod rpc;
 
-/// The JSON-RPC methods `POST /rpc` answers: the table of [`crate::front::rpc`], the same as
-/// `cairn serve --stdio` (`recover` among them, refused over HTTP as an operator's command).
-pub fn rpc_methods() -> Vec<&'static str> {
-    crate::front::rpc::names()
-}
-
 /// How the HTTP front listens and what it lets in (plain options: the CLI fills them).
 #[derive(Clone, Debug)]
 pub struct HttpOptions {

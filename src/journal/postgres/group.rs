@@ -381,7 +381,7 @@ impl Pg {
     /// against cairn's own), or the error that rolled it back.
     fn outcomes(
         &self,
-        call: &Call,
+        call: &Call<'_>,
         reqs: &[&Request],
         rows: &[tokio_postgres::Row],
     ) -> Vec<Outcome> {
@@ -429,7 +429,7 @@ impl Pg {
     }
 
     /// Event `k` of `call` as stored, per `row`: checked against the hash cairn computes.
-    fn stored(&self, call: &Call, k: usize, row: &tokio_postgres::Row) -> Result<Event> {
+    fn stored(&self, call: &Call<'_>, k: usize, row: &tokio_postgres::Row) -> Result<Event> {
         let (seq, hash, prev_hash): (i64, String, String) = (row.get(1), row.get(2), row.get(3));
         let id = &call.ids[k];
         let client = client_identity();

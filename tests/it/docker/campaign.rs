@@ -785,7 +785,7 @@ fn recover(
 }
 
 /// One trial: dispatch, fault, clients, recovery, judgement.
-fn trial(seed: u64, i: usize, slot: &Slot, journal: &Path, dir: &Path) -> TrialResult {
+fn trial(seed: u64, i: usize, slot: &Slot<'_>, journal: &Path, dir: &Path) -> TrialResult {
     let plan = Plan::new(seed, i);
     let (h, host) = (slot.hosts, slot.host.as_str());
     let base = format!("t{i}-{:x}", seed & 0xffff_ffff);
@@ -887,7 +887,7 @@ fn host_sides(seed: u64, i: usize) -> (&'static str, &'static str) {
 #[allow(clippy::too_many_arguments)]
 fn judge(
     plan: &Plan,
-    slot: &Slot,
+    slot: &Slot<'_>,
     c: &Client,
     id: &str,
     answers: &BTreeMap<String, Vec<Answer>>,
@@ -1192,7 +1192,7 @@ fn stored_result(c: &Client, id: &str) -> (Option<u64>, Option<String>, Option<S
 
 /// After all trials: every host recounted. At most one run per execution; none for an
 /// execution judged failed or absent from the journal; no run the campaign did not judge.
-fn ground_truth(slots: &[Slot], execs: &[Exec]) -> Vec<String> {
+fn ground_truth(slots: &[Slot<'_>], execs: &[Exec]) -> Vec<String> {
     let mut bad = Vec::new();
     let by_id: BTreeMap<&str, &Exec> = execs.iter().map(|e| (e.id.as_str(), e)).collect();
     for s in slots {
@@ -1297,7 +1297,7 @@ pub(super) fn run() {
     let dir = tempfile::tempdir().expect("tempdir");
     // One journal for every trial of the run, as one operator's machine has.
     let journal = dir.path().join("journal.db");
-    let slots: Vec<Slot> = sets
+    let slots: Vec<Slot<'_>> = sets
         .iter()
         .flat_map(|h| {
             (1..=h.n).map(move |k| Slot {
@@ -1349,7 +1349,7 @@ fn report(
     seed: u64,
     trials: usize,
     t0: Instant,
-    slots: &[Slot],
+    slots: &[Slot<'_>],
     results: Vec<(usize, TrialResult)>,
 ) {
     let mut anomalies: Vec<String> = Vec::new();

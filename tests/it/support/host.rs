@@ -24,6 +24,7 @@ pub const BIN: &str = env!("CARGO_BIN_EXE_cairn");
 pub fn sigkill(pid: i32, group: bool) -> bool {
     assert!(pid > 1, "refusing to signal PID {pid}");
     let target = if group { -pid } else { pid };
+    // SAFETY: kill touches no memory; the PID (or group) was checked above to be one of ours.
     unsafe { libc::kill(target, libc::SIGKILL) == 0 }
 }
 

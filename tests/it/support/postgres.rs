@@ -195,6 +195,7 @@ fn bin_dir() -> Result<PathBuf, String> {
 
 /// The uid and gid to run the server as: ours, unless we are root (then `postgres`'s).
 fn account() -> Result<Option<(u32, u32)>, String> {
+    // SAFETY: geteuid takes nothing, touches no memory and cannot fail.
     if unsafe { libc::geteuid() } != 0 {
         return Ok(None);
     }
@@ -305,6 +306,7 @@ fn start() -> Result<PgServer, String> {
             for (cmd, reply) in ctl_rx {
                 match cmd {
                     Control::Restart => {
+                        // SAFETY: a signal to our own child, which we have not reaped yet.
                         unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
                         let _ = child.wait();
                         let r = spawn().and_then(|c| {
@@ -314,6 +316,7 @@ fn start() -> Result<PgServer, String> {
                         let _ = reply.send(r);
                     }
                     Control::Stop => {
+                        // SAFETY: a signal to our own child, which we have not reaped yet.
                         unsafe { libc::kill(child.id() as i32, libc::SIGQUIT) };
                         let _ = child.wait();
                         let _ = reply.send(Ok(()));
@@ -366,6 +369,8 @@ fn spawn_server(
         .stdout(Stdio::null())
         .stderr(log);
     as_account(&mut c, who);
+    // SAFETY: the closure runs in the child between fork and exec and calls only prctl, which
+    // is async-signal-safe.
     unsafe {
         // after the uid change (which clears it): tell the server to quit when its keeper dies
         c.pre_exec(|| {

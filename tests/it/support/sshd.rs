@@ -235,6 +235,7 @@ impl TestSshd {
             .tempdir()
             .expect("tempdir");
         let d = dir.path();
+        // SAFETY: geteuid takes nothing, touches no memory and cannot fail.
         if unsafe { libc::geteuid() } == 0 && !Path::new("/run/sshd").exists() {
             // sshd as root insists on its privilege separation directory.
             let _ = fs::create_dir_all("/run/sshd");
