@@ -52,14 +52,16 @@ use crate::event::EventKind;
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 use crate::state::State;
+use fence::Fence;
 
 pub(crate) mod audit;
 pub(crate) mod checkpoint;
+mod fence;
 mod group;
 pub(crate) mod wake;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 8;
+pub const PG_SCHEMA_VERSION: i32 = 9;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
@@ -71,6 +73,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (6, group::MIGRATION),
     (7, wake::MIGRATION_7),
     (8, MIGRATION_8),
+    (9, fence::MIGRATION),
 ];
 
 const MIGRATION_1: &str = "
@@ -552,6 +555,18 @@ pub(super) fn fence_out(id: &str) {
     fenced_here().insert(id.to_owned());
 }
 
+/// An append to `id` was refused by the fence (CA001): an owner is fenced out for good; anyone
+/// else keeps its stale observation, so its next append is refused too until it reads `id`
+/// again.
+pub(super) fn refused_by_fence(id: &str, mine: bool, e: &JournalError) {
+    if mine {
+        fence_out(id);
+        tracing::warn!("cairn: {e}");
+    } else {
+        tracing::info!("cairn: {e}");
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Held {
     epoch: i64,
@@ -818,17 +833,26 @@ impl Pg {
         state: Option<State>,
         evidence: &serde_json::Value,
     ) -> Result<Event> {
+        self.append_as(c, id, kind, state, evidence, Fence::of(id))
+            .await
+    }
+
+    /// [`Pg::append_in`] fenced by `fence` (see `postgres/fence.rs`): an owner's append by the
+    /// epoch it holds, anyone else's by the epoch it observed. A refused owner is fenced out.
+    async fn append_as(
+        &self,
+        c: &impl GenericClient,
+        id: &str,
+        kind: &str,
+        state: Option<State>,
+        evidence: &serde_json::Value,
+        fence: Fence,
+    ) -> Result<Event> {
         let at = now_rfc3339();
         let evidence_text = evidence.to_string();
         let client = client_identity();
         let st = state.map(|s| s.as_str());
-        // An owner's append is fenced by its lease epoch; anyone else's (a caller attached to
-        // another replica's execution noting that it matched) is not.
-        let held = owned().get(id).copied();
-        let (replica, epoch) = match held {
-            Some(h) => (Some(replica_id()), Some(h.epoch)),
-            None => (None, None),
-        };
+        let (replica, epoch) = fence.args();
         let sql = "SELECT o_seq, o_hash, o_prev \
                    FROM cairn_append_as($1, $2, $3, $4, $5, $6, $7, $8)";
         let stmt = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
@@ -850,8 +874,7 @@ impl Pg {
             .map_err(|e| {
                 let e = self.err(e);
                 if e.is_fenced() {
-                    fence_out(id);
-                    tracing::warn!("cairn: {e}");
+                    refused_by_fence(id, fence.mine(), &e);
                 }
                 lifecycle_refusal(id, e)
             })?;
@@ -946,14 +969,10 @@ impl Pg {
         )
         .await
         .map_err(|e| self.err(e))?;
-        self.append_in(
-            tx,
-            rec.id.as_str(),
-            "accepted",
-            Some(State::Accepted),
-            evidence,
-        )
-        .await
+        // Its owner row, just inserted, names this replica at epoch 1.
+        let (id, fence) = (rec.id.as_str(), Fence::Owner(1));
+        self.append_as(tx, id, "accepted", Some(State::Accepted), evidence, fence)
+            .await
     }
 
     /// Accept `rec` (group-committed with other handles' writes): its row, chain head, owner
@@ -1115,12 +1134,18 @@ impl Pg {
             let c = self.client().await?;
             let rows = c
                 .query(
-                    "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
-                     WHERE execution_id = $1 ORDER BY seq",
+                    "SELECT seq, execution_id, at, kind, state, evidence, hash, client,
+                            COALESCE((SELECT epoch FROM owners WHERE execution_id = $1), 0)
+                     FROM events WHERE execution_id = $1 ORDER BY seq",
                     &[&id.as_str()],
                 )
                 .await
                 .map_err(|e| self.err(e))?;
+            // The lease epoch these events were read at (one statement: one snapshot), which
+            // this process's next decision on them is fenced by.
+            if let Some(r) = rows.first() {
+                fence::observe(id.as_str(), r.get(8));
+            }
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
                 let seq: i64 = r.get(0);
@@ -1281,18 +1306,21 @@ impl Pg {
                 .map_err(|e| self.err(e))?
                 .is_some();
             if !won {
-                let cands = self.candidates(&tx, cols).await?;
+                let (cands, epochs) = self.candidates(&tx, cols).await?;
                 if let Some(i) = choose(&cands).filter(|i| *i < cands.len()) {
                     let mut cands = cands;
                     let cand = cands.swap_remove(i);
-                    self.append_in(
-                        &tx,
-                        cand.id.as_str(),
-                        "intent-matched",
-                        None,
-                        match_evidence,
-                    )
-                    .await?;
+                    // The match was decided on the candidate as read at `epochs[i]`, in this
+                    // transaction but not under its owners row's lock: a takeover since refuses
+                    // it (CA001), and the caller's retry decides again.
+                    let id = cand.id.as_str();
+                    fence::observe(id, epochs[i]);
+                    let fence = match Fence::of(id) {
+                        owner @ Fence::Owner(_) => owner,
+                        _ => Fence::Observed(epochs[i]),
+                    };
+                    self.append_as(&tx, id, "intent-matched", None, match_evidence, fence)
+                        .await?;
                     tx.commit().await.map_err(|e| self.err(e))?;
                     return Ok(AcceptOrMatch::Matched(cand));
                 }
@@ -1315,15 +1343,20 @@ impl Pg {
     }
 
     /// Earlier executions with this intent still inside their window (database time), newest
-    /// first, with their status.
-    async fn candidates(&self, tx: &Tx<'_>, cols: &IntentColumns) -> Result<Vec<Candidate>> {
+    /// first, with their status, and the lease epoch each was read at.
+    async fn candidates(
+        &self,
+        tx: &Tx<'_>,
+        cols: &IntentColumns,
+    ) -> Result<(Vec<Candidate>, Vec<i64>)> {
         let rows = tx
             .query(
                 &format!(
                     "SELECT x.id, x.class, x.accepted_ms, x.retention_secs,
                         ARRAY(SELECT v.state FROM events v
                               WHERE v.execution_id = x.id AND v.state IS NOT NULL
-                              ORDER BY v.seq)
+                              ORDER BY v.seq),
+                        COALESCE((SELECT o.epoch FROM owners o WHERE o.execution_id = x.id), 0)
                      FROM executions x
                      WHERE x.fingerprint = $1 AND x.actor = $2 AND x.scope = $3
                        AND x.accepted_ms + x.retention_secs * 1000 > {DB_NOW_MS}
@@ -1333,7 +1366,7 @@ impl Pg {
             )
             .await
             .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
+        let (mut out, mut epochs) = (Vec::new(), Vec::new());
         for r in rows {
             let states: Vec<State> = r
                 .get::<_, Vec<String>>(4)
@@ -1353,8 +1386,9 @@ impl Pg {
                 retention_secs: r.get::<_, Option<i64>>(3).unwrap_or_default().max(0) as u64,
                 status,
             });
+            epochs.push(r.get::<_, i64>(5));
         }
-        Ok(out)
+        Ok((out, epochs))
     }
 
     pub(super) fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
@@ -1989,6 +2023,7 @@ impl Pg {
         )?;
         Ok(rows.first().map(|r| {
             let replica: String = r.get(0);
+            fence::observe(id.as_str(), r.get(2));
             Ownership {
                 mine: replica == replica_id(),
                 replica,
@@ -2097,7 +2132,9 @@ impl Pg {
                 // Whatever this process held of it before is over (the row is locked here).
                 owned().remove(xid.as_str());
                 let (kind, state, evidence) = evidence.into_event();
-                self.append_in(&tx, xid.as_str(), kind.as_str(), state, &evidence)
+                // Its owner now, in this transaction (the row says so already).
+                let fence = Fence::Owner(epoch + 1);
+                self.append_as(&tx, xid.as_str(), kind.as_str(), state, &evidence, fence)
                     .await?;
                 taken.push((xid, from, epoch + 1));
             }
