@@ -1179,6 +1179,28 @@ impl Pg {
         })
     }
 
+    /// `id`'s status from its chain head (`heads.rs`), and the lease epoch it was read at
+    /// (one statement), observed for the fence as a read of its events is.
+    pub(super) fn status(&self, id: &ExecutionId) -> Result<Option<super::Status>> {
+        let row = self.query_opt(
+            "SELECT h.state,
+                    CASE WHEN h.state = 'unknown' THEN
+                        (SELECT v.state FROM events v
+                         WHERE v.execution_id = $1 AND v.state IS NOT NULL
+                           AND v.state <> 'unknown'
+                         ORDER BY v.seq DESC LIMIT 1) END,
+                    COALESCE((SELECT epoch FROM owners WHERE execution_id = $1), 0)
+             FROM chain_heads h WHERE h.execution_id = $1",
+            &[&id.as_str()],
+        )?;
+        let Some(r) = row else { return Ok(None) };
+        fence::observe(id.as_str(), r.get(2));
+        let Some(state) = r.get::<_, Option<&str>>(0) else {
+            return Ok(None);
+        };
+        super::heads::status_of(&self.location, id, state, r.get(1)).map(Some)
+    }
+
     /// Every execution ID, newest first.
     pub(super) fn execution_ids(&self) -> Result<Vec<String>> {
         self.block(async {
