@@ -47,7 +47,7 @@ use super::{
     Candidate, ChainFields, Event, ExecutionRecord, IntentColumns, JournalError, JournalMetrics,
     Result, SessionRecord, SessionView, StoredEvent, StreamRecord, TokenRecord,
 };
-use crate::epoch::{self, Announced, HostPlace};
+use crate::epoch::{Announced, HostPlace};
 use crate::event::EventKind;
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
@@ -1642,11 +1642,10 @@ impl Pg {
             .map(|r| r.get(0)))
     }
 
-    /// As on SQLite: the bookkeeping and the events it teaches in one transaction. The place's
-    /// key is locked first (an advisory lock on its hash), so two replicas learning about one
-    /// host key at once do not both announce the same change.
-    // Long: one transaction under the key's advisory lock, its reads and appends in order, as
-    // on SQLite.
+    /// As on SQLite (`hosts::observe_in`, written once): the bookkeeping and the events it
+    /// teaches in one transaction. The place's key is locked first (an advisory lock on its
+    /// hash), so two replicas learning about one host key at once do not both announce the
+    /// same change.
     pub(super) fn observe_host_epoch(
         &self,
         id: &ExecutionId,
@@ -1663,79 +1662,8 @@ impl Pg {
             )
             .await
             .map_err(|e| self.err(e))?;
-            let last: Option<String> = tx
-                .query_opt(
-                    "SELECT epoch FROM host_places
-                     WHERE destination = $1 AND host_key = $2 AND remote_dir = $3",
-                    &[&place.destination, &place.host_key, &place.remote_dir],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .map(|r| r.get(0));
-            let same_key: Vec<(String, String)> = tx
-                .query(
-                    "SELECT destination, epoch FROM host_places
-                     WHERE host_key = $1 AND remote_dir = $2 AND destination != $3
-                     ORDER BY destination",
-                    &[&place.host_key, &place.remote_dir, &place.destination],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
-            let said: BTreeSet<String> = tx
-                .query(
-                    "SELECT CASE WHEN destination_a = $3 THEN destination_b ELSE destination_a END
-                     FROM host_key_shared
-                     WHERE host_key = $1 AND remote_dir = $2
-                       AND (destination_a = $3 OR destination_b = $3)",
-                    &[&place.host_key, &place.remote_dir, &place.destination],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let a = epoch::announce(place, epoch, last.as_deref(), &same_key, &said);
-            let now = now_rfc3339();
-            if a.store {
-                tx.execute(
-                    "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (destination, host_key, remote_dir)
-                        DO UPDATE SET epoch = $4, seen_at = $5",
-                    &[
-                        &place.destination,
-                        &place.host_key,
-                        &place.remote_dir,
-                        &epoch,
-                        &now,
-                    ],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            }
-            if let Some(old) = &a.changed_from {
-                let ev = super::hosts::host_epoch_changed_evidence(place, old, epoch, &now);
-                self.append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
-                    .await?;
-            }
-            for (other, other_epoch) in &a.shared_with {
-                let (x, y) = epoch::pair(other, &place.destination);
-                tx.execute(
-                    "INSERT INTO host_key_shared
-                        (host_key, remote_dir, destination_a, destination_b, said_at)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                    &[&place.host_key, &place.remote_dir, &x, &y, &now],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-                let ev =
-                    super::hosts::host_key_shared_evidence(place, epoch, other, other_epoch, &now);
-                self.append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
-                    .await?;
-            }
+            let mut book = PgBook { pg: self, tx: &tx };
+            let (a, _) = super::hosts::observe_in(&mut book, id, place, epoch).await?;
             tx.commit().await.map_err(|e| self.err(e))?;
             Ok(a)
         })
@@ -2189,6 +2117,97 @@ impl Pg {
     #[cfg(test)]
     pub(super) fn raw_execute(&self, sql: &str) -> Result<u64> {
         self.exec(sql, &[])
+    }
+}
+
+/// The PostgreSQL book of the host bookkeeping (`hosts.rs`): one transaction, under the
+/// advisory lock of the place's host key.
+struct PgBook<'a> {
+    pg: &'a Pg,
+    tx: &'a Tx<'a>,
+}
+
+impl super::hosts::HostBook for PgBook<'_> {
+    async fn last_epoch(&mut self, place: &HostPlace) -> Result<Option<String>> {
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT epoch FROM host_places
+                 WHERE destination = $1 AND host_key = $2 AND remote_dir = $3",
+                &[&place.destination, &place.host_key, &place.remote_dir],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn same_key(&mut self, place: &HostPlace) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT destination, epoch FROM host_places
+                 WHERE host_key = $1 AND remote_dir = $2 AND destination != $3
+                 ORDER BY destination",
+                &[&place.host_key, &place.remote_dir, &place.destination],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn said(&mut self, place: &HostPlace) -> Result<BTreeSet<String>> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT CASE WHEN destination_a = $3 THEN destination_b ELSE destination_a END
+                 FROM host_key_shared
+                 WHERE host_key = $1 AND remote_dir = $2
+                   AND (destination_a = $3 OR destination_b = $3)",
+                &[&place.host_key, &place.remote_dir, &place.destination],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn store(&mut self, place: &HostPlace, epoch: &str, now: &str) -> Result<()> {
+        self.tx
+            .execute(
+                "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (destination, host_key, remote_dir)
+                    DO UPDATE SET epoch = $4, seen_at = $5",
+                &[
+                    &place.destination,
+                    &place.host_key,
+                    &place.remote_dir,
+                    &epoch,
+                    &now,
+                ],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.pg.err(e))
+    }
+
+    async fn mark_shared(&mut self, place: &HostPlace, x: &str, y: &str, now: &str) -> Result<()> {
+        self.tx
+            .execute(
+                "INSERT INTO host_key_shared
+                    (host_key, remote_dir, destination_a, destination_b, said_at)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&place.host_key, &place.remote_dir, &x, &y, &now],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.pg.err(e))
+    }
+
+    async fn note(&mut self, id: &ExecutionId, ev: &Evidence<'_>) -> Result<Event> {
+        let (kind, value) = (ev.kind(), ev.to_value());
+        self.pg
+            .append_in(self.tx, id.as_str(), kind.as_str(), None, &value)
+            .await
     }
 }
 
