@@ -57,8 +57,8 @@ mod http;
 mod postgres;
 mod store;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
-pub(crate) use postgres::audit as postgres_audit;
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
+pub(crate) use postgres::runtime as postgres_runtime;
 pub use postgres::wake::{listener_name, poll_every, Watch, Woken};
 pub use postgres::{
     is_postgres_url, lease_for, replica_id, set_lease_for, Ownership, TakeOver, MAX_TAKEOVERS,
@@ -966,7 +966,7 @@ pub fn refuse_url(path: &Path) -> Result<()> {
 }
 
 /// The URL with any password (`user:secret@`) replaced, so that an error never repeats it.
-fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

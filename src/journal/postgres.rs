@@ -54,7 +54,6 @@ use crate::id::ExecutionId;
 use crate::state::State;
 use fence::Fence;
 
-pub(crate) mod audit;
 pub(crate) mod checkpoint;
 mod fence;
 mod group;
@@ -613,7 +612,7 @@ pub fn is_postgres_url(location: &str) -> bool {
 }
 
 /// The journal runtime: two threads that drive every PostgreSQL connection of this process.
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
