@@ -847,6 +847,11 @@ impl Pg {
         evidence: &serde_json::Value,
         fence: Fence,
     ) -> Result<Event> {
+        if !fence.mine() {
+            // A process fenced out of `id` appends nothing more to it, note or not, until it
+            // owns it again (an owner's fence here is a takeover's or an accept's own).
+            self.not_fenced_out(id)?;
+        }
         let at = now_rfc3339();
         let evidence_text = evidence.to_string();
         let client = client_identity();
