@@ -48,6 +48,8 @@ pub(crate) mod test_postgres;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
 pub use group::GroupCommitStats;
+mod heads;
+pub use heads::next_status;
 #[cfg(test)]
 mod golden;
 mod hosts;
@@ -55,8 +57,8 @@ mod http;
 mod postgres;
 mod store;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
-pub(crate) use postgres::audit as postgres_audit;
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
+pub(crate) use postgres::runtime as postgres_runtime;
 pub use postgres::wake::{listener_name, poll_every, Watch, Woken};
 pub use postgres::{
     is_postgres_url, lease_for, replica_id, set_lease_for, Ownership, TakeOver, MAX_TAKEOVERS,
@@ -219,7 +221,7 @@ pub struct Event {
 }
 
 /// Current state of an execution, as derived from its events.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Status {
     pub state: State,
     /// For `unknown`: the last state before it (what was known before knowledge was lost).
@@ -443,7 +445,8 @@ impl Journal {
                 .add_intent_schema(&c)
                 .and_then(|()| self.add_batch_schema(&c))
                 .and_then(|()| self.add_host_schema(&c))
-                .and_then(|()| self.add_http_schema(&c)),
+                .and_then(|()| self.add_http_schema(&c))
+                .and_then(|()| self.add_state_schema(&c)),
             found => Err(JournalError::Version {
                 path: self.path.clone(),
                 found,
@@ -500,7 +503,8 @@ impl Journal {
         self.add_intent_schema(c)?;
         self.add_batch_schema(c)?;
         self.add_host_schema(c)?;
-        self.add_http_schema(c)
+        self.add_http_schema(c)?;
+        self.add_state_schema(c)
     }
 
     /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
@@ -794,10 +798,12 @@ impl Journal {
         Ok(out)
     }
 
-    /// The current state: the state of the last transition event.
+    /// The current state: the state of the last transition event, as [`status_from_events`]
+    /// derives it, read in one lookup of the state kept with the execution (`journal/heads.rs`),
+    /// not by replaying its events.
     pub fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
-        let events = self.events(id)?;
-        Ok(status_from_events(&events))
+        on_postgres!(self, pg => pg.status(id));
+        self.sqlite_status(id)
     }
 
     /// Executions, newest first, with their current state.
@@ -960,7 +966,7 @@ pub fn refuse_url(path: &Path) -> Result<()> {
 }
 
 /// The URL with any password (`user:secret@`) replaced, so that an error never repeats it.
-fn redact_url(url: &str) -> String {
+pub(crate) fn redact_url(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

@@ -22,12 +22,14 @@
 //! checkpoints (see `journal/postgres/checkpoint.rs`) are what a rewrite cannot forge without the
 //! seal key.
 
+mod read;
+
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
 use super::{check_record, check_session_record, Chain, Damage, Finding, Report, Row, Sealing};
-use crate::journal::postgres_audit::{snapshot, ChainRow, CheckpointRow, Head};
 use crate::journal::postgres_checkpoint as ck;
+use read::{snapshot, ChainRow, CheckpointRow, Head};
 
 impl Row {
     fn from_chain(chain: Chain, r: ChainRow) -> Row {

@@ -484,7 +484,12 @@ fn the_golden_journal_verifies_and_reads_back_byte_for_byte() {
     let j = Journal::open(&path).unwrap();
     let mut events = 0;
     for (rec, _) in j.list().unwrap() {
-        events += j.events(&rec.id).unwrap().len();
+        let evs = j.events(&rec.id).unwrap();
+        events += evs.len();
+        // the state kept with the execution (filled from the events on first open) is the
+        // replayed one
+        let replayed = crate::journal::status_from_events(&evs);
+        assert_eq!(j.status(&rec.id).unwrap(), replayed, "{}", rec.id);
     }
     assert_eq!(events, report.events);
 }

@@ -9,7 +9,9 @@
 
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-use super::{append_in, now_rfc3339, Backend, Journal, JournalError, Result};
+use std::collections::BTreeSet;
+
+use super::{append_in, now_rfc3339, Backend, Event, Journal, JournalError, Result};
 use crate::epoch::{self, Announced, HostPlace};
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
@@ -61,9 +63,8 @@ impl Journal {
     /// `place` announced `epoch` in a reply about execution `id`: update the bookkeeping and,
     /// in the same transaction, append to `id` a `host-epoch-changed` event when the epoch
     /// differs from the one last seen there, and a `host-key-shared` event for each other
-    /// destination presenting the same key with another epoch that was not yet said.
-    // Long: one IMMEDIATE transaction, its reads and appends in order; split, each step would
-    // take the transaction and its error mapping.
+    /// destination presenting the same key with another epoch that was not yet said
+    /// ([`observe_in`], one IMMEDIATE transaction here).
     pub fn observe_host_epoch(
         &mut self,
         id: &ExecutionId,
@@ -80,7 +81,88 @@ impl Journal {
         let tx = lease
             .transaction_with_behavior(TransactionBehavior::Immediate)
             .map_err(sq)?;
-        let last: Option<String> = tx
+        let mut book = SqliteBook {
+            tx: &tx,
+            path: &path,
+        };
+        // No await point waits: every step of the SQLite book is synchronous.
+        let (a, last_ev) = futures::executor::block_on(observe_in(&mut book, id, place, epoch))?;
+        tx.commit().map_err(sq)?;
+        drop(lease);
+        if let Some(ev) = &last_ev {
+            self.anchor_to(ev);
+        }
+        Ok(a)
+    }
+}
+
+/// The host bookkeeping's reads and writes inside one transaction of a backend: what differs
+/// between SQLite and PostgreSQL. The procedure itself is [`observe_in`], written once.
+pub(super) trait HostBook {
+    /// The epoch last seen at `place`.
+    async fn last_epoch(&mut self, place: &HostPlace) -> Result<Option<String>>;
+    /// The other destinations seen with `place`'s host key and remote dir, and their epochs,
+    /// by destination.
+    async fn same_key(&mut self, place: &HostPlace) -> Result<Vec<(String, String)>>;
+    /// The destinations already said to share `place`'s host key.
+    async fn said(&mut self, place: &HostPlace) -> Result<BTreeSet<String>>;
+    /// Remember `epoch` as last seen at `place`.
+    async fn store(&mut self, place: &HostPlace, epoch: &str, now: &str) -> Result<()>;
+    /// Remember that destinations `x < y` were said to share `place`'s key.
+    async fn mark_shared(&mut self, place: &HostPlace, x: &str, y: &str, now: &str) -> Result<()>;
+    /// Append `ev` (a note) to `id`'s chain in this transaction.
+    async fn note(&mut self, id: &ExecutionId, ev: &Evidence<'_>) -> Result<Event>;
+}
+
+/// The host bookkeeping of one reply, inside the caller's transaction (both backends): read
+/// what was seen, let [`epoch::announce`] decide, store it and append the evidence. Returns
+/// the decision and the last event appended.
+pub(super) async fn observe_in(
+    book: &mut impl HostBook,
+    id: &ExecutionId,
+    place: &HostPlace,
+    epoch: &str,
+) -> Result<(Announced, Option<Event>)> {
+    let last = book.last_epoch(place).await?;
+    let same_key = book.same_key(place).await?;
+    let said = book.said(place).await?;
+    let a = epoch::announce(place, epoch, last.as_deref(), &same_key, &said);
+    let now = now_rfc3339();
+    if a.store {
+        book.store(place, epoch, &now).await?;
+    }
+    let mut last_ev = None;
+    if let Some(old) = &a.changed_from {
+        let ev = host_epoch_changed_evidence(place, old, epoch, &now);
+        last_ev = Some(book.note(id, &ev).await?);
+    }
+    for (other, other_epoch) in &a.shared_with {
+        let (x, y) = epoch::pair(other, &place.destination);
+        book.mark_shared(place, &x, &y, &now).await?;
+        let ev = host_key_shared_evidence(place, epoch, other, other_epoch, &now);
+        last_ev = Some(book.note(id, &ev).await?);
+    }
+    Ok((a, last_ev))
+}
+
+/// The SQLite file's book: one IMMEDIATE transaction.
+struct SqliteBook<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    path: &'a std::path::Path,
+}
+
+impl SqliteBook<'_> {
+    fn sq(&self, source: rusqlite::Error) -> JournalError {
+        JournalError::Sqlite {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+}
+
+impl HostBook for SqliteBook<'_> {
+    async fn last_epoch(&mut self, place: &HostPlace) -> Result<Option<String>> {
+        self.tx
             .query_row(
                 "SELECT epoch FROM host_places
                  WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
@@ -88,80 +170,75 @@ impl Journal {
                 |r| r.get(0),
             )
             .optional()
-            .map_err(sq)?;
-        let same_key: Vec<(String, String)> = {
-            let mut st = tx
-                .prepare_cached(
-                    "SELECT destination, epoch FROM host_places
-                     WHERE host_key = ?1 AND remote_dir = ?2 AND destination != ?3
-                     ORDER BY destination",
-                )
-                .map_err(sq)?;
-            let it = st
-                .query_map(
-                    params![place.host_key, place.remote_dir, place.destination],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .map_err(sq)?;
-            it.collect::<rusqlite::Result<_>>().map_err(sq)?
-        };
-        let said: std::collections::BTreeSet<String> = {
-            let mut st = tx
-                .prepare_cached(
-                    "SELECT CASE WHEN destination_a = ?3 THEN destination_b ELSE destination_a END
-                     FROM host_key_shared
-                     WHERE host_key = ?1 AND remote_dir = ?2
-                       AND (destination_a = ?3 OR destination_b = ?3)",
-                )
-                .map_err(sq)?;
-            let it = st
-                .query_map(
-                    params![place.host_key, place.remote_dir, place.destination],
-                    |r| r.get(0),
-                )
-                .map_err(sq)?;
-            it.collect::<rusqlite::Result<_>>().map_err(sq)?
-        };
-        let a = epoch::announce(place, epoch, last.as_deref(), &same_key, &said);
-        let now = now_rfc3339();
-        if a.store {
-            tx.execute(
+            .map_err(|e| self.sq(e))
+    }
+
+    async fn same_key(&mut self, place: &HostPlace) -> Result<Vec<(String, String)>> {
+        let r = (|| {
+            let mut st = self.tx.prepare_cached(
+                "SELECT destination, epoch FROM host_places
+                 WHERE host_key = ?1 AND remote_dir = ?2 AND destination != ?3
+                 ORDER BY destination",
+            )?;
+            let it = st.query_map(
+                params![place.host_key, place.remote_dir, place.destination],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )?;
+            it.collect::<rusqlite::Result<_>>()
+        })();
+        r.map_err(|e| self.sq(e))
+    }
+
+    async fn said(&mut self, place: &HostPlace) -> Result<BTreeSet<String>> {
+        let r = (|| {
+            let mut st = self.tx.prepare_cached(
+                "SELECT CASE WHEN destination_a = ?3 THEN destination_b ELSE destination_a END
+                 FROM host_key_shared
+                 WHERE host_key = ?1 AND remote_dir = ?2
+                   AND (destination_a = ?3 OR destination_b = ?3)",
+            )?;
+            let it = st.query_map(
+                params![place.host_key, place.remote_dir, place.destination],
+                |r| r.get(0),
+            )?;
+            it.collect::<rusqlite::Result<_>>()
+        })();
+        r.map_err(|e| self.sq(e))
+    }
+
+    async fn store(&mut self, place: &HostPlace, epoch: &str, now: &str) -> Result<()> {
+        self.tx
+            .execute(
                 "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)
                  ON CONFLICT(destination, host_key, remote_dir) DO UPDATE SET epoch = ?4, seen_at = ?5",
                 params![place.destination, place.host_key, place.remote_dir, epoch, now],
             )
-            .map_err(sq)?;
-        }
-        let mut last_ev = None;
-        if let Some(old) = &a.changed_from {
-            let ev = host_epoch_changed_evidence(place, old, epoch, &now);
-            last_ev = Some(
-                append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
-                    .map_err(sq)?,
-            );
-        }
-        for (other, other_epoch) in &a.shared_with {
-            let (x, y) = epoch::pair(other, &place.destination);
-            tx.execute(
+            .map(|_| ())
+            .map_err(|e| self.sq(e))
+    }
+
+    async fn mark_shared(&mut self, place: &HostPlace, x: &str, y: &str, now: &str) -> Result<()> {
+        self.tx
+            .execute(
                 "INSERT OR IGNORE INTO host_key_shared
                     (host_key, remote_dir, destination_a, destination_b, said_at)
                  VALUES (?1, ?2, ?3, ?4, ?5)",
                 params![place.host_key, place.remote_dir, x, y, now],
             )
-            .map_err(sq)?;
-            let ev = host_key_shared_evidence(place, epoch, other, other_epoch, &now);
-            last_ev = Some(
-                append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
-                    .map_err(sq)?,
-            );
-        }
-        tx.commit().map_err(sq)?;
-        drop(lease);
-        if let Some(ev) = &last_ev {
-            self.anchor_to(ev);
-        }
-        Ok(a)
+            .map(|_| ())
+            .map_err(|e| self.sq(e))
+    }
+
+    async fn note(&mut self, id: &ExecutionId, ev: &Evidence<'_>) -> Result<Event> {
+        append_in(
+            self.tx,
+            id.as_str(),
+            ev.kind().as_str(),
+            None,
+            &ev.to_value(),
+        )
+        .map_err(|e| self.sq(e))
     }
 }
 
@@ -318,5 +395,48 @@ mod tests {
             crate::audit::verify(&path, &crate::audit::Anchor::for_journal(&path)).unwrap();
         assert!(report.ok(), "{:?}", report.findings);
         assert_eq!(report.anchored_seq, Some(report.head_seq));
+    }
+}
+
+#[cfg(test)]
+mod book_tests {
+    use super::*;
+    use crate::journal::tests::{backends, rec};
+    use rand::{Rng, SeedableRng};
+
+    /// On both backends, one procedure ([`observe_in`]): random announcements from three
+    /// destinations (two sharing a host key) decide as the in-memory book does, and append one
+    /// `host-epoch-changed` per change and one `host-key-shared` per pair said.
+    #[test]
+    fn both_backends_keep_the_host_book_as_the_rules_do() {
+        let dir = tempfile::tempdir().unwrap();
+        let place = |d: &str, key: &str| HostPlace {
+            destination: d.into(),
+            host_key: key.into(),
+            remote_dir: ".cairn".into(),
+        };
+        let places = [place("a", "k1"), place("b", "k1"), place("c", "k2")];
+        for (backend, path) in backends("host_book_both", dir.path()) {
+            let mut rng = rand::rngs::StdRng::seed_from_u64(16);
+            let mut j = Journal::open(&path).unwrap();
+            let r = rec(&ExecutionId::generate().to_string());
+            j.accept(&r, serde_json::json!({})).unwrap();
+            let mut book = epoch::HostBook::default();
+            let (mut changed, mut shared) = (0, 0);
+            for _ in 0..40 {
+                let p = &places[rng.random_range(0..places.len())];
+                let e = format!("e{}", rng.random_range(0..3));
+                let want = book.announce(p, &e);
+                let got = j.observe_host_epoch(&r.id, p, &e).unwrap();
+                assert_eq!(got, want, "{backend} {p:?} {e}");
+                changed += usize::from(want.changed_from.is_some());
+                shared += want.shared_with.len();
+                assert_eq!(j.host_epoch_at(p).unwrap().as_deref(), book.last_seen(p));
+            }
+            let evs = j.events(&r.id).unwrap();
+            let count = |k: &str| evs.iter().filter(|e| e.kind.as_str() == k).count();
+            assert_eq!(count("host-epoch-changed"), changed, "{backend}");
+            assert_eq!(count("host-key-shared"), shared, "{backend}");
+        }
     }
 }

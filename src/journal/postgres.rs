@@ -47,19 +47,20 @@ use super::{
     Candidate, ChainFields, Event, ExecutionRecord, IntentColumns, JournalError, JournalMetrics,
     Result, SessionRecord, SessionView, StoredEvent, StreamRecord, TokenRecord,
 };
-use crate::epoch::{self, Announced, HostPlace};
+use crate::epoch::{Announced, HostPlace};
 use crate::event::EventKind;
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 use crate::state::State;
+use fence::Fence;
 
-pub(crate) mod audit;
 pub(crate) mod checkpoint;
+mod fence;
 mod group;
 pub(crate) mod wake;
 
 /// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
-pub const PG_SCHEMA_VERSION: i32 = 8;
+pub const PG_SCHEMA_VERSION: i32 = 9;
 
 /// Each version's DDL, applied in order in one transaction each.
 pub(super) const MIGRATIONS: &[(i32, &str)] = &[
@@ -71,6 +72,7 @@ pub(super) const MIGRATIONS: &[(i32, &str)] = &[
     (6, group::MIGRATION),
     (7, wake::MIGRATION_7),
     (8, MIGRATION_8),
+    (9, fence::MIGRATION),
 ];
 
 const MIGRATION_1: &str = "
@@ -552,6 +554,18 @@ pub(super) fn fence_out(id: &str) {
     fenced_here().insert(id.to_owned());
 }
 
+/// An append to `id` was refused by the fence (CA001): an owner is fenced out for good; anyone
+/// else keeps its stale observation, so its next append is refused too until it reads `id`
+/// again.
+pub(super) fn refused_by_fence(id: &str, mine: bool, e: &JournalError) {
+    if mine {
+        fence_out(id);
+        tracing::warn!("cairn: {e}");
+    } else {
+        tracing::info!("cairn: {e}");
+    }
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Held {
     epoch: i64,
@@ -595,7 +609,7 @@ pub enum TakeOver {
 pub use crate::location::is_postgres_url;
 
 /// The journal runtime: two threads that drive every PostgreSQL connection of this process.
-fn runtime() -> &'static tokio::runtime::Runtime {
+pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
     static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
     RT.get_or_init(|| {
         tokio::runtime::Builder::new_multi_thread()
@@ -815,17 +829,31 @@ impl Pg {
         state: Option<State>,
         evidence: &serde_json::Value,
     ) -> Result<Event> {
+        self.append_as(c, id, kind, state, evidence, Fence::of(id))
+            .await
+    }
+
+    /// [`Pg::append_in`] fenced by `fence` (see `postgres/fence.rs`): an owner's append by the
+    /// epoch it holds, anyone else's by the epoch it observed. A refused owner is fenced out.
+    async fn append_as(
+        &self,
+        c: &impl GenericClient,
+        id: &str,
+        kind: &str,
+        state: Option<State>,
+        evidence: &serde_json::Value,
+        fence: Fence,
+    ) -> Result<Event> {
+        if !fence.mine() {
+            // A process fenced out of `id` appends nothing more to it, note or not, until it
+            // owns it again (an owner's fence here is a takeover's or an accept's own).
+            self.not_fenced_out(id)?;
+        }
         let at = now_rfc3339();
         let evidence_text = evidence.to_string();
         let client = client_identity();
         let st = state.map(|s| s.as_str());
-        // An owner's append is fenced by its lease epoch; anyone else's (a caller attached to
-        // another replica's execution noting that it matched) is not.
-        let held = owned().get(id).copied();
-        let (replica, epoch) = match held {
-            Some(h) => (Some(replica_id()), Some(h.epoch)),
-            None => (None, None),
-        };
+        let (replica, epoch) = fence.args();
         let sql = "SELECT o_seq, o_hash, o_prev \
                    FROM cairn_append_as($1, $2, $3, $4, $5, $6, $7, $8)";
         let stmt = c.prepare_cached(sql).await.map_err(|e| self.err(e))?;
@@ -847,8 +875,7 @@ impl Pg {
             .map_err(|e| {
                 let e = self.err(e);
                 if e.is_fenced() {
-                    fence_out(id);
-                    tracing::warn!("cairn: {e}");
+                    refused_by_fence(id, fence.mine(), &e);
                 }
                 lifecycle_refusal(id, e)
             })?;
@@ -943,14 +970,10 @@ impl Pg {
         )
         .await
         .map_err(|e| self.err(e))?;
-        self.append_in(
-            tx,
-            rec.id.as_str(),
-            "accepted",
-            Some(State::Accepted),
-            evidence,
-        )
-        .await
+        // Its owner row, just inserted, names this replica at epoch 1.
+        let (id, fence) = (rec.id.as_str(), Fence::Owner(1));
+        self.append_as(tx, id, "accepted", Some(State::Accepted), evidence, fence)
+            .await
     }
 
     /// Accept `rec` (group-committed with other handles' writes): its row, chain head, owner
@@ -1112,12 +1135,18 @@ impl Pg {
             let c = self.client().await?;
             let rows = c
                 .query(
-                    "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
-                     WHERE execution_id = $1 ORDER BY seq",
+                    "SELECT seq, execution_id, at, kind, state, evidence, hash, client,
+                            COALESCE((SELECT epoch FROM owners WHERE execution_id = $1), 0)
+                     FROM events WHERE execution_id = $1 ORDER BY seq",
                     &[&id.as_str()],
                 )
                 .await
                 .map_err(|e| self.err(e))?;
+            // The lease epoch these events were read at (one statement: one snapshot), which
+            // this process's next decision on them is fenced by.
+            if let Some(r) = rows.first() {
+                fence::observe(id.as_str(), r.get(8));
+            }
             let mut out = Vec::with_capacity(rows.len());
             for r in rows {
                 let seq: i64 = r.get(0);
@@ -1149,6 +1178,28 @@ impl Pg {
             }
             Ok(out)
         })
+    }
+
+    /// `id`'s status from its chain head (`heads.rs`), and the lease epoch it was read at
+    /// (one statement), observed for the fence as a read of its events is.
+    pub(super) fn status(&self, id: &ExecutionId) -> Result<Option<super::Status>> {
+        let row = self.query_opt(
+            "SELECT h.state,
+                    CASE WHEN h.state = 'unknown' THEN
+                        (SELECT v.state FROM events v
+                         WHERE v.execution_id = $1 AND v.state IS NOT NULL
+                           AND v.state <> 'unknown'
+                         ORDER BY v.seq DESC LIMIT 1) END,
+                    COALESCE((SELECT epoch FROM owners WHERE execution_id = $1), 0)
+             FROM chain_heads h WHERE h.execution_id = $1",
+            &[&id.as_str()],
+        )?;
+        let Some(r) = row else { return Ok(None) };
+        fence::observe(id.as_str(), r.get(2));
+        let Some(state) = r.get::<_, Option<&str>>(0) else {
+            return Ok(None);
+        };
+        super::heads::status_of(&self.location, id, state, r.get(1)).map(Some)
     }
 
     /// Every execution ID, newest first.
@@ -1278,18 +1329,21 @@ impl Pg {
                 .map_err(|e| self.err(e))?
                 .is_some();
             if !won {
-                let cands = self.candidates(&tx, cols).await?;
+                let (cands, epochs) = self.candidates(&tx, cols).await?;
                 if let Some(i) = choose(&cands).filter(|i| *i < cands.len()) {
                     let mut cands = cands;
                     let cand = cands.swap_remove(i);
-                    self.append_in(
-                        &tx,
-                        cand.id.as_str(),
-                        "intent-matched",
-                        None,
-                        match_evidence,
-                    )
-                    .await?;
+                    // The match was decided on the candidate as read at `epochs[i]`, in this
+                    // transaction but not under its owners row's lock: a takeover since refuses
+                    // it (CA001), and the caller's retry decides again.
+                    let id = cand.id.as_str();
+                    fence::observe(id, epochs[i]);
+                    let fence = match Fence::of(id) {
+                        owner @ Fence::Owner(_) => owner,
+                        _ => Fence::Observed(epochs[i]),
+                    };
+                    self.append_as(&tx, id, "intent-matched", None, match_evidence, fence)
+                        .await?;
                     tx.commit().await.map_err(|e| self.err(e))?;
                     return Ok(AcceptOrMatch::Matched(cand));
                 }
@@ -1312,15 +1366,20 @@ impl Pg {
     }
 
     /// Earlier executions with this intent still inside their window (database time), newest
-    /// first, with their status.
-    async fn candidates(&self, tx: &Tx<'_>, cols: &IntentColumns) -> Result<Vec<Candidate>> {
+    /// first, with their status, and the lease epoch each was read at.
+    async fn candidates(
+        &self,
+        tx: &Tx<'_>,
+        cols: &IntentColumns,
+    ) -> Result<(Vec<Candidate>, Vec<i64>)> {
         let rows = tx
             .query(
                 &format!(
                     "SELECT x.id, x.class, x.accepted_ms, x.retention_secs,
                         ARRAY(SELECT v.state FROM events v
                               WHERE v.execution_id = x.id AND v.state IS NOT NULL
-                              ORDER BY v.seq)
+                              ORDER BY v.seq),
+                        COALESCE((SELECT o.epoch FROM owners o WHERE o.execution_id = x.id), 0)
                      FROM executions x
                      WHERE x.fingerprint = $1 AND x.actor = $2 AND x.scope = $3
                        AND x.accepted_ms + x.retention_secs * 1000 > {DB_NOW_MS}
@@ -1330,7 +1389,7 @@ impl Pg {
             )
             .await
             .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
+        let (mut out, mut epochs) = (Vec::new(), Vec::new());
         for r in rows {
             let states: Vec<State> = r
                 .get::<_, Vec<String>>(4)
@@ -1350,8 +1409,9 @@ impl Pg {
                 retention_secs: r.get::<_, Option<i64>>(3).unwrap_or_default().max(0) as u64,
                 status,
             });
+            epochs.push(r.get::<_, i64>(5));
         }
-        Ok(out)
+        Ok((out, epochs))
     }
 
     pub(super) fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
@@ -1583,11 +1643,10 @@ impl Pg {
             .map(|r| r.get(0)))
     }
 
-    /// As on SQLite: the bookkeeping and the events it teaches in one transaction. The place's
-    /// key is locked first (an advisory lock on its hash), so two replicas learning about one
-    /// host key at once do not both announce the same change.
-    // Long: one transaction under the key's advisory lock, its reads and appends in order, as
-    // on SQLite.
+    /// As on SQLite (`hosts::observe_in`, written once): the bookkeeping and the events it
+    /// teaches in one transaction. The place's key is locked first (an advisory lock on its
+    /// hash), so two replicas learning about one host key at once do not both announce the
+    /// same change.
     pub(super) fn observe_host_epoch(
         &self,
         id: &ExecutionId,
@@ -1604,79 +1663,8 @@ impl Pg {
             )
             .await
             .map_err(|e| self.err(e))?;
-            let last: Option<String> = tx
-                .query_opt(
-                    "SELECT epoch FROM host_places
-                     WHERE destination = $1 AND host_key = $2 AND remote_dir = $3",
-                    &[&place.destination, &place.host_key, &place.remote_dir],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .map(|r| r.get(0));
-            let same_key: Vec<(String, String)> = tx
-                .query(
-                    "SELECT destination, epoch FROM host_places
-                     WHERE host_key = $1 AND remote_dir = $2 AND destination != $3
-                     ORDER BY destination",
-                    &[&place.host_key, &place.remote_dir, &place.destination],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .iter()
-                .map(|r| (r.get(0), r.get(1)))
-                .collect();
-            let said: BTreeSet<String> = tx
-                .query(
-                    "SELECT CASE WHEN destination_a = $3 THEN destination_b ELSE destination_a END
-                     FROM host_key_shared
-                     WHERE host_key = $1 AND remote_dir = $2
-                       AND (destination_a = $3 OR destination_b = $3)",
-                    &[&place.host_key, &place.remote_dir, &place.destination],
-                )
-                .await
-                .map_err(|e| self.err(e))?
-                .iter()
-                .map(|r| r.get(0))
-                .collect();
-            let a = epoch::announce(place, epoch, last.as_deref(), &same_key, &said);
-            let now = now_rfc3339();
-            if a.store {
-                tx.execute(
-                    "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
-                     VALUES ($1, $2, $3, $4, $5)
-                     ON CONFLICT (destination, host_key, remote_dir)
-                        DO UPDATE SET epoch = $4, seen_at = $5",
-                    &[
-                        &place.destination,
-                        &place.host_key,
-                        &place.remote_dir,
-                        &epoch,
-                        &now,
-                    ],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-            }
-            if let Some(old) = &a.changed_from {
-                let ev = super::hosts::host_epoch_changed_evidence(place, old, epoch, &now);
-                self.append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
-                    .await?;
-            }
-            for (other, other_epoch) in &a.shared_with {
-                let (x, y) = epoch::pair(other, &place.destination);
-                tx.execute(
-                    "INSERT INTO host_key_shared
-                        (host_key, remote_dir, destination_a, destination_b, said_at)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
-                    &[&place.host_key, &place.remote_dir, &x, &y, &now],
-                )
-                .await
-                .map_err(|e| self.err(e))?;
-                let ev =
-                    super::hosts::host_key_shared_evidence(place, epoch, other, other_epoch, &now);
-                self.append_in(&tx, id.as_str(), ev.kind().as_str(), None, &ev.to_value())
-                    .await?;
-            }
+            let mut book = PgBook { pg: self, tx: &tx };
+            let (a, _) = super::hosts::observe_in(&mut book, id, place, epoch).await?;
             tx.commit().await.map_err(|e| self.err(e))?;
             Ok(a)
         })
@@ -1986,6 +1974,7 @@ impl Pg {
         )?;
         Ok(rows.first().map(|r| {
             let replica: String = r.get(0);
+            fence::observe(id.as_str(), r.get(2));
             Ownership {
                 mine: replica == replica_id(),
                 replica,
@@ -2094,7 +2083,9 @@ impl Pg {
                 // Whatever this process held of it before is over (the row is locked here).
                 owned().remove(xid.as_str());
                 let (kind, state, evidence) = evidence.into_event();
-                self.append_in(&tx, xid.as_str(), kind.as_str(), state, &evidence)
+                // Its owner now, in this transaction (the row says so already).
+                let fence = Fence::Owner(epoch + 1);
+                self.append_as(&tx, xid.as_str(), kind.as_str(), state, &evidence, fence)
                     .await?;
                 taken.push((xid, from, epoch + 1));
             }
@@ -2127,6 +2118,97 @@ impl Pg {
     #[cfg(test)]
     pub(super) fn raw_execute(&self, sql: &str) -> Result<u64> {
         self.exec(sql, &[])
+    }
+}
+
+/// The PostgreSQL book of the host bookkeeping (`hosts.rs`): one transaction, under the
+/// advisory lock of the place's host key.
+struct PgBook<'a> {
+    pg: &'a Pg,
+    tx: &'a Tx<'a>,
+}
+
+impl super::hosts::HostBook for PgBook<'_> {
+    async fn last_epoch(&mut self, place: &HostPlace) -> Result<Option<String>> {
+        let row = self
+            .tx
+            .query_opt(
+                "SELECT epoch FROM host_places
+                 WHERE destination = $1 AND host_key = $2 AND remote_dir = $3",
+                &[&place.destination, &place.host_key, &place.remote_dir],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?;
+        Ok(row.map(|r| r.get(0)))
+    }
+
+    async fn same_key(&mut self, place: &HostPlace) -> Result<Vec<(String, String)>> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT destination, epoch FROM host_places
+                 WHERE host_key = $1 AND remote_dir = $2 AND destination != $3
+                 ORDER BY destination",
+                &[&place.host_key, &place.remote_dir, &place.destination],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?;
+        Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
+    }
+
+    async fn said(&mut self, place: &HostPlace) -> Result<BTreeSet<String>> {
+        let rows = self
+            .tx
+            .query(
+                "SELECT CASE WHEN destination_a = $3 THEN destination_b ELSE destination_a END
+                 FROM host_key_shared
+                 WHERE host_key = $1 AND remote_dir = $2
+                   AND (destination_a = $3 OR destination_b = $3)",
+                &[&place.host_key, &place.remote_dir, &place.destination],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?;
+        Ok(rows.iter().map(|r| r.get(0)).collect())
+    }
+
+    async fn store(&mut self, place: &HostPlace, epoch: &str, now: &str) -> Result<()> {
+        self.tx
+            .execute(
+                "INSERT INTO host_places (destination, host_key, remote_dir, epoch, seen_at)
+                 VALUES ($1, $2, $3, $4, $5)
+                 ON CONFLICT (destination, host_key, remote_dir)
+                    DO UPDATE SET epoch = $4, seen_at = $5",
+                &[
+                    &place.destination,
+                    &place.host_key,
+                    &place.remote_dir,
+                    &epoch,
+                    &now,
+                ],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.pg.err(e))
+    }
+
+    async fn mark_shared(&mut self, place: &HostPlace, x: &str, y: &str, now: &str) -> Result<()> {
+        self.tx
+            .execute(
+                "INSERT INTO host_key_shared
+                    (host_key, remote_dir, destination_a, destination_b, said_at)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+                &[&place.host_key, &place.remote_dir, &x, &y, &now],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.pg.err(e))
+    }
+
+    async fn note(&mut self, id: &ExecutionId, ev: &Evidence<'_>) -> Result<Event> {
+        let (kind, value) = (ev.kind(), ev.to_value());
+        self.pg
+            .append_in(self.tx, id.as_str(), kind.as_str(), None, &value)
+            .await
     }
 }
 

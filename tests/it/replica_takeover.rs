@@ -347,3 +347,73 @@ fn a_takeover_inside_the_pause_between_the_dispatched_commit_and_the_send_runs_o
     assert_eq!(count("dispatched"), 2, "A's and B's: {kinds:?}");
     assert_eq!(h.executions(), 1);
 }
+
+/// The fence on a non-owner's append (docs/REPLICAS.md, "What the fence covers, exactly"):
+/// this test process, never the owner, reads A's running execution (at lease epoch 1) and
+/// decides to note something on it; A dies and B takes the execution over (epoch 2) before the
+/// note is appended. The note is refused (CA001, `is_fenced`), nothing of it is written, and a
+/// second try without reading again is refused too; once the process reads the execution
+/// again (epoch 2 observed), its decision made again is appended. Ran once.
+#[test]
+fn a_non_owners_append_decided_before_a_takeover_is_refused_until_it_reads_again() {
+    let Some((h, key)) = replicated_host("non_owner_fenced") else {
+        return;
+    };
+    let auth = format!("Bearer {}", token(&h, "agent:alice", &[]));
+    let gate: PathBuf = h.sshd.dir().join("gate");
+    let cmd = gated(&h, &gate);
+    let mut a = replica_with_lease(&h, &key);
+    let (port_a, auth2, cmd2) = (a.port, auth.clone(), cmd.clone());
+    let first = std::thread::spawn(move || execute_maybe(port_a, &auth2, 1, &cmd2));
+    let started = h.wait_started();
+    let id = ExecutionId::parse(&started).unwrap();
+    let mut j = h.journal();
+    // The decision: made on what this process read, at A's epoch.
+    let seen = j.status(&id).unwrap().expect("A's execution");
+    assert!(!seen.state.is_settled(), "{seen:?}");
+    let note = serde_json::json!({"method": "test", "decided_at_epoch": 1});
+    let before = j.events(&id).unwrap().len();
+    // Read again here: the events read is the observation the decision stands on.
+    assert!(j.ownership(&id).unwrap().is_some_and(|o| o.epoch == 1));
+    let b = replica_with_lease(&h, &key);
+    let pid_a = a.pid();
+    a.kill9();
+    let _ = first.join();
+    // Waited for in the database itself: a read through this process's journal would be an
+    // observation of the new epoch.
+    let server = crate::support::postgres::server("non_owner_fenced").unwrap();
+    let url = h.journal.to_string_lossy().into_owned();
+    let db = url.rsplit('/').next().unwrap().to_owned();
+    let sql = format!("SELECT epoch FROM owners WHERE execution_id = '{started}'");
+    wait_for("B's takeover (epoch 2)", LIMIT, || {
+        (server.psql(&db, &sql).ok()?.trim() == "2").then_some(())
+    });
+    let kind = cairn::journal::EventKind::Correlation;
+    let e = j
+        .append(&id, kind.clone(), None, note.clone())
+        .expect_err("a decision made before the takeover is refused");
+    assert!(e.is_fenced(), "{e}");
+    let e = j
+        .append(&id, kind.clone(), None, note.clone())
+        .expect_err("still refused without reading again");
+    assert!(e.is_fenced(), "{e}");
+    let evs = j.events(&id).unwrap();
+    assert!(
+        evs.iter().all(|e| e.evidence != note),
+        "nothing of the refused note written: {evs:#?}"
+    );
+    assert!(evs.len() > before, "the takeover is in the journal");
+    // Read again (epoch 2 observed, above) and decide again: appended.
+    let fresh = serde_json::json!({"method": "test", "decided_at_epoch": 2});
+    j.append(&id, kind, None, fresh.clone())
+        .expect("a decision made after reading again is appended");
+    std::fs::write(&gate, b"").unwrap();
+    wait_for("B settles it", LIMIT, || {
+        let s = h.journal().status(&id).ok()??;
+        s.state.is_settled().then_some(())
+    });
+    let evs = h.journal().events(&id).unwrap();
+    assert_eq!(evs.iter().filter(|e| e.evidence == fresh).count(), 1);
+    assert_eq!(h.runs(), 1, "ran once\nB:\n{}", b.log());
+    check_taken_over(&h, &started, pid_a, b.pid());
+}

@@ -21,8 +21,9 @@
 //! - **The chain.** `cairn_append_batch` calls `cairn_append_as` once per event, in order, so
 //!   each event reads and moves its execution's head inside the transaction; several events of
 //!   one execution in one batch chain in the order they were submitted.
-//! - **The fence.** Each append is fenced by the lease epoch this process holds, read when the
-//!   batch is written, as a lone append's is; a fenced request gets SQLSTATE CA001.
+//! - **The fence.** Each append is fenced as a lone append is (`fence.rs`): an owner's by the
+//!   lease epoch this process holds, anyone else's by the epoch it observed, read when the batch
+//!   is written; a fenced request gets SQLSTATE CA001.
 //! - **One request's failure is its own.** Each request runs in a block of its own with an
 //!   exception handler (a savepoint): a request refused (fenced, an unknown execution, an ID
 //!   already accepted) is rolled back alone and gets that error, its neighbours commit. If the
@@ -52,7 +53,8 @@ use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
 
 use tokio_postgres::types::ToSql;
 
-use super::{owned, replica_id, Obj, Pg};
+use super::fence::Fence;
+use super::{replica_id, Obj, Pg};
 use crate::journal::{
     client_identity, now_rfc3339, ChainFields, Event, ExecutionRecord, GroupCommitStats,
     JournalError, Result,
@@ -317,7 +319,7 @@ impl Pg {
         let stmt = c
             .prepare_cached(
                 "SELECT o_request, o_seq, o_hash, o_prev, o_code, o_message, o_constraint
-                 FROM cairn_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10)",
+                 FROM cairn_append_batch($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
             )
             .await
             .map_err(|e| Failed::Unknown(self.err(e)))?;
@@ -398,8 +400,8 @@ impl Pg {
                     constraint: row.get::<_, Option<String>>(6).filter(|c| !c.is_empty()),
                 };
                 if e.is_fenced() {
-                    super::fence_out(reqs[r].execution_id());
-                    tracing::warn!("cairn: {e}");
+                    let mine = call.mine.get(call.first[r]).copied().unwrap_or(false);
+                    super::refused_by_fence(reqs[r].execution_id(), mine, &e);
                 }
                 *slot = Err(super::lifecycle_refusal(reqs[r].execution_id(), e));
                 continue;
@@ -459,6 +461,9 @@ struct Call<'a> {
     states: Vec<Option<&'static str>>,
     evidence: Vec<String>,
     epochs: Vec<Option<i64>>,
+    /// Per event: an owner's append (fenced by replica and epoch), or anyone else's (by the
+    /// epoch observed).
+    mine: Vec<bool>,
     values: Vec<(Option<State>, &'a serde_json::Value)>,
     replica: &'static str,
     client: &'static str,
@@ -476,6 +481,7 @@ impl<'a> Call<'a> {
             states: Vec::new(),
             evidence: Vec::new(),
             epochs: Vec::new(),
+            mine: Vec::new(),
             values: Vec::new(),
             replica: replica_id(),
             client: client_identity(),
@@ -484,20 +490,22 @@ impl<'a> Call<'a> {
             c.first.push(c.ids.len());
             match r {
                 Request::Append { id, events } => {
-                    // An owner's append is fenced by its lease epoch; anyone else's (a caller
-                    // attached to another replica's execution noting that it matched) is not.
-                    let epoch = owned().get(id.as_str()).map(|h| h.epoch);
+                    // An owner's append is fenced by the epoch it holds, anyone else's by the
+                    // epoch it observed (`fence.rs`).
+                    let fence = Fence::of(id);
                     c.counts.push(events.len() as i32);
                     c.records.push(None);
                     for (kind, state, evidence) in events {
-                        c.event(id, kind, *state, evidence, epoch);
+                        c.event(id, kind, *state, evidence, fence);
                     }
                 }
                 Request::Accept { rec, evidence } => {
                     c.counts.push(1);
                     c.records.push(Some(record_json(rec)));
                     let id = rec.id.as_str();
-                    c.event(id, "accepted", Some(State::Accepted), evidence, None);
+                    // Its owner row is inserted in the same request, naming this replica at 1.
+                    let fence = Fence::Owner(1);
+                    c.event(id, "accepted", Some(State::Accepted), evidence, fence);
                 }
             }
         }
@@ -510,18 +518,20 @@ impl<'a> Call<'a> {
         kind: &str,
         state: Option<State>,
         evidence: &'a serde_json::Value,
-        epoch: Option<i64>,
+        fence: Fence,
     ) {
+        let (replica, epoch) = fence.args();
         self.ids.push(id.to_owned());
         self.ats.push(now_rfc3339());
         self.kinds.push(kind.to_owned());
         self.states.push(state.map(|s| s.as_str()));
         self.evidence.push(evidence.to_string());
         self.epochs.push(epoch);
+        self.mine.push(replica.is_some());
         self.values.push((state, evidence));
     }
 
-    fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+    fn params(&self) -> [&(dyn ToSql + Sync); 11] {
         [
             &self.counts,
             &self.records,
@@ -533,6 +543,7 @@ impl<'a> Call<'a> {
             &self.states,
             &self.evidence,
             &self.epochs,
+            &self.mine,
         ]
     }
 }

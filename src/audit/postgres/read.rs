@@ -3,14 +3,14 @@
 //! are read at one instant while replicas go on appending), on a connection of its own that
 //! migrates nothing and writes nothing.
 //!
-//! The checking is [`crate::audit`]'s; this only reads.
+//! The checking is the parent module's (`audit/postgres.rs`); this only reads. Both live
+//! under `audit/`: the PostgreSQL audit in one place.
 
 use std::time::Duration;
 
 use tokio_postgres::{IsolationLevel, NoTls};
 
-use super::{runtime, PG_SCHEMA_VERSION};
-use crate::journal::{redact_url, SessionRecord};
+use crate::journal::{postgres_runtime as runtime, redact_url, SessionRecord, PG_SCHEMA_VERSION};
 
 /// One entry of a hash chain as stored: an event (`id` is its execution) or a session entry
 /// (`id` is its session; `state` and `client` are empty).
