@@ -997,52 +997,14 @@ fn engine(plan: Plan) -> i32 {
     let mut next = 0;
     while next < plan.jobs.len() && !stop.load(Ordering::SeqCst) {
         let end = (next + chunk).min(plan.jobs.len());
-        let queue: Arc<Mutex<VecDeque<Job>>> =
-            Arc::new(Mutex::new(plan.jobs[next..end].iter().cloned().collect()));
-        let (tx, rx) = mpsc::channel::<Msg>();
-        let workers = plan.parallel.min(end - next);
-        let mut handles = Vec::new();
-        for _ in 0..workers {
-            let (plan, queue, tx, failures, stop) = (
-                plan.clone(),
-                queue.clone(),
-                tx.clone(),
-                failures.clone(),
-                stop.clone(),
-            );
-            handles.push(std::thread::spawn(move || loop {
-                if stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Some(job) = queue.lock().ok().and_then(|mut q| q.pop_front()) else {
-                    return;
-                };
-                let _ = tx.send(Msg::Started);
-                let r = run_host(&plan, &job, &tx);
-                if !r.ok() {
-                    let n = failures.fetch_add(1, Ordering::SeqCst) + 1;
-                    if plan.max_failures.is_some_and(|k| n > k) {
-                        stop.store(true, Ordering::SeqCst);
-                    }
-                }
-                let _ = tx.send(Msg::Done(Box::new(r)));
-            }));
-        }
-        drop(tx);
-        for m in rx {
-            match m {
-                Msg::Started => display.started(),
-                Msg::Line(i, e, l) => display.line(i, e, &l),
-                Msg::Done(r) => {
-                    display.done(&r, &plan.batch_id);
-                    let i = r.idx;
-                    results[i] = Some(*r);
-                }
-            }
-        }
-        for h in handles {
-            let _ = h.join();
-        }
+        run_batch(
+            &plan,
+            next..end,
+            &mut display,
+            &mut results,
+            &failures,
+            &stop,
+        );
         if plan.batch_size.is_some()
             && results[next..end]
                 .iter()
@@ -1056,28 +1018,7 @@ fn engine(plan: Plan) -> i32 {
     let results: Vec<HostResult> = results
         .into_iter()
         .enumerate()
-        .map(|(i, r)| {
-            r.unwrap_or_else(|| {
-                let j = &plan.jobs[i];
-                let r = HostResult {
-                    idx: i,
-                    destination: j.destination.clone(),
-                    execution_id: j.id.to_string(),
-                    state: "skipped".into(),
-                    exit_code: None,
-                    duration: Duration::ZERO,
-                    reconnects: 0,
-                    reason: Some(
-                        "not started: an earlier failure stopped the batch (`cairn batch resume`)"
-                            .into(),
-                    ),
-                    outcome: None,
-                    output: Capture::default(),
-                };
-                display.skipped(&r, &plan.batch_id);
-                r
-            })
-        })
+        .map(|(i, r)| r.unwrap_or_else(|| skipped(&plan, i, &mut display)))
         .collect();
     display.finish();
     let code = exit_code(&results);
@@ -1089,6 +1030,85 @@ fn engine(plan: Plan) -> i32 {
         plan.output_dir.as_deref(),
     );
     code
+}
+
+/// One rolling batch: the jobs in `range` on up to `--parallel` workers, each result shown and
+/// kept as it arrives; a worker stops taking jobs once `--max-failures` is exceeded.
+fn run_batch(
+    plan: &Arc<Plan>,
+    range: std::ops::Range<usize>,
+    display: &mut Display,
+    results: &mut [Option<HostResult>],
+    failures: &Arc<AtomicUsize>,
+    stop: &Arc<AtomicBool>,
+) {
+    let workers = plan.parallel.min(range.len());
+    let queue: Arc<Mutex<VecDeque<Job>>> =
+        Arc::new(Mutex::new(plan.jobs[range].iter().cloned().collect()));
+    let (tx, rx) = mpsc::channel::<Msg>();
+    let mut handles = Vec::new();
+    for _ in 0..workers {
+        let (plan, queue, tx, failures, stop) = (
+            plan.clone(),
+            queue.clone(),
+            tx.clone(),
+            failures.clone(),
+            stop.clone(),
+        );
+        handles.push(std::thread::spawn(move || loop {
+            if stop.load(Ordering::SeqCst) {
+                return;
+            }
+            let Some(job) = queue.lock().ok().and_then(|mut q| q.pop_front()) else {
+                return;
+            };
+            let _ = tx.send(Msg::Started);
+            let r = run_host(&plan, &job, &tx);
+            if !r.ok() {
+                let n = failures.fetch_add(1, Ordering::SeqCst) + 1;
+                if plan.max_failures.is_some_and(|k| n > k) {
+                    stop.store(true, Ordering::SeqCst);
+                }
+            }
+            let _ = tx.send(Msg::Done(Box::new(r)));
+        }));
+    }
+    drop(tx);
+    for m in rx {
+        match m {
+            Msg::Started => display.started(),
+            Msg::Line(i, e, l) => display.line(i, e, &l),
+            Msg::Done(r) => {
+                display.done(&r, &plan.batch_id);
+                let i = r.idx;
+                results[i] = Some(*r);
+            }
+        }
+    }
+    for h in handles {
+        let _ = h.join();
+    }
+}
+
+/// The result of host `i`, which this run never started: an earlier failure stopped it.
+fn skipped(plan: &Plan, i: usize, display: &mut Display) -> HostResult {
+    let j = &plan.jobs[i];
+    let r = HostResult {
+        idx: i,
+        destination: j.destination.clone(),
+        execution_id: j.id.to_string(),
+        state: "skipped".into(),
+        exit_code: None,
+        duration: Duration::ZERO,
+        reconnects: 0,
+        reason: Some(
+            "not started: an earlier failure stopped the batch (`cairn batch resume`)".into(),
+        ),
+        outcome: None,
+        output: Capture::default(),
+    };
+    display.skipped(&r, &plan.batch_id);
+    r
 }
 
 fn exit_code(results: &[HostResult]) -> i32 {
