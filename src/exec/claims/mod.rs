@@ -375,7 +375,8 @@ impl<J: ExecutionJournal> Executor<J> {
                                 end = now + self.patience.reconnect_for;
                                 until = Some(end);
                             }
-                            _ => return Ok(self.held(id, o)),
+                            Route::HeldByAnother => return Ok(self.held(id, o)),
+                            other => return self.drive_routed(id, &f, other),
                         }
                     }
                     Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50).min(end - now)
