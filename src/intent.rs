@@ -90,8 +90,8 @@ use sha2::{Digest, Sha256};
 pub const CANONICAL_VERSION: &str = "cairn-intent-v2";
 
 /// A read-only operation whose earlier attempts ended `unknown` this many times within the
-/// window stops for review instead of trying again.
-pub const READ_ONLY_RETRY_LIMIT: usize = 3;
+/// window stops for review instead of trying again (the admission table's bound).
+pub const READ_ONLY_RETRY_LIMIT: usize = crate::admission::READ_ONLY_RETRY_LIMIT;
 
 /// Operation class: how dangerous a second run would be, and so what a retry may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -135,31 +135,44 @@ impl OpClass {
         })
     }
 
-    /// What a matching retry does when the earlier execution's outcome is `unknown`.
+    /// What a matching retry does when the earlier execution's outcome is `unknown`: the
+    /// admission table's class rule ([`crate::admission::Class::after_unknown`]).
     pub fn after_unknown(self, unknown_attempts_in_window: usize) -> AfterUnknown {
-        match self {
-            OpClass::ReadOnly if unknown_attempts_in_window < READ_ONLY_RETRY_LIMIT => {
-                AfterUnknown::RunAgain
-            }
-            OpClass::ReadOnly => AfterUnknown::Review,
-            OpClass::Idempotent => AfterUnknown::RetrySameId,
-            OpClass::Conditional | OpClass::RemoteCommand => AfterUnknown::ProbeMarker,
-            OpClass::Irreversible => AfterUnknown::Review,
+        crate::admission::Class::from(self).after_unknown(unknown_attempts_in_window)
+    }
+}
+
+impl From<OpClass> for crate::admission::Class {
+    fn from(c: OpClass) -> Self {
+        use crate::admission::Class;
+        match c {
+            OpClass::ReadOnly => Class::ReadOnly,
+            OpClass::Idempotent => Class::Idempotent,
+            OpClass::Conditional => Class::Conditional,
+            OpClass::Irreversible => Class::Irreversible,
+            OpClass::RemoteCommand => Class::RemoteCommand,
         }
     }
 }
 
-/// [`OpClass::after_unknown`] for a class as the journal recorded it. A name this build does not
-/// parse (damaged, or written by a newer build: it may be `irreversible`) gets the strictest
-/// rule, review: never a probe that could dispatch again, never a new run.
-pub fn after_unknown_recorded(class: &str, unknown_attempts_in_window: usize) -> AfterUnknown {
+/// The admission table's class for a class name the journal recorded. A name this build does
+/// not parse (damaged, or written by a newer build: it may be `irreversible`) is
+/// [`Unrecognized`](crate::admission::Class::Unrecognized), whose rule is the strictest,
+/// review: never a probe that could dispatch again, never a new run. That is said here, once
+/// per call: call it only where the class rule is asked.
+pub fn class_recorded(class: &str) -> crate::admission::Class {
     match class.parse::<OpClass>() {
-        Ok(c) => c.after_unknown(unknown_attempts_in_window),
+        Ok(c) => c.into(),
         Err(e) => {
             tracing::warn!("cairn: {e} in the journal: treated as needing review");
-            AfterUnknown::Review
+            crate::admission::Class::Unrecognized
         }
     }
+}
+
+/// [`OpClass::after_unknown`] for a class as the journal recorded it ([`class_recorded`]).
+pub fn after_unknown_recorded(class: &str, unknown_attempts_in_window: usize) -> AfterUnknown {
+    class_recorded(class).after_unknown(unknown_attempts_in_window)
 }
 
 impl std::fmt::Display for OpClass {
@@ -184,19 +197,9 @@ impl std::str::FromStr for OpClass {
     }
 }
 
-/// The class rule after an `unknown` outcome (docs/DESIGN.md, operation classes).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterUnknown {
-    /// Start a new execution (read-only, within limits).
-    RunAgain,
-    /// Drive the same execution again, re-dispatching under the same ID where the marker
-    /// does not prove it finished or running (idempotent).
-    RetrySameId,
-    /// Probe the marker and follow the recovery table; otherwise stop for review.
-    ProbeMarker,
-    /// Touch nothing; show the review record.
-    Review,
-}
+/// The class rule after an `unknown` outcome (docs/DESIGN.md, operation classes): the
+/// admission table's.
+pub use crate::admission::AfterUnknown;
 
 /// The command, in the caller's form.
 #[derive(Clone, Debug, PartialEq, Eq)]

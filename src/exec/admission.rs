@@ -7,10 +7,11 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 
+use crate::admission::{self, Ask, Class, Facts, Owner, Recorded, Route};
 use crate::approve::ApprovalRequest;
 use crate::evidence::{AcceptedIntent, Evidence};
 use crate::id::ExecutionId;
-use crate::intent::{AfterUnknown, Intent, IntentKey, OpClass};
+use crate::intent::{Intent, IntentKey, OpClass};
 use crate::journal::{
     now_rfc3339, AcceptOrMatch, Candidate, ExecutionJournal, ExecutionRecord, IntentColumns,
 };
@@ -77,24 +78,27 @@ pub(super) fn digest(cmd: &[u8]) -> String {
 /// one that is accepted, authorized, dispatched, running, or has a result not yet delivered;
 /// or one whose outcome is `unknown`/`interrupted` (the review record), unless its class lets
 /// a retry run again (read-only, within limits). Failed, rejected and delivered ones do not
-/// hold a match: a request after them is a new execution.
+/// hold a match: a request after them is a new execution ([`admission::holds_match`]).
 pub fn choose_match(cands: &[Candidate]) -> Option<usize> {
     let unsettled = cands
         .iter()
         .filter(|c| matches!(c.status.state, State::Unknown | State::Interrupted))
         .count();
-    cands.iter().position(|c| match c.status.state {
-        State::Accepted
-        | State::Authorized
-        | State::Dispatched
-        | State::Running
-        | State::Completed
-        | State::Cancelled => true,
-        State::Unknown | State::Interrupted => {
-            crate::intent::after_unknown_recorded(&c.class, unsettled) != AfterUnknown::RunAgain
-        }
-        State::Failed | State::Rejected | State::Delivered => false,
+    cands.iter().position(|c| {
+        let asks_rule = matches!(c.status.state, State::Unknown | State::Interrupted);
+        admission::holds_match(c.status.state, class_of(c, asks_rule), unsettled)
     })
+}
+
+/// The admission table's class of `c`'s recorded class name. Where the table asks its rule
+/// after an unknown outcome (`asks_rule`), a name this build does not parse is said
+/// ([`crate::intent::class_recorded`]); elsewhere the class decides nothing and is read quietly.
+fn class_of(c: &Candidate, asks_rule: bool) -> Class {
+    if asks_rule {
+        crate::intent::class_recorded(&c.class)
+    } else {
+        Class::from_recorded(&c.class)
+    }
 }
 
 /// A request on its way to becoming an execution: what `execute` made of it before the
@@ -294,11 +298,20 @@ impl<J: ExecutionJournal> Executor<J> {
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
         let target = &a.target;
-        let same = rec.command_digest == a.digest
+        let same_operation = rec.command_digest == a.digest
             && rec.host == target.hostname
             && rec.port == target.port
             && rec.user == target.user;
-        if !same {
+        let facts = Facts {
+            // (a row is all the table asks of a reused ID: its state, class, owner and
+            // redrives decide nothing here, and are not read)
+            recorded: Recorded::Stateless,
+            class: Class::Unrecognized,
+            owner: Owner::Nobody,
+            redrives: 0,
+            detached: false,
+        };
+        if admission::route(Ask::SameId { same_operation }, &facts) != Route::Attach {
             return Err(ExecError::IdConflict {
                 id: id.to_string(),
                 recorded: format!(
@@ -691,25 +704,97 @@ impl<J: ExecutionJournal> Executor<J> {
         Ok(())
     }
 
-    /// A request matched `c`: attach to it according to its state and class. `None` when it
-    /// turned out never to have been dispatched (its owner died first): accept anew.
+    /// A request matched `c`: attach to it according to its state and class (the admission
+    /// table's [`Ask::Matched`]). `None` when it turned out never to have been dispatched (its
+    /// owner died first): accept anew.
     async fn attach_matched(
         &mut self,
         c: &Candidate,
         detach: bool,
         sink: &mut dyn OutputSink,
     ) -> Result<Option<Outcome>, ExecError> {
-        // An execution another process is still starting: give it time to reach the host,
-        // so that we watch its dispatch rather than race it with our own (the start guard
-        // would make that harmless, but not quiet).
+        let (state, route) = self.matched_route(c).await?;
+        let o = match route {
+            Route::Recover => {
+                // Never dispatched, and its owner is gone (or silent past the deadline): the
+                // `dispatched` event is durable before a byte leaves, so nothing was sent.
+                let o = self.recover_one(&c.id, false).await?;
+                if o.state == State::Failed {
+                    return Ok(None);
+                }
+                o
+            }
+            // proven never started
+            Route::New => return Ok(None),
+            Route::Review => self.review_outcome(&c.id)?,
+            Route::RetryUnderSameId => {
+                let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
+                // Held by its live owner on another replica: that owner decides, not this
+                // call (nothing is appended or sent from here).
+                if o.state == State::Unknown && o.held_by.is_none() {
+                    // Idempotent: running it again is harmless; do it under the same
+                    // execution ID (the start guard still holds where the marker exists).
+                    self.journal.append_evidence(
+                        &c.id,
+                        Evidence::RetrySameId {
+                            class: OpClass::Idempotent,
+                            reason: (),
+                        },
+                    )?;
+                    self.redispatch(&c.id, detach, sink).await?
+                } else {
+                    o
+                }
+            }
+            Route::Attach => {
+                let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
+                // An `unknown` probed again and still unknown goes to review (held by its live
+                // owner on another replica: nothing concluded here).
+                if state == State::Unknown && o.state == State::Unknown && o.held_by.is_none() {
+                    self.review_outcome(&c.id)?
+                } else {
+                    o
+                }
+            }
+            other => {
+                return Err(ExecError::Internal(format!(
+                    "the admission table routed a matched request for {} to {other:?}",
+                    c.id
+                )))
+            }
+        };
+        Ok(Some(self.mark_attached(o)))
+    }
+
+    /// Where a request that matched `c` goes ([`Ask::Matched`]), and the state that decided it.
+    /// An execution another process is still starting: give it time to reach the host, so that
+    /// we watch its dispatch rather than race it with our own (the start guard would make that
+    /// harmless, but not quiet). Its owner is looked up only while it could make the request
+    /// wait; once the table stops waiting, what the journal holds then decides.
+    async fn matched_route(&mut self, c: &Candidate) -> Result<(State, Route), ExecError> {
         let deadline = Instant::now() + self.link.connect.connect_timeout + Duration::from_secs(30);
         let mut state = c.status.state;
-        while matches!(
-            state,
-            State::Accepted | State::Authorized | State::Dispatched
-        ) && Instant::now() < deadline
-        {
-            if self.owner_may_dispatch(&c.id)?.is_none() {
+        loop {
+            let owner_wait_over = Instant::now() >= deadline;
+            let pending = matches!(
+                state,
+                State::Accepted | State::Authorized | State::Dispatched
+            );
+            let owner = if pending && !owner_wait_over && self.owner_may_dispatch(&c.id)?.is_some()
+            {
+                Owner::Live
+            } else {
+                Owner::Nobody
+            };
+            let facts = Facts {
+                recorded: Recorded::At(state),
+                // (the class decides nothing while the owner may make it wait)
+                class: class_of(c, false),
+                owner,
+                redrives: 0,
+                detached: false,
+            };
+            if admission::route(Ask::Matched { owner_wait_over }, &facts) != Route::Wait {
                 break;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -721,54 +806,19 @@ impl<J: ExecutionJournal> Executor<J> {
         }
         let status = self.journal.status(&c.id)?;
         let state = status.as_ref().map(|s| s.state).unwrap_or(state);
-        if matches!(state, State::Accepted | State::Authorized) {
-            // Never dispatched, and its owner is gone (or silent past the deadline): the
-            // `dispatched` event is durable before a byte leaves, so nothing was sent.
-            let o = self.recover_one(&c.id, false).await?;
-            if o.state == State::Failed {
-                return Ok(None);
-            }
-            return Ok(Some(self.mark_attached(o)));
-        }
-        if state == State::Failed {
-            return Ok(None);
-        }
-        let o = match state {
-            State::Interrupted => self.review_outcome(&c.id)?,
-            State::Unknown => match crate::intent::after_unknown_recorded(&c.class, 0) {
-                AfterUnknown::Review | AfterUnknown::RunAgain => self.review_outcome(&c.id)?,
-                AfterUnknown::ProbeMarker => {
-                    let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
-                    // (held by its live owner on another replica: nothing concluded here)
-                    if o.state == State::Unknown && o.held_by.is_none() {
-                        self.review_outcome(&c.id)?
-                    } else {
-                        o
-                    }
-                }
-                AfterUnknown::RetrySameId => {
-                    let o = self.attach_from(&c.id, sink, (0, 0), !detach).await?;
-                    // Held by its live owner on another replica: that owner decides, not this
-                    // call (nothing is appended or sent from here).
-                    if o.state == State::Unknown && o.held_by.is_none() {
-                        // Idempotent: running it again is harmless; do it under the same
-                        // execution ID (the start guard still holds where the marker exists).
-                        self.journal.append_evidence(
-                            &c.id,
-                            Evidence::RetrySameId {
-                                class: OpClass::Idempotent,
-                                reason: (),
-                            },
-                        )?;
-                        self.redispatch(&c.id, detach, sink).await?
-                    } else {
-                        o
-                    }
-                }
-            },
-            _ => self.attach_from(&c.id, sink, (0, 0), !detach).await?,
+        let facts = Facts {
+            recorded: Recorded::At(state),
+            // (the class rule is asked of an `unknown` one alone)
+            class: class_of(c, state == State::Unknown),
+            // the wait is over: the owner is not asked again
+            owner: Owner::Nobody,
+            redrives: 0,
+            detached: false,
         };
-        Ok(Some(self.mark_attached(o)))
+        let ask = Ask::Matched {
+            owner_wait_over: true,
+        };
+        Ok((state, admission::route(ask, &facts)))
     }
 }
 

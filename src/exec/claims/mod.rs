@@ -1,7 +1,12 @@
-//! Who may dispatch: the one room that decides whether a call of this process may send (or
-//! drive towards sending) an execution, or must wait, leave it as it is, or report it held.
+//! Who may dispatch: the registries the executor consults before a call of this process sends
+//! (or drives towards sending) an execution. The decision itself, whether to drive, wait, take
+//! over, leave it as it is or report it held, is the core's admission table
+//! ([`crate::admission::route`]: [`Ask::Drive`] in [`Executor::own_or_wait`], [`Ask::Redrive`]
+//! in [`may_redrive`], [`Ask::Matched`] in the admission room); this room gathers the facts it
+//! is asked on (the owner and whether it lives, the redrives, a detached dispatch), holds the
+//! registries, and does what the table answered (the guards, the takeover, the wait).
 //!
-//! Every registry that takes part in that decision, and why each exists:
+//! Every registry that takes part, and why each exists:
 //! - [`owner`]'s `DRIVING` map ([`owner::claim`]): the executions this process is taking
 //!   towards their dispatch, counted per call, from before their acceptance. Between
 //!   `accepted` and `dispatched` only the owner may send an execution; while it lives, "never
@@ -12,8 +17,8 @@
 //!   execution: the owner's calls beside each other (`shared`), or one call alone (`sole`:
 //!   the recovery after a takeover, or the owner's sweep picking up an execution none of its
 //!   calls drives any more). One call recovers and the others wait for its result instead of
-//!   recording it twice; the sweep never drives beside a live call ([`drive_undriven`] checks
-//!   both this registry and `DRIVING` under one lock).
+//!   recording it twice (the table's [`Owner::HereBusy`]); the sweep never drives beside a
+//!   live call ([`drive_undriven`] checks both this registry and `DRIVING` under one lock).
 //! - [`gate`]'s task-local [`gate::Gate`]: one front request's dispatch boundary. A caller
 //!   gone before the first `dispatched` is committed means nothing is sent; one gone after
 //!   finds the execution dispatched, never killed by a transport event.
@@ -22,15 +27,16 @@
 //!   replica of a shared journal owns an execution. It lives in the journal backends (the
 //!   PostgreSQL backend's own map of what this replica owns is theirs, not this room's);
 //!   [`Executor::own_or_wait`] and [`Executor::live_owner`] are where it meets the two
-//!   registries above.
-//! - [`may_redrive`] with [`MAX_REDRIVES`]: whether the owner's sweep may pick up an
-//!   execution no call drives, and how often.
+//!   registries above and becomes the table's [`Owner`].
+//! - [`may_redrive`]: the facts the owner's sweep is routed on (its redrives, a detached
+//!   dispatch); the bound, [`MAX_REDRIVES`], is the table's.
 
 pub mod gate;
 pub mod owner;
 
 use std::time::{Duration, Instant};
 
+use crate::admission::{self, Ask, Class, Facts, Owner, Recorded, Route};
 use crate::event::EventKind;
 use crate::id::ExecutionId;
 use crate::journal::ExecutionJournal;
@@ -40,13 +46,14 @@ use crate::state::State;
 use super::*;
 
 /// How many times the owner's sweep picks up one execution that none of its calls drives
-/// ([`Executor::redrive_owned`]): one whose recovery keeps failing is then left as it is.
-pub const MAX_REDRIVES: usize = 3;
+/// ([`Executor::redrive_owned`]): one whose recovery keeps failing is then left as it is (the
+/// admission table's bound).
+pub const MAX_REDRIVES: usize = admission::MAX_REDRIVES;
 
-/// Whether the owner's sweep may pick up `id` when no call drives it: its state and how many
-/// times it was picked up before, or `None` to leave it alone: settled or `unknown` (a call
-/// concluded it), detached (its callers attach to it or poll it), or picked up
-/// [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
+/// Whether the owner's sweep may pick up `id` when no call drives it ([`Ask::Redrive`]): its
+/// state and how many times it was picked up before, or `None` to leave it alone: settled or
+/// `unknown` (a call concluded it), detached (its callers attach to it or poll it), or picked
+/// up [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
 pub(crate) fn may_redrive(
     j: &impl ExecutionJournal,
     id: &ExecutionId,
@@ -54,34 +61,63 @@ pub(crate) fn may_redrive(
     let Some(status) = j.status(id)? else {
         return Ok(None);
     };
-    if !matches!(
-        status.state,
-        State::Accepted | State::Authorized | State::Dispatched | State::Running
-    ) {
-        return Ok(None);
+    let facts = Facts {
+        recorded: Recorded::At(status.state),
+        // (the sweep owns it; the class is not asked)
+        class: Class::RemoteCommand,
+        owner: Owner::Here,
+        redrives: 0,
+        detached: false,
+    };
+    let facts = redrive_facts(j, id, facts)?;
+    Ok((admission::route(Ask::Redrive, &facts) == Route::Drive)
+        .then_some((status.state, facts.redrives)))
+}
+
+/// `facts` with what the owner's sweep decides on besides the state ([`Ask::Redrive`]): how
+/// many times it picked `id` up (`redrive` events), and whether its latest dispatch was
+/// detached. The events are read only when the state alone would not leave it alone; one
+/// picked up too often is said here.
+fn redrive_facts(
+    j: &impl ExecutionJournal,
+    id: &ExecutionId,
+    mut facts: Facts,
+) -> Result<Facts, crate::journal::JournalError> {
+    if admission::route(Ask::Redrive, &facts) != Route::Drive {
+        return Ok(facts);
     }
     let events = j.events(id)?;
-    let detached = events
+    facts.detached = events
         .iter()
         .rev()
         .find(|e| e.kind == EventKind::Dispatched)
         .is_some_and(|e| e.evidence["detach"] == true);
-    if detached {
-        return Ok(None);
-    }
-    let before = events
+    facts.redrives = events
         .iter()
         .filter(|e| e.kind == EventKind::Redrive)
         .count();
-    if before >= MAX_REDRIVES {
-        tracing::warn!(
-            "cairn: {id} ({}): no call of its owner drives it, and its owner picked it up \
-             {MAX_REDRIVES} times already; left as it is (cairn recover finishes it)",
-            status.state
-        );
-        return Ok(None);
+    if !facts.detached && admission::route(Ask::Redrive, &facts) != Route::Drive {
+        if let Some(state) = facts.recorded.state() {
+            tracing::warn!(
+                "cairn: {id} ({state}): no call of its owner drives it, and its owner picked it \
+                 up {MAX_REDRIVES} times already; left as it is (cairn recover finishes it)"
+            );
+        }
     }
-    Ok(Some((status.state, before)))
+    Ok(facts)
+}
+
+/// [`Ask::Drive`]'s facts of an execution nobody owns: a journal not shared by replicas, no
+/// ownership row, or one settled. Nothing else is read then (the table drives it whatever is
+/// recorded).
+fn unowned() -> Facts {
+    Facts {
+        recorded: Recorded::Stateless,
+        class: Class::RemoteCommand,
+        owner: Owner::Nobody,
+        redrives: 0,
+        detached: false,
+    }
 }
 
 /// Whether a caller may drive an execution of a shared journal (see `own_or_wait`).
@@ -269,54 +305,50 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// On a shared journal an execution is driven by its owner. Before driving `id` (attach,
-    /// recover, dispatch again): go ahead when nobody owns it, this replica owns it from its
-    /// own acceptance (unless its sweep picked it up, see [`Executor::redrive_owned`]: then
-    /// wait for that), or it is settled; when its owner's lease expired, take it over (a
-    /// `takeover` event, the epoch bumped: the old owner is fenced) and drive it as its new
-    /// owner; while a live replica owns it, or another call of this process drives it after
-    /// a takeover, wait until it settles (or that lease expires): woken by the notification of
-    /// its settling append, reading the journal again without one every poll interval and when
-    /// the lease would expire (docs/REPLICAS.md: notifications are hints).
-    /// [`Drive::Review`] when it was taken over [`crate::journal::MAX_TAKEOVERS`] times
-    /// already: left for review, not driven again.
+    /// recover, dispatch again), the admission table decides ([`Ask::Drive`]): go ahead when
+    /// nobody owns it, this replica owns it from its own acceptance (unless its sweep picked
+    /// it up, see [`Executor::redrive_owned`]: then wait for that), or it is settled; when its
+    /// owner's lease expired, take it over (a `takeover` event, the epoch bumped: the old owner
+    /// is fenced) and drive it as its new owner; while a live replica owns it, or another call
+    /// of this process drives it after a takeover, wait until it settles (or that lease
+    /// expires): woken by the notification of its settling append, reading the journal again
+    /// without one every poll interval and when the lease would expire (docs/REPLICAS.md:
+    /// notifications are hints). [`Drive::Review`] when it was taken over
+    /// [`crate::journal::MAX_TAKEOVERS`] times already: left for review, not driven again.
     pub(super) async fn own_or_wait(&mut self, id: &ExecutionId) -> Result<Drive, ExecError> {
         // Made before the first read, so that a settling notified after it wakes the wait.
         let Some(mut watch) = self.journal.watch(id) else {
-            return Ok(Drive::Go(None));
+            // Not shared by replicas: nobody owns it.
+            return self.drive_routed(id, &unowned(), Route::Drive);
         };
         let mut said = false;
         // Waiting on a live replica's lease is bounded by this call's reconnect window: past
         // it the caller gets what the journal holds, as held by that owner.
         let mut until: Option<Instant> = None;
         loop {
-            let Some(o) = self.journal.ownership(id)? else {
-                return Ok(Drive::Go(None));
-            };
-            if o.settled
-                || self
-                    .journal
-                    .status(id)?
-                    .is_some_and(|s| s.state.is_settled())
-            {
-                return Ok(Drive::Go(None));
-            }
-            if o.mine {
-                let g = if self.journal.taken_over_here(id) {
-                    drive_taken(id)
-                } else {
-                    drive_own(id)
+            let o = self.journal.ownership(id)?;
+            let mut f = self.drive_facts(id, o.as_ref())?;
+            let mut route = admission::route(Ask::Drive { window_over: false }, &f);
+            if route == Route::Drive && f.owner == Owner::Here {
+                route = match self.drive_routed(id, &f, route) {
+                    Ok(Drive::Go(None)) => {
+                        // another call of this replica recovers it (after a takeover, or the
+                        // owner's sweep picked it up): wait for its result
+                        f.owner = Owner::HereBusy;
+                        admission::route(Ask::Drive { window_over: false }, &f)
+                    }
+                    d => return d,
                 };
-                if let Some(g) = g {
-                    return Ok(Drive::Go(Some(g)));
-                }
-                // another call of this replica recovers it (after a takeover, or the owner's
-                // sweep picked it up): wait for its result
-            } else if !o.live {
-                if let Some(d) = self.take_over_expired(id).await? {
-                    return Ok(d);
-                }
-                continue;
             }
+            let (Some(o), Route::Wait) = (o, route) else {
+                if route == Route::TakeOver {
+                    if let Some(d) = self.take_over_expired(id).await? {
+                        return Ok(d);
+                    }
+                    continue;
+                }
+                return self.drive_routed(id, &f, route);
+            };
             if !said {
                 tracing::info!(
                     "cairn: {id} is driven by replica {} (lease epoch {}); waiting until it \
@@ -328,36 +360,28 @@ impl<J: ExecutionJournal> Executor<J> {
             }
             // Another replica's lease: read again when it would expire, if nothing comes first,
             // and give up waiting at the end of the reconnect window.
-            let within = match o.mine {
-                true => crate::journal::poll_every(),
-                false => {
+            let within = match f.owner {
+                Owner::Live => {
                     let now = Instant::now();
                     let mut end = *until.get_or_insert(now + self.patience.reconnect_for);
-                    // A run its owner drives, or would pick up once undriven (`may_redrive`),
-                    // ends with a result worth waiting for, as on one gateway: wait another
-                    // window. Only one the owner leaves alone (detached, `unknown`, picked up
-                    // too often) is answered as held at the end of the window.
-                    if now >= end && may_redrive(&self.journal, id)?.is_some() {
-                        end = now + self.patience.reconnect_for;
-                        until = Some(end);
-                    }
                     if now >= end {
-                        tracing::info!(
-                            "cairn: {id} is still owned by live replica {} (lease epoch {}) and \
-                             not settled after this call's reconnect window ({:?}); answering \
-                             what the journal holds, nothing concluded",
-                            o.replica,
-                            o.epoch,
-                            self.patience.reconnect_for
-                        );
-                        return Ok(Drive::Held {
-                            replica: o.replica,
-                            client: o.client,
-                            epoch: o.epoch,
-                        });
+                        // A run its owner drives, or would pick up once undriven
+                        // ([`Ask::Redrive`]), ends with a result worth waiting for, as on one
+                        // gateway: wait another window. Only one the owner leaves alone is
+                        // answered as held at the end of the window.
+                        let f = redrive_facts(&self.journal, id, f)?;
+                        match admission::route(Ask::Drive { window_over: true }, &f) {
+                            Route::Wait => {
+                                end = now + self.patience.reconnect_for;
+                                until = Some(end);
+                            }
+                            Route::HeldByAnother => return Ok(self.held(id, o)),
+                            other => return self.drive_routed(id, &f, other),
+                        }
                     }
                     Duration::from_millis(o.lease_left_ms.max(0) as u64 + 50).min(end - now)
                 }
+                _ => crate::journal::poll_every(),
             };
             match watch.wait(within).await {
                 crate::journal::Woken::Notified => {
@@ -368,6 +392,74 @@ impl<J: ExecutionJournal> Executor<J> {
                 ),
                 crate::journal::Woken::Timeout => {}
             }
+        }
+    }
+
+    /// What [`Ask::Drive`] is asked about `id` given its ownership row `o`: nobody owns it
+    /// without a row or once the row settled (its state is not read then); otherwise its state,
+    /// and whether its owner is this replica ([`Owner::Here`]), another that lives
+    /// ([`Owner::Live`]), or one whose lease expired ([`Owner::Dead`]).
+    fn drive_facts(
+        &self,
+        id: &ExecutionId,
+        o: Option<&crate::journal::Ownership>,
+    ) -> Result<Facts, ExecError> {
+        let Some(o) = o.filter(|o| !o.settled) else {
+            return Ok(unowned());
+        };
+        let recorded = match self.journal.status(id)? {
+            Some(s) => Recorded::At(s.state),
+            None => Recorded::Stateless,
+        };
+        let owner = match (o.mine, o.live) {
+            (true, _) => Owner::Here,
+            (false, true) => Owner::Live,
+            (false, false) => Owner::Dead,
+        };
+        Ok(Facts {
+            recorded,
+            owner,
+            ..unowned()
+        })
+    }
+
+    /// What [`Executor::own_or_wait`] answers for `route`, a route that ends its wait:
+    /// [`Route::Drive`] goes ahead, with the guard when this replica owns it (this call drives
+    /// it then; `Go(None)` when another call of this process drives it alone, and the caller
+    /// asks again as [`Owner::HereBusy`]). The guard is taken only after the table said so:
+    /// taking it is a side effect.
+    fn drive_routed(&self, id: &ExecutionId, f: &Facts, route: Route) -> Result<Drive, ExecError> {
+        match route {
+            Route::Drive if f.owner == Owner::Here => {
+                let g = if self.journal.taken_over_here(id) {
+                    drive_taken(id)
+                } else {
+                    drive_own(id)
+                };
+                Ok(Drive::Go(g))
+            }
+            Route::Drive | Route::Settled => Ok(Drive::Go(None)),
+            other => Err(ExecError::Internal(format!(
+                "the admission table routed a drive of {id} ({f:?}) to {other:?}"
+            ))),
+        }
+    }
+
+    /// [`Route::HeldByAnother`]: `o`, a live replica, still holds `id` at the end of this
+    /// call's reconnect window.
+    fn held(&self, id: &ExecutionId, o: crate::journal::Ownership) -> Drive {
+        tracing::info!(
+            "cairn: {id} is still owned by live replica {} (lease epoch {}) and not settled \
+             after this call's reconnect window ({:?}); answering what the journal holds, \
+             nothing concluded",
+            o.replica,
+            o.epoch,
+            self.patience.reconnect_for
+        );
+        Drive::Held {
+            replica: o.replica,
+            client: o.client,
+            epoch: o.epoch,
         }
     }
 
