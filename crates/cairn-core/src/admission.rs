@@ -88,11 +88,11 @@ pub enum Class {
 }
 
 /// Unknown attempts of a read-only operation within its retention window that still start a
-/// new execution (`cairn::intent::READ_ONLY_RETRY_LIMIT`); then review.
+/// new execution (used under this name by `cairn::intent`); then review.
 pub const READ_ONLY_RETRY_LIMIT: usize = 3;
 
 /// What a matching request does when the earlier execution's outcome is `unknown`
-/// (`cairn::intent::AfterUnknown`, the class table of docs/DESIGN.md).
+/// (the class table of docs/DESIGN.md; `cairn::intent::AfterUnknown` is this type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum AfterUnknown {
     /// Start a new execution (read-only, within limits).
@@ -185,7 +185,7 @@ impl Owner {
 
 /// How many times the owner's sweep picks up one execution that none of its calls drives
 /// (`Executor::redrive_owned`): one whose recovery keeps failing is then left as it is
-/// (`cairn::executor::MAX_REDRIVES`).
+/// (the executor's claims room asks [`route`] with [`Ask::Redrive`]).
 pub const MAX_REDRIVES: usize = 3;
 
 /// What the journal and the caller know of the execution.
