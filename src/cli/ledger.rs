@@ -2,7 +2,7 @@
 //! through it (`ex.journal`): the executions recorded (`cairn gc` visits the places they were
 //! dispatched to), an execution's record (`cairn status`), the pruning of local cursors.
 //!
-//! Methods of [`Executor`] written beside the command line, so that `src/executor.rs` stays
+//! Methods of [`Executor`] written beside the command line, so that `src/exec/` stays
 //! the driver of executions and the journal behind it can change without the CLI knowing its
 //! methods. (The end of a session: `Executor::end_session`, beside the fleet.)
 

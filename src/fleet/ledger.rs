@@ -3,7 +3,7 @@
 //! ever accepted and its recorded state, the end of an operator's session (also `cairn run`'s
 //! and `cairn op`'s).
 //!
-//! Methods of [`Executor`] written beside the fleet, so that `src/executor.rs` stays the
+//! Methods of [`Executor`] written beside the fleet, so that `src/exec/` stays the
 //! driver of executions and the journal behind it can change without the fleet knowing its
 //! methods.
 

@@ -4,7 +4,7 @@
 //! waiting for review.
 //!
 //! These are methods of [`Executor`] written here, beside the fronts that need them, so that
-//! `src/executor.rs` stays the driver of executions and the journal behind it can change
+//! `src/exec/` stays the driver of executions and the journal behind it can change
 //! without the fronts knowing its methods.
 
 use crate::evidence::Evidence;

@@ -309,7 +309,7 @@ pub fn last_seq(cfg: &GatewayConfig) -> i64 {
 
 /// What a closed response stream (or `notifications/cancelled`) does to the executions of a
 /// call that was not made a task. The *request* is cancelled, as the protocol says; for its
-/// executions the dispatch boundary decides (src/gate.rs):
+/// executions the dispatch boundary decides (src/exec/claims/gate.rs):
 /// - not yet dispatched: nothing is sent; the executor concludes it `failed` ("nothing was
 ///   sent") when it reaches the boundary, and a re-sent call with the same intent is a new
 ///   execution;

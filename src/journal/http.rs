@@ -28,7 +28,7 @@ pub struct TokenRecord {
     pub revoked_at: Option<String>,
 }
 
-/// What `/metrics` reads from the journal (see `src/http/metrics.rs`).
+/// What `/metrics` reads from the journal (see `src/front/http/metrics.rs`).
 #[derive(Clone, Debug, Default)]
 pub struct JournalMetrics {
     pub by_state: Vec<(String, i64)>,

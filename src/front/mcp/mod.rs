@@ -332,7 +332,7 @@ impl CairnMcp {
 
     /// Serve one call whose `job` starts or attaches to executions (`run_command`, a named
     /// operation): the job runs on a worker thread inside the call's dispatch boundary
-    /// (src/gate.rs) and its log span, and runs to its recorded outcome whatever the client
+    /// (src/exec/claims/gate.rs) and its log span, and runs to its recorded outcome whatever the client
     /// does. A client that declared the tasks extension gets a task once the execution is
     /// accepted (`may_task`: the call has one execution). Otherwise the answer waits for the
     /// job, unless the request is cancelled first (its stream closed, `notifications/cancelled`):
