@@ -34,13 +34,14 @@ const SCHEMA_VERSION: i64 = 1;
 /// implementation follows the macro in each method.
 macro_rules! on_postgres {
     ($self:ident, $pg:ident => $e:expr) => {
-        if let Backend::Postgres($pg) = &$self.backend {
+        if let Store::Postgres($pg) = &$self.store {
             return $e;
         }
     };
 }
 
 pub mod anchor;
+mod backend;
 mod batch;
 #[cfg(test)]
 #[path = "../tests/it/support/postgres.rs"]
@@ -55,7 +56,9 @@ mod golden;
 mod hosts;
 mod http;
 mod postgres;
+mod sqlite;
 mod store;
+use backend::Backend;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
 pub(crate) use postgres::runtime as postgres_runtime;
@@ -232,23 +235,17 @@ pub struct Status {
 /// [`Backend`] chosen by the location given to [`Journal::open`].
 pub struct Journal {
     path: PathBuf,
-    backend: Backend,
+    store: Store,
 }
 
-/// Where a journal is kept. Every public method of [`Journal`] asks its backend, so callers
-/// (the executor, the fronts, audit) never know which store they write to.
-enum Backend {
+/// Where a journal is kept. Every public method of [`Journal`] asks its [`Backend`] (through
+/// [`Journal::backend`], the one place that tells the stores apart), so callers (the executor,
+/// the fronts, audit) never know which store they write to.
+enum Store {
     /// A SQLite file on this machine (the default).
-    Sqlite(SqliteFile),
+    Sqlite(sqlite::Sqlite),
     /// A PostgreSQL database, shared by every replica that names it (`postgres://…`).
     Postgres(std::sync::Arc<postgres::Pg>),
-}
-
-/// The SQLite backend's state: the anchor next to the file, and the group commit (with the
-/// connection pool) shared with every other handle on the file in this process.
-struct SqliteFile {
-    anchor: anchor::Anchor,
-    group: std::sync::Arc<group::Group>,
 }
 
 /// Current UTC time as RFC 3339 with milliseconds.
@@ -318,7 +315,7 @@ impl Journal {
         if let Some(url) = path.to_str().filter(|p| is_postgres_url(p)) {
             return Ok(Journal {
                 path: path.to_owned(),
-                backend: Backend::Postgres(postgres::open(url)?),
+                store: Store::Postgres(postgres::open(url)?),
             });
         }
         refuse_url(path)?;
@@ -340,7 +337,8 @@ impl Journal {
         let group = group::group_for(path, &anchor.path);
         let j = Journal {
             path: path.to_owned(),
-            backend: Backend::Sqlite(SqliteFile {
+            store: Store::Sqlite(sqlite::Sqlite {
+                path: path.to_owned(),
                 group: std::sync::Arc::clone(&group),
                 anchor,
             }),
@@ -386,17 +384,6 @@ impl Journal {
         redact_url(&self.path.to_string_lossy())
     }
 
-    /// Run one SQL statement as the journal's own connection (tests: what the journal's role
-    /// may and may not do).
-    #[cfg(test)]
-    pub(crate) fn raw_execute(&self, sql: &str) -> Result<u64> {
-        on_postgres!(self, pg => pg.raw_execute(sql));
-        self.conn()?
-            .execute(sql, [])
-            .map(|n| n as u64)
-            .map_err(|e| self.err(e))
-    }
-
     fn err(&self, source: rusqlite::Error) -> JournalError {
         JournalError::Sqlite {
             path: self.path.clone(),
@@ -406,10 +393,10 @@ impl Journal {
 
     /// The SQLite backend's state; an error on another backend (its callers are the SQLite
     /// implementations of the public methods, which other backends never reach).
-    fn file(&self) -> Result<&SqliteFile> {
-        match &self.backend {
-            Backend::Sqlite(f) => Ok(f),
-            Backend::Postgres(pg) => Err(JournalError::Io {
+    fn file(&self) -> Result<&sqlite::Sqlite> {
+        match &self.store {
+            Store::Sqlite(f) => Ok(f),
+            Store::Postgres(pg) => Err(JournalError::Io {
                 path: pg.location().into(),
                 message: "a SQLite operation was asked of a PostgreSQL journal".into(),
             }),
@@ -418,10 +405,23 @@ impl Journal {
 
     /// A SQLite connection for one operation (see [`group::Lease`]).
     fn conn(&self) -> Result<group::Lease<'_>> {
-        self.file()?
-            .group
-            .lease(&|| connect(&self.path))
-            .map_err(|e| self.err(e))
+        self.file()?.conn()
+    }
+
+    /// The store this journal is kept in: the one place that tells them apart.
+    fn backend(&self) -> &dyn Backend {
+        match &self.store {
+            Store::Sqlite(s) => s,
+            Store::Postgres(pg) => &**pg,
+        }
+    }
+
+    /// Move the anchor of a SQLite file to a committed event (nothing on PostgreSQL, sealed by
+    /// checkpoints instead).
+    fn anchor_to(&self, ev: &Event) {
+        if let Store::Sqlite(s) = &self.store {
+            s.anchor_to(ev);
+        }
     }
 
     /// SQLite connections this process has opened to this journal file (all handles count):
@@ -586,82 +586,12 @@ impl Journal {
         }
     }
 
-    /// Record a new execution and its `accepted` event in one transaction (group-committed with
-    /// other handles' writes, like [`Journal::append`]). Fails if the ID already exists.
-    pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
-        on_postgres!(self, pg => pg.accept(rec, &evidence));
-        self.commit(group::Request::Accept {
-            rec: rec.clone(),
-            evidence,
-        })
-    }
-
-    /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
-    /// `cairn audit verify`), never fails the operation.
-    fn anchor_to(&self, ev: &Event) {
-        if let Ok(f) = self.file() {
-            advance_anchor(&f.anchor, ev);
-        }
-    }
-
-    /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
-    /// (a reconnect, a probe result, a delivery of part of the output …).
-    ///
-    /// Returns once the event is committed, with its seq and hash as stored. Appends from every
-    /// handle on this journal in this process are group-committed: concurrent callers share one
-    /// transaction and one fsync (see `journal/group.rs`).
-    pub fn append(
-        &mut self,
-        id: &ExecutionId,
-        kind: EventKind,
-        state: Option<State>,
-        evidence: serde_json::Value,
-    ) -> Result<Event> {
-        let kind = kind.as_str();
-        on_postgres!(self, pg => pg
-            .append_all(id, &[(kind.to_owned(), state, evidence)])
-            .and_then(|e| e.ok_or_else(|| pg_missing_event(pg))));
-        self.commit(group::Request::Append {
-            id: id.as_str().to_owned(),
-            kind: kind.to_owned(),
-            state,
-            evidence,
-        })
-    }
-
-    /// Commit one request through this journal's group.
-    fn commit(&mut self, req: group::Request) -> Result<Event> {
-        let file = self.file()?;
-        let group = std::sync::Arc::clone(&file.group);
-        let id = req.execution_id().to_owned();
-        group
-            .submit(req, &|| connect(&self.path), &file.anchor)
-            .map_err(|f| match f {
-                group::Failure::Sqlite(source) => self.err(source),
-                group::Failure::Refused {
-                    refused,
-                    conditional,
-                } => JournalError::Refused {
-                    location: self.location(),
-                    id,
-                    refused,
-                    conditional,
-                },
-                group::Failure::LeaderLost => JournalError::Io {
-                    path: self.path.clone(),
-                    message: "the thread committing this write panicked, so whether it was \
-                              committed is unknown; read the execution's events to find out"
-                        .into(),
-                },
-            })
-    }
-
     /// PostgreSQL: write a sealed checkpoint over every chain head that changed since the last
     /// one, under the seal key at `key` (see `journal/postgres/checkpoint.rs`); its number, or
     /// `None` when nothing changed. A SQLite file needs none: its anchor moves with each commit.
     pub fn seal(&self, key: &Path) -> Result<Option<i64>> {
-        match &self.backend {
-            Backend::Postgres(pg) => {
+        match &self.store {
+            Store::Postgres(pg) => {
                 let key =
                     postgres::checkpoint::read_key(key).map_err(|message| JournalError::Io {
                         path: key.to_owned(),
@@ -669,7 +599,7 @@ impl Journal {
                     })?;
                 pg.seal(&key)
             }
-            Backend::Sqlite(_) => Err(JournalError::Io {
+            Store::Sqlite(_) => Err(JournalError::Io {
                 path: self.path.clone(),
                 message: "a SQLite journal is anchored after every commit (<journal>.anchor); \
                           only a PostgreSQL journal is sealed by checkpoints"
@@ -683,144 +613,14 @@ impl Journal {
     /// often it is called). Nothing otherwise, and nothing for a SQLite file (its anchor moves
     /// with each commit).
     pub fn seal_periodically_from_env(&self) {
-        if let Backend::Postgres(pg) = &self.backend {
+        if let Store::Postgres(pg) = &self.store {
             postgres::checkpoint::seal_from_env(pg);
         }
     }
 
-    /// How many transactions and events group commit has written to this journal in this
-    /// process (every handle on the file counts).
-    pub fn group_commit_stats(&self) -> GroupCommitStats {
-        on_postgres!(self, pg => pg.group_commit_stats());
-        self.file().map(|f| f.group.stats()).unwrap_or_default()
-    }
-
-    pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
-        on_postgres!(self, pg => pg.execution(id));
-        let row = self
-            .conn()?
-            .query_row(
-                "SELECT id, created_at, destination, host, port, user, command, command_digest,
-                        remote_dir, timeout_secs, client FROM executions WHERE id = ?1",
-                [id.as_str()],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, i64>(4)?,
-                        r.get::<_, String>(5)?,
-                        r.get::<_, Vec<u8>>(6)?,
-                        r.get::<_, String>(7)?,
-                        r.get::<_, String>(8)?,
-                        r.get::<_, i64>(9)?,
-                        r.get::<_, String>(10)?,
-                    ))
-                },
-            )
-            .optional()
-            .map_err(|e| self.err(e))?;
-        let Some(r) = row else { return Ok(None) };
-        let corrupt = |message: String| JournalError::Corrupt {
-            path: self.path.clone(),
-            id: id.to_string(),
-            message,
-        };
-        Ok(Some(ExecutionRecord {
-            id: ExecutionId::parse(&r.0).map_err(|e| corrupt(e.to_string()))?,
-            created_at: r.1,
-            destination: r.2,
-            host: r.3,
-            port: u16::try_from(r.4).map_err(|_| corrupt(format!("port {} out of range", r.4)))?,
-            user: r.5,
-            command: r.6,
-            command_digest: r.7,
-            remote_dir: r.8,
-            timeout_secs: u64::try_from(r.9)
-                .map_err(|_| corrupt(format!("timeout {} out of range", r.9)))?,
-            client: r.10,
-        }))
-    }
-
-    pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
-        on_postgres!(self, pg => pg.events(id));
-        let lease = self.conn()?;
-        let mut st = lease
-            .prepare_cached(
-                "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
-                 WHERE execution_id = ?1 ORDER BY seq",
-            )
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map([id.as_str()], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, Option<String>>(4)?,
-                    r.get::<_, String>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, String>(7)?,
-                ))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, eid, at, kind, state, evidence, hash, client) =
-                row.map_err(|e| self.err(e))?;
-            let corrupt = |message: String| JournalError::Corrupt {
-                path: self.path.clone(),
-                id: eid.clone(),
-                message,
-            };
-            let state = match state {
-                Some(s) => Some(
-                    s.parse::<State>()
-                        .map_err(|e| corrupt(format!("event {seq}: {e}")))?,
-                ),
-                None => None,
-            };
-            let evidence = serde_json::from_str(&evidence)
-                .map_err(|e| corrupt(format!("event {seq}: evidence is not JSON: {e}")))?;
-            out.push(Event {
-                seq,
-                execution_id: eid.clone(),
-                at,
-                kind: kind.into(),
-                state,
-                evidence,
-                client,
-                hash,
-            });
-        }
-        Ok(out)
-    }
-
-    /// The current state: the state of the last transition event, as [`status_from_events`]
-    /// derives it, read in one lookup of the state kept with the execution (`journal/heads.rs`),
-    /// not by replaying its events.
-    pub fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
-        on_postgres!(self, pg => pg.status(id));
-        self.sqlite_status(id)
-    }
-
     /// Executions, newest first, with their current state.
     pub fn list(&self) -> Result<Vec<(ExecutionRecord, Status)>> {
-        let ids: Vec<String> = if let Backend::Postgres(pg) = &self.backend {
-            pg.execution_ids()?
-        } else {
-            let lease = self.conn()?;
-            let mut st = lease
-                .prepare("SELECT id FROM executions ORDER BY created_at DESC, id DESC")
-                .map_err(|e| self.err(e))?;
-            let rows = st
-                .query_map([], |r| r.get::<_, String>(0))
-                .map_err(|e| self.err(e))?;
-            rows.collect::<std::result::Result<_, _>>()
-                .map_err(|e| self.err(e))?
-        };
+        let ids = self.backend().execution_ids()?;
         let mut out = Vec::new();
         for raw in ids {
             let id = ExecutionId::parse(&raw).map_err(|e| JournalError::Corrupt {
@@ -833,61 +633,6 @@ impl Journal {
             }
         }
         Ok(out)
-    }
-
-    pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
-        on_postgres!(self, pg => pg.cursor(id));
-        let r = self
-            .conn()?
-            .query_row(
-                "SELECT out_off, err_off FROM cursors WHERE execution_id = ?1",
-                [id.as_str()],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-            )
-            .optional()
-            .map_err(|e| self.err(e))?;
-        Ok(r.map(|(o, e)| (o.max(0) as u64, e.max(0) as u64))
-            .unwrap_or((0, 0)))
-    }
-
-    ///
-    /// A cursor is progress, not evidence: it is written without an fsync of its own
-    /// (`synchronous=NORMAL` for this one statement) and reaches the disk with the next commit
-    /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
-    /// and a reattach then asks the host again from an earlier offset.
-    pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
-        on_postgres!(self, pg => pg.set_cursor(id, out_off, err_off));
-        let lease = self.conn()?;
-        lease
-            .execute_batch("PRAGMA synchronous=NORMAL")
-            .map_err(|e| self.err(e))?;
-        let r = lease
-            .prepare_cached(
-                "INSERT INTO cursors (execution_id, out_off, err_off) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(execution_id) DO UPDATE SET out_off = ?2, err_off = ?3",
-            )
-            .and_then(|mut st| st.execute(params![id.as_str(), out_off as i64, err_off as i64]));
-        // Every other write on this connection stays fully synchronous, whatever happened
-        // above: if that cannot be restored, the connection is closed rather than pooled.
-        let back = lease.execute_batch("PRAGMA synchronous=FULL");
-        if back.is_err() {
-            lease.discard();
-        }
-        r.map_err(|e| self.err(e))?;
-        back.map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    /// Forget the output cursors of delivered executions (progress, not evidence).
-    pub fn prune_cursors(&self) -> Result<usize> {
-        on_postgres!(self, pg => pg.prune_cursors());
-        self.conn()?
-            .execute(
-                "DELETE FROM cursors WHERE execution_id IN
-                   (SELECT execution_id FROM events WHERE state = 'delivered')",
-                [],
-            )
-            .map_err(|e| self.err(e))
     }
 }
 
@@ -1783,79 +1528,40 @@ fn set_mode(path: &Path, mode: u32) {
 fn set_mode(_: &Path, _: u32) {}
 
 impl Journal {
-    /// Who owns `id` on a shared (PostgreSQL) journal; `None` on a SQLite file, where
-    /// [`crate::owner`] decides by process liveness.
-    pub fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
-        on_postgres!(self, pg => pg.ownership(id));
-        Ok(None)
+    /// Run one SQL statement as the journal's own connection (tests: what the journal's role
+    /// may and may not do).
+    #[cfg(test)]
+    pub(crate) fn raw_execute(&self, sql: &str) -> Result<u64> {
+        self.backend().raw_execute(sql)
     }
 
-    /// Take over `id` (or, with `None`, up to `limit` executions) from replicas whose lease
-    /// expired; see docs/REPLICAS.md. Nothing to do on a SQLite file.
-    pub fn take_over(
+    /// Record a new execution and its `accepted` event in one transaction (group-committed with
+    /// other handles' writes, like [`Journal::append`]). Fails if the ID already exists.
+    pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
+        self.backend().accept(rec, evidence)
+    }
+
+    /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
+    /// (a reconnect, a probe result, a delivery of part of the output …).
+    ///
+    /// Returns once the event is committed, with its seq and hash as stored. Appends from every
+    /// handle on this journal in this process are group-committed: concurrent callers share one
+    /// transaction and one fsync (see `journal/group.rs`).
+    pub fn append(
         &mut self,
-        id: Option<&ExecutionId>,
-        limit: i64,
-    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
-        on_postgres!(self, pg => pg.take_over(id, limit));
-        Ok(Vec::new())
-    }
-
-    /// The executions this replica owns that are not settled (shared journals; none
-    /// elsewhere).
-    pub fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
-        on_postgres!(self, pg => pg.owned_unsettled());
-        Ok(Vec::new())
-    }
-
-    /// How many times each execution was taken over (shared journals; none elsewhere).
-    pub fn takeover_counts(&self) -> Result<std::collections::HashMap<String, i32>> {
-        on_postgres!(self, pg => pg.takeover_counts());
-        Ok(Default::default())
-    }
-
-    /// Whether this process took `id` over from a replica whose lease expired.
-    pub fn taken_over_here(&self, id: &ExecutionId) -> bool {
-        on_postgres!(self, pg => pg.taken_over_here(id));
-        false
-    }
-
-    /// On a shared journal, a wake-up for a caller waiting until `id` settles on another
-    /// replica (or another call of this process): woken when a settling append of `id` is
-    /// notified, or when this process's listener starts listening again after its connection
-    /// broke; a hint only, to read the journal sooner (docs/REPLICAS.md). `None` on a SQLite
-    /// file. Make it before the first read of the journal that the wait depends on.
-    pub fn watch(&self, id: &ExecutionId) -> Option<Watch> {
-        match &self.backend {
-            Backend::Postgres(pg) => Some(pg.watch(id)),
-            Backend::Sqlite(_) => None,
-        }
-    }
-
-    /// Whether this journal is shared by replicas (PostgreSQL).
-    pub fn is_shared(&self) -> bool {
-        matches!(self.backend, Backend::Postgres(_))
+        id: &ExecutionId,
+        kind: EventKind,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<Event> {
+        self.backend().append(id, kind.as_str(), state, evidence)
     }
 
     /// Append several events of one execution, in order, in one transaction (group-committed
     /// like [`Journal::append`]); returns the last as stored. For events that need not be
     /// durable on their own before the next one (the executor's held events).
     pub fn append_all(&mut self, id: &ExecutionId, events: Vec<NewEvent>) -> Result<Option<Event>> {
-        // The stores keep a kind as its name.
-        let events: Vec<_> = events
-            .into_iter()
-            .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
-            .collect();
-        on_postgres!(self, pg => pg.append_all(id, &events));
-        if events.is_empty() {
-            return Ok(None);
-        }
-        self.commit(group::Request::AppendAll {
-            id: id.as_str().to_owned(),
-            events,
-            expect: None,
-        })
-        .map(Some)
+        self.backend().append_all(id, named(events))
     }
 
     /// [`Journal::append_all`] on a condition: written only while `id` holds one of the states
@@ -1868,17 +1574,103 @@ impl Journal {
         expect: &[State],
         events: Vec<NewEvent>,
     ) -> Result<Event> {
-        let events: Vec<_> = events
-            .into_iter()
-            .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
-            .collect();
-        on_postgres!(self, pg => pg.append_all_if(id, expect, &events));
-        self.commit(group::Request::AppendAll {
-            id: id.as_str().to_owned(),
-            events,
-            expect: Some(expect.to_vec()),
-        })
+        self.backend().append_all_if(id, expect, named(events))
     }
+
+    /// How many transactions and events group commit has written to this journal in this
+    /// process (every handle on the file counts).
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.backend().group_commit_stats()
+    }
+
+    pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
+        self.backend().execution(id)
+    }
+
+    pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
+        self.backend().events(id)
+    }
+
+    /// The current state: the state of the last transition event, as [`status_from_events`]
+    /// derives it, read in one lookup of the state kept with the execution (`journal/heads.rs`),
+    /// not by replaying its events.
+    pub fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
+        self.backend().status(id)
+    }
+
+    /// How far the caller has been given `id`'s stdout and stderr.
+    pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
+        self.backend().cursor(id)
+    }
+
+    /// Record how far the caller has been given `id`'s output.
+    ///
+    /// A cursor is progress, not evidence: it is written without an fsync of its own
+    /// (`synchronous=NORMAL` for this one statement) and reaches the disk with the next commit
+    /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
+    /// and a reattach then asks the host again from an earlier offset.
+    pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
+        self.backend().set_cursor(id, out_off, err_off)
+    }
+
+    /// Forget the output cursors of delivered executions (progress, not evidence).
+    pub fn prune_cursors(&self) -> Result<usize> {
+        self.backend().prune_cursors()
+    }
+
+    /// Who owns `id` on a shared (PostgreSQL) journal; `None` on a SQLite file, where
+    /// [`crate::owner`] decides by process liveness.
+    pub fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
+        self.backend().ownership(id)
+    }
+
+    /// Take over `id` (or, with `None`, up to `limit` executions) from replicas whose lease
+    /// expired; see docs/REPLICAS.md. Nothing to do on a SQLite file.
+    pub fn take_over(
+        &mut self,
+        id: Option<&ExecutionId>,
+        limit: i64,
+    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
+        self.backend().take_over(id, limit)
+    }
+
+    /// The executions this replica owns that are not settled (shared journals; none
+    /// elsewhere).
+    pub fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
+        self.backend().owned_unsettled()
+    }
+
+    /// How many times each execution was taken over (shared journals; none elsewhere).
+    pub fn takeover_counts(&self) -> Result<std::collections::HashMap<String, i32>> {
+        self.backend().takeover_counts()
+    }
+
+    /// Whether this process took `id` over from a replica whose lease expired.
+    pub fn taken_over_here(&self, id: &ExecutionId) -> bool {
+        self.backend().taken_over_here(id)
+    }
+
+    /// On a shared journal, a wake-up for a caller waiting until `id` settles on another
+    /// replica (or another call of this process): woken when a settling append of `id` is
+    /// notified, or when this process's listener starts listening again after its connection
+    /// broke; a hint only, to read the journal sooner (docs/REPLICAS.md). `None` on a SQLite
+    /// file. Make it before the first read of the journal that the wait depends on.
+    pub fn watch(&self, id: &ExecutionId) -> Option<Watch> {
+        self.backend().watch(id)
+    }
+
+    /// Whether this journal is shared by replicas (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        self.backend().is_shared()
+    }
+}
+
+/// Events as the stores keep them: a kind as its name.
+fn named(events: Vec<NewEvent>) -> Vec<backend::Named> {
+    events
+        .into_iter()
+        .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
+        .collect()
 }
 
 #[cfg(test)]

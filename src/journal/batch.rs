@@ -6,7 +6,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::{client_identity, now_rfc3339, Backend, Journal, Result};
+use super::{client_identity, now_rfc3339, Journal, Result, Store};
 use crate::id::ExecutionId;
 
 /// One host of a batch.

@@ -126,9 +126,11 @@ impl Journal {
             }
         }
     }
+}
 
+impl super::sqlite::Sqlite {
     /// `id`'s status from its `execution_states` row (SQLite).
-    pub(super) fn sqlite_status(&self, id: &ExecutionId) -> Result<Option<Status>> {
+    pub(super) fn status_kept(&self, id: &ExecutionId) -> Result<Option<Status>> {
         let row: Option<(String, Option<String>)> = self
             .conn()?
             .prepare_cached(

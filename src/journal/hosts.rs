@@ -11,7 +11,7 @@ use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use std::collections::BTreeSet;
 
-use super::{append_in, now_rfc3339, Backend, Event, Journal, JournalError, Result};
+use super::{append_in, now_rfc3339, Event, Journal, JournalError, Result, Store};
 use crate::epoch::{self, Announced, HostPlace};
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;

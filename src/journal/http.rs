@@ -9,7 +9,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::{now_ms, now_rfc3339, Backend, Journal, Result};
+use super::{now_ms, now_rfc3339, Journal, Result, Store};
 
 /// A bearer token as stored: never the token itself.
 #[derive(Clone, Debug, Serialize)]

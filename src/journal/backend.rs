@@ -1,0 +1,172 @@
+//! One journal, two stores: what a store does for [`Journal`], as a trait implemented by the
+//! SQLite file ([`super::sqlite::Sqlite`]) and by the PostgreSQL database ([`super::postgres`]),
+//! as sqlx's backends implement one `Executor`. [`Journal`] holds one of them and each of its
+//! methods asks it once; what both stores do alike (the kind as its name, listing, the
+//! host-epoch procedure, the evidence checks) stays in [`Journal`], written once.
+//!
+//! The defaults are a store that no other replica shares (a SQLite file): no ownership, nothing
+//! to take over, nothing to watch.
+//!
+//! [`Journal`]: super::Journal
+
+use std::collections::HashMap;
+
+use super::postgres::Pg;
+use super::{
+    Event, ExecutionRecord, GroupCommitStats, JournalError, Ownership, Status, TakeOver, Watch,
+};
+use crate::id::ExecutionId;
+use crate::state::State;
+
+type Result<T> = std::result::Result<T, JournalError>;
+
+/// One event to append as a store keeps it: its kind's name, the state it moves to, its
+/// evidence.
+pub(super) type Named = (String, Option<State>, serde_json::Value);
+
+/// What a store does for [`super::Journal`]; each method means what the same-named method of
+/// [`super::Journal`] documents.
+pub(super) trait Backend: Send + Sync {
+    /// Run one SQL statement as the journal's own connection (tests).
+    #[cfg(test)]
+    fn raw_execute(&self, sql: &str) -> Result<u64>;
+
+    fn accept(&self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event>;
+    fn append(
+        &self,
+        id: &ExecutionId,
+        kind: &str,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<Event>;
+    fn append_all(&self, id: &ExecutionId, events: Vec<Named>) -> Result<Option<Event>>;
+    fn append_all_if(
+        &self,
+        id: &ExecutionId,
+        expect: &[State],
+        events: Vec<Named>,
+    ) -> Result<Event>;
+    fn group_commit_stats(&self) -> GroupCommitStats;
+
+    fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>>;
+    fn events(&self, id: &ExecutionId) -> Result<Vec<Event>>;
+    fn status(&self, id: &ExecutionId) -> Result<Option<Status>>;
+    /// Every execution's ID, newest first.
+    fn execution_ids(&self) -> Result<Vec<String>>;
+
+    fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)>;
+    fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()>;
+    fn prune_cursors(&self) -> Result<usize>;
+
+    /// Whether other replicas share this store.
+    fn is_shared(&self) -> bool {
+        false
+    }
+    fn ownership(&self, _id: &ExecutionId) -> Result<Option<Ownership>> {
+        Ok(None)
+    }
+    fn take_over(
+        &self,
+        _id: Option<&ExecutionId>,
+        _limit: i64,
+    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
+        Ok(Vec::new())
+    }
+    fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
+        Ok(Vec::new())
+    }
+    fn takeover_counts(&self) -> Result<HashMap<String, i32>> {
+        Ok(HashMap::new())
+    }
+    fn taken_over_here(&self, _id: &ExecutionId) -> bool {
+        false
+    }
+    fn watch(&self, _id: &ExecutionId) -> Option<Watch> {
+        None
+    }
+}
+
+/// PostgreSQL: its own methods, of the same names (src/journal/postgres.rs).
+impl Backend for Pg {
+    #[cfg(test)]
+    fn raw_execute(&self, sql: &str) -> Result<u64> {
+        Pg::raw_execute(self, sql)
+    }
+
+    fn accept(&self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
+        Pg::accept(self, rec, &evidence)
+    }
+    fn append(
+        &self,
+        id: &ExecutionId,
+        kind: &str,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<Event> {
+        Pg::append_all(self, id, &[(kind.to_owned(), state, evidence)])
+            .and_then(|e| e.ok_or_else(|| super::pg_missing_event(self)))
+    }
+    fn append_all(&self, id: &ExecutionId, events: Vec<Named>) -> Result<Option<Event>> {
+        Pg::append_all(self, id, &events)
+    }
+    fn append_all_if(
+        &self,
+        id: &ExecutionId,
+        expect: &[State],
+        events: Vec<Named>,
+    ) -> Result<Event> {
+        Pg::append_all_if(self, id, expect, &events)
+    }
+    fn group_commit_stats(&self) -> GroupCommitStats {
+        Pg::group_commit_stats(self)
+    }
+
+    fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
+        Pg::execution(self, id)
+    }
+    fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
+        Pg::events(self, id)
+    }
+    fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
+        Pg::status(self, id)
+    }
+    fn execution_ids(&self) -> Result<Vec<String>> {
+        Pg::execution_ids(self)
+    }
+
+    fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
+        Pg::cursor(self, id)
+    }
+    fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
+        Pg::set_cursor(self, id, out_off, err_off)
+    }
+    fn prune_cursors(&self) -> Result<usize> {
+        Pg::prune_cursors(self)
+    }
+
+    fn is_shared(&self) -> bool {
+        true
+    }
+    fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
+        Pg::ownership(self, id)
+    }
+    fn take_over(
+        &self,
+        id: Option<&ExecutionId>,
+        limit: i64,
+    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
+        Pg::take_over(self, id, limit)
+    }
+    fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
+        Pg::owned_unsettled(self)
+    }
+    fn takeover_counts(&self) -> Result<HashMap<String, i32>> {
+        Pg::takeover_counts(self)
+    }
+    fn taken_over_here(&self, id: &ExecutionId) -> bool {
+        Pg::taken_over_here(self, id)
+    }
+    fn watch(&self, id: &ExecutionId) -> Option<Watch> {
+        Some(Pg::watch(self, id))
+    }
+}
