@@ -13,7 +13,8 @@ use std::collections::HashMap;
 
 use super::postgres::Pg;
 use super::{
-    Event, ExecutionRecord, GroupCommitStats, JournalError, Ownership, Status, TakeOver, Watch,
+    AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats, IntentColumns,
+    JournalError, LegacyIntent, Ownership, SessionRecord, SessionView, Status, TakeOver, Watch,
 };
 use crate::id::ExecutionId;
 use crate::state::State;
@@ -23,6 +24,9 @@ type Result<T> = std::result::Result<T, JournalError>;
 /// One event to append as a store keeps it: its kind's name, the state it moves to, its
 /// evidence.
 pub(super) type Named = (String, Option<State>, serde_json::Value);
+
+/// Intent matching's choice among the candidates (see [`super::Journal::accept_or_match`]).
+pub(super) type Choose<'a> = Box<dyn FnOnce(&[Candidate]) -> Option<usize> + 'a>;
 
 /// What a store does for [`super::Journal`]; each method means what the same-named method of
 /// [`super::Journal`] documents.
@@ -57,6 +61,21 @@ pub(super) trait Backend: Send + Sync {
     fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)>;
     fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()>;
     fn prune_cursors(&self) -> Result<usize>;
+
+    fn accept_or_match_with(
+        &self,
+        rec: &ExecutionRecord,
+        cols: &IntentColumns,
+        legacy: Option<LegacyIntent<'_>>,
+        evidence: serde_json::Value,
+        match_evidence: serde_json::Value,
+        choose: Choose<'_>,
+    ) -> Result<AcceptOrMatch>;
+    fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>>;
+    fn executions_of_session(&self, session: &str) -> Result<Vec<String>>;
+    fn start_session(&self, s: &SessionRecord) -> Result<()>;
+    fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()>;
+    fn sessions(&self) -> Result<Vec<SessionView>>;
 
     /// Whether other replicas share this store.
     fn is_shared(&self) -> bool {
@@ -142,6 +161,35 @@ impl Backend for Pg {
     }
     fn prune_cursors(&self) -> Result<usize> {
         Pg::prune_cursors(self)
+    }
+
+    /// PostgreSQL journals began after the fingerprint changed: none holds an execution
+    /// accepted under the earlier one, so `legacy` matches nothing there.
+    fn accept_or_match_with(
+        &self,
+        rec: &ExecutionRecord,
+        cols: &IntentColumns,
+        _legacy: Option<LegacyIntent<'_>>,
+        evidence: serde_json::Value,
+        match_evidence: serde_json::Value,
+        choose: Choose<'_>,
+    ) -> Result<AcceptOrMatch> {
+        Pg::accept_or_match(self, rec, cols, &evidence, &match_evidence, choose)
+    }
+    fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
+        Pg::intent_of(self, id)
+    }
+    fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
+        Pg::executions_of_session(self, session)
+    }
+    fn start_session(&self, s: &SessionRecord) -> Result<()> {
+        Pg::start_session(self, s)
+    }
+    fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()> {
+        Pg::session_event(self, session, kind, &evidence)
+    }
+    fn sessions(&self) -> Result<Vec<SessionView>> {
+        Pg::sessions(self)
     }
 
     fn is_shared(&self) -> bool {

@@ -6,12 +6,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rusqlite::{params, OptionalExtension};
+use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
-use super::backend::{Backend, Named};
+use super::backend::{Backend, Choose, Named};
 use super::{
-    advance_anchor, anchor, connect, group, redact_url, Event, ExecutionRecord, GroupCommitStats,
-    JournalError, Result, Status,
+    advance_anchor, anchor, append_in, connect, group, insert_accepted, now_rfc3339, redact_url,
+    session_append_in, session_started_evidence, status_from_states, AcceptOrMatch, Candidate,
+    Event, ExecutionRecord, GroupCommitStats, IntentColumns, JournalError, LegacyIntent, Result,
+    SessionRecord, SessionView, Status,
 };
 use crate::id::ExecutionId;
 use crate::state::State;
@@ -45,6 +47,12 @@ impl Sqlite {
 
     /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
     /// `cairn audit verify`), never fails the operation.
+    fn anchor_sessions(&self, seq: i64, hash: &str) {
+        if let Err(e) = self.anchor.advance_sessions(seq, hash) {
+            tracing::warn!("cairn: journal anchor not updated: {e}");
+        }
+    }
+
     pub(super) fn anchor_to(&self, ev: &Event) {
         advance_anchor(&self.anchor, ev);
     }
@@ -325,5 +333,213 @@ impl Backend for Sqlite {
             .map_err(|e| self.err(e))?;
         rows.collect::<std::result::Result<_, _>>()
             .map_err(|e| self.err(e))
+    }
+
+    // Long: one IMMEDIATE transaction (read the candidates, let the caller choose, append or
+    // match); its steps share the transaction.
+    fn accept_or_match_with(
+        &self,
+        rec: &ExecutionRecord,
+        cols: &IntentColumns,
+        legacy: Option<LegacyIntent<'_>>,
+        evidence: serde_json::Value,
+        match_evidence: serde_json::Value,
+        choose: Choose<'_>,
+    ) -> Result<AcceptOrMatch> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let rows: Vec<(String, String, i64, i64)> = {
+            let mut st = tx
+                .prepare_cached(
+                    "SELECT id, class, accepted_ms, retention_secs FROM executions
+                     WHERE (fingerprint = ?1 OR (fingerprint = ?5 AND host = ?6 AND port = ?7))
+                       AND actor = ?2 AND scope = ?3
+                       AND accepted_ms + retention_secs * 1000 > ?4
+                     ORDER BY accepted_ms DESC, id DESC",
+                )
+                .map_err(sq)?;
+            let it = st
+                .query_map(
+                    params![
+                        cols.fingerprint,
+                        cols.actor,
+                        cols.scope,
+                        cols.accepted_ms,
+                        legacy.map(|l| l.fingerprint),
+                        legacy.map(|l| l.host),
+                        legacy.map(|l| l.port)
+                    ],
+                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
+                )
+                .map_err(sq)?;
+            it.collect::<rusqlite::Result<_>>().map_err(sq)?
+        };
+        let mut cands = Vec::new();
+        for (id, class, accepted_ms, retention) in rows {
+            let states: Vec<Option<String>> = {
+                let mut st = tx
+                    .prepare_cached(
+                        "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL
+                         ORDER BY seq",
+                    )
+                    .map_err(sq)?;
+                let it = st.query_map([&id], |r| r.get(0)).map_err(sq)?;
+                it.collect::<rusqlite::Result<_>>().map_err(sq)?
+            };
+            let states: Vec<State> = states
+                .into_iter()
+                .flatten()
+                .filter_map(|s| s.parse().ok())
+                .collect();
+            let Some(status) = status_from_states(&states) else {
+                continue;
+            };
+            let Ok(eid) = ExecutionId::parse(&id) else {
+                continue;
+            };
+            cands.push(Candidate {
+                id: eid,
+                class,
+                accepted_ms,
+                retention_secs: retention.max(0) as u64,
+                status,
+            });
+        }
+        if let Some(i) = choose(&cands).filter(|i| *i < cands.len()) {
+            let c = cands.swap_remove(i);
+            let ev = append_in(&tx, c.id.as_str(), "intent-matched", None, &match_evidence)
+                .map_err(sq)?;
+            tx.commit().map_err(sq)?;
+            self.anchor_to(&ev);
+            return Ok(AcceptOrMatch::Matched(c));
+        }
+        let ev = insert_accepted(&tx, rec, Some(cols), &evidence).map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        self.anchor_to(&ev);
+        Ok(AcceptOrMatch::Accepted(ev))
+    }
+
+    /// The intent an execution was accepted with (`None` for one accepted without).
+    fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
+        let row = self
+            .conn()?
+            .query_row(
+                "SELECT fingerprint, actor, scope, class, retention_secs, accepted_ms, session_id,
+                        intent FROM executions WHERE id = ?1 AND fingerprint IS NOT NULL",
+                [id.as_str()],
+                |r| {
+                    Ok(IntentColumns {
+                        fingerprint: r.get(0)?,
+                        actor: r.get(1)?,
+                        scope: r.get(2)?,
+                        class: r.get(3)?,
+                        retention_secs: r.get::<_, i64>(4)?.max(0) as u64,
+                        accepted_ms: r.get(5)?,
+                        session_id: r.get(6)?,
+                        intent: r
+                            .get::<_, Option<String>>(7)?
+                            .and_then(|t| serde_json::from_str(&t).ok())
+                            .unwrap_or_default(),
+                    })
+                },
+            )
+            .optional()
+            .map_err(|e| self.err(e))?;
+        Ok(row)
+    }
+
+    /// Executions created by a session.
+    fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
+        let lease = self.conn()?;
+        let mut st = lease
+            .prepare("SELECT id FROM executions WHERE session_id = ?1 ORDER BY accepted_ms, id")
+            .map_err(|e| self.err(e))?;
+        let it = st
+            .query_map([session], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
+    }
+
+    /// Record the start of a session (a CLI process, a `serve` or `mcp` run).
+    fn start_session(&self, s: &SessionRecord) -> Result<()> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        tx.execute(
+            "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            params![
+                s.id,
+                s.kind,
+                s.actor,
+                s.pid,
+                s.client,
+                s.started_at,
+                s.detail.to_string()
+            ],
+        )
+        .map_err(sq)?;
+        let evidence = session_started_evidence(s);
+        let (seq, hash) =
+            session_append_in(&tx, &s.id, &s.started_at, "started", &evidence).map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        self.anchor_sessions(seq, &hash);
+        Ok(())
+    }
+
+    /// Append a session event (`ended`, `request` …).
+    fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let (seq, hash) =
+            session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
+                .map_err(sq)?;
+        tx.commit().map_err(sq)?;
+        self.anchor_sessions(seq, &hash);
+        Ok(())
+    }
+
+    /// Every session, newest first, with its end (the `ended` event) and execution count.
+    fn sessions(&self) -> Result<Vec<SessionView>> {
+        let lease = self.conn()?;
+        let mut st = lease
+            .prepare(
+                "SELECT s.id, s.kind, s.actor, s.pid, s.client, s.started_at, s.detail,
+                    (SELECT at FROM session_events e WHERE e.session_id = s.id AND e.kind = 'ended'
+                        ORDER BY seq DESC LIMIT 1),
+                    (SELECT COUNT(*) FROM executions x WHERE x.session_id = s.id)
+                 FROM sessions s ORDER BY s.started_at DESC, s.id DESC",
+            )
+            .map_err(|e| self.err(e))?;
+        let it = st
+            .query_map([], |r| {
+                Ok(SessionView {
+                    record: SessionRecord::from_row(r)?,
+                    ended_at: r.get(7)?,
+                    executions: r.get::<_, i64>(8)?.max(0) as u64,
+                })
+            })
+            .map_err(|e| self.err(e))?;
+        it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
     }
 }
