@@ -416,14 +416,6 @@ impl Journal {
         }
     }
 
-    /// Move the anchor of a SQLite file to a committed event (nothing on PostgreSQL, sealed by
-    /// checkpoints instead).
-    fn anchor_to(&self, ev: &Event) {
-        if let Store::Sqlite(s) = &self.store {
-            s.anchor_to(ev);
-        }
-    }
-
     /// SQLite connections this process has opened to this journal file (all handles count):
     /// as many as operations ran at once, not one per handle.
     pub fn connections_opened(&self) -> u64 {

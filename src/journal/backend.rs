@@ -12,10 +12,12 @@
 use std::collections::HashMap;
 
 use super::postgres::Pg;
+use super::BatchRecord;
 use super::{
     AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats, IntentColumns,
     JournalError, LegacyIntent, Ownership, SessionRecord, SessionView, Status, TakeOver, Watch,
 };
+use crate::epoch::{Announced, HostPlace};
 use crate::id::ExecutionId;
 use crate::state::State;
 
@@ -77,6 +79,22 @@ pub(super) trait Backend: Send + Sync {
     fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()>;
     fn sessions(&self) -> Result<Vec<SessionView>>;
 
+    fn create_batch(
+        &self,
+        id: &str,
+        command: &[u8],
+        options: &serde_json::Value,
+        members: &[(String, ExecutionId)],
+    ) -> Result<()>;
+    fn batch(&self, id: &str) -> Result<Option<BatchRecord>>;
+    fn batch_ids(&self) -> Result<Vec<String>>;
+    fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>>;
+    fn observe_host_epoch(
+        &self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced>;
     /// Whether other replicas share this store.
     fn is_shared(&self) -> bool {
         false
@@ -192,6 +210,32 @@ impl Backend for Pg {
         Pg::sessions(self)
     }
 
+    fn create_batch(
+        &self,
+        id: &str,
+        command: &[u8],
+        options: &serde_json::Value,
+        members: &[(String, ExecutionId)],
+    ) -> Result<()> {
+        Pg::create_batch(self, id, command, options, members)
+    }
+    fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        Pg::batch(self, id)
+    }
+    fn batch_ids(&self) -> Result<Vec<String>> {
+        Pg::batch_ids(self)
+    }
+    fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        Pg::host_epoch_at(self, place)
+    }
+    fn observe_host_epoch(
+        &self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced> {
+        Pg::observe_host_epoch(self, id, place, epoch)
+    }
     fn is_shared(&self) -> bool {
         true
     }

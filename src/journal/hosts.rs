@@ -11,7 +11,7 @@ use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use std::collections::BTreeSet;
 
-use super::{append_in, now_rfc3339, Event, Journal, JournalError, Result, Store};
+use super::{append_in, now_rfc3339, Event, Journal, JournalError, Result};
 use crate::epoch::{self, Announced, HostPlace};
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
@@ -48,16 +48,7 @@ impl Journal {
 
     /// The epoch last seen at `place`.
     pub fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
-        on_postgres!(self, pg => pg.host_epoch_at(place));
-        self.conn()?
-            .query_row(
-                "SELECT epoch FROM host_places
-                 WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
-                params![place.destination, place.host_key, place.remote_dir],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.err(e))
+        self.backend().host_epoch_at(place)
     }
 
     /// `place` announced `epoch` in a reply about execution `id`: update the bookkeeping and,
@@ -71,28 +62,7 @@ impl Journal {
         place: &HostPlace,
         epoch: &str,
     ) -> Result<Announced> {
-        on_postgres!(self, pg => pg.observe_host_epoch(id, place, epoch));
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let mut book = SqliteBook {
-            tx: &tx,
-            path: &path,
-        };
-        // No await point waits: every step of the SQLite book is synchronous.
-        let (a, last_ev) = futures::executor::block_on(observe_in(&mut book, id, place, epoch))?;
-        tx.commit().map_err(sq)?;
-        drop(lease);
-        if let Some(ev) = &last_ev {
-            self.anchor_to(ev);
-        }
-        Ok(a)
+        self.backend().observe_host_epoch(id, place, epoch)
     }
 }
 
@@ -277,6 +247,50 @@ pub(super) fn host_key_shared_evidence<'a>(
         other_epoch,
         at: now,
         meaning: (),
+    }
+}
+
+/// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
+impl super::sqlite::Sqlite {
+    pub(super) fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        self.conn()?
+            .query_row(
+                "SELECT epoch FROM host_places
+                 WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
+                params![place.destination, place.host_key, place.remote_dir],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    pub(super) fn observe_host_epoch(
+        &self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let mut book = SqliteBook {
+            tx: &tx,
+            path: &path,
+        };
+        // No await point waits: every step of the SQLite book is synchronous.
+        let (a, last_ev) = futures::executor::block_on(observe_in(&mut book, id, place, epoch))?;
+        tx.commit().map_err(sq)?;
+        drop(lease);
+        if let Some(ev) = &last_ev {
+            self.anchor_to(ev);
+        }
+        Ok(a)
     }
 }
 

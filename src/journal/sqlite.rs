@@ -9,12 +9,14 @@ use std::sync::Arc;
 use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use super::backend::{Backend, Choose, Named};
+use super::BatchRecord;
 use super::{
     advance_anchor, anchor, append_in, connect, group, insert_accepted, now_rfc3339, redact_url,
     session_append_in, session_started_evidence, status_from_states, AcceptOrMatch, Candidate,
     Event, ExecutionRecord, GroupCommitStats, IntentColumns, JournalError, LegacyIntent, Result,
     SessionRecord, SessionView, Status,
 };
+use crate::epoch::{Announced, HostPlace};
 use crate::id::ExecutionId;
 use crate::state::State;
 
@@ -541,5 +543,32 @@ impl Backend for Sqlite {
             })
             .map_err(|e| self.err(e))?;
         it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
+    }
+
+    fn create_batch(
+        &self,
+        id: &str,
+        command: &[u8],
+        options: &serde_json::Value,
+        members: &[(String, ExecutionId)],
+    ) -> Result<()> {
+        Sqlite::create_batch(self, id, command, options, members)
+    }
+    fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        Sqlite::batch(self, id)
+    }
+    fn batch_ids(&self) -> Result<Vec<String>> {
+        Sqlite::batch_ids(self)
+    }
+    fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        Sqlite::host_epoch_at(self, place)
+    }
+    fn observe_host_epoch(
+        &self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced> {
+        Sqlite::observe_host_epoch(self, id, place, epoch)
     }
 }
