@@ -30,16 +30,6 @@ use crate::state::State;
 
 const SCHEMA_VERSION: i64 = 1;
 
-/// Hand a public method to the PostgreSQL backend when the journal is one; the SQLite
-/// implementation follows the macro in each method.
-macro_rules! on_postgres {
-    ($self:ident, $pg:ident => $e:expr) => {
-        if let Store::Postgres($pg) = &$self.store {
-            return $e;
-        }
-    };
-}
-
 pub mod anchor;
 mod backend;
 mod batch;

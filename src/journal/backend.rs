@@ -12,11 +12,11 @@
 use std::collections::HashMap;
 
 use super::postgres::Pg;
-use super::BatchRecord;
 use super::{
     AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats, IntentColumns,
     JournalError, LegacyIntent, Ownership, SessionRecord, SessionView, Status, TakeOver, Watch,
 };
+use super::{BatchRecord, JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 use crate::epoch::{Announced, HostPlace};
 use crate::id::ExecutionId;
 use crate::state::State;
@@ -95,6 +95,33 @@ pub(super) trait Backend: Send + Sync {
         place: &HostPlace,
         epoch: &str,
     ) -> Result<Announced>;
+    fn add_token(&self, t: &TokenRecord) -> Result<()>;
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    fn tokens(&self) -> Result<Vec<TokenRecord>>;
+    fn revoke_token(&self, id: &str) -> Result<bool>;
+    fn store_http_event(
+        &self,
+        stream_id: &str,
+        retry_ms: Option<i64>,
+        message: Option<&str>,
+    ) -> Result<i64>;
+    fn http_event_stream(&self, seq: i64) -> Result<Option<String>>;
+    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>>;
+    fn record_http_stream(&self, s: &StreamRecord) -> Result<()>;
+    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>>;
+    fn store_http_session(&self, id: &str, state: &str) -> Result<()>;
+    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()>;
+    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>>;
+    fn delete_http_session(&self, id: &str) -> Result<()>;
+    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>>;
+    fn prune_http_events(&self, before_ms: i64) -> Result<usize>;
+    fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>>;
+    fn last_event_seq(&self) -> Result<i64>;
+    fn metrics(&self) -> Result<JournalMetrics>;
     /// Whether other replicas share this store.
     fn is_shared(&self) -> bool {
         false
@@ -235,6 +262,69 @@ impl Backend for Pg {
         epoch: &str,
     ) -> Result<Announced> {
         Pg::observe_host_epoch(self, id, place, epoch)
+    }
+    fn add_token(&self, t: &TokenRecord) -> Result<()> {
+        Pg::add_token(self, t)
+    }
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        Ok(Pg::tokens_where(self, Some(hash))?.pop())
+    }
+    fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        Pg::tokens_where(self, None)
+    }
+    fn revoke_token(&self, id: &str) -> Result<bool> {
+        Pg::revoke_token(self, id)
+    }
+    fn store_http_event(
+        &self,
+        stream_id: &str,
+        retry_ms: Option<i64>,
+        message: Option<&str>,
+    ) -> Result<i64> {
+        Pg::store_http_event(self, stream_id, retry_ms, message)
+    }
+    fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
+        Pg::http_event_stream(self, seq)
+    }
+    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
+        Pg::http_events_after(self, stream_id, seq)
+    }
+    fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
+        Pg::record_http_stream(self, s)
+    }
+    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
+        Pg::http_stream(self, stream_id)
+    }
+    fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
+        Pg::store_http_session(self, id, state)
+    }
+    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
+        Pg::bind_http_session(self, id, actor)
+    }
+    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
+        Pg::http_session(self, id)
+    }
+    fn delete_http_session(&self, id: &str) -> Result<()> {
+        Pg::delete_http_session(self, id)
+    }
+    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
+        Pg::execution_by_correlation_after(self, correlation, 0)
+    }
+    fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
+        Pg::prune_http_events(self, before_ms)
+    }
+    fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>> {
+        Pg::execution_by_correlation_after(self, correlation, after_seq)
+    }
+    fn last_event_seq(&self) -> Result<i64> {
+        Pg::last_event_seq(self)
+    }
+    fn metrics(&self) -> Result<JournalMetrics> {
+        Pg::metrics(self)
     }
     fn is_shared(&self) -> bool {
         true
