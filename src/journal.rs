@@ -280,25 +280,6 @@ impl Journal {
         base.join("cairn").join("journal.db")
     }
 
-    /// Run `sql` (one `BEGIN IMMEDIATE … COMMIT` batch creating tables) unless the table
-    /// `last` already exists: how a journal made before a feature gains that feature's tables.
-    fn add_tables(&self, c: &rusqlite::Connection, last: &str, sql: &str) -> Result<()> {
-        let have: i64 = c
-            .query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = ?1",
-                [last],
-                |r| r.get(0),
-            )
-            .map_err(|e| self.err(e))?;
-        if have > 0 {
-            return Ok(());
-        }
-        c.execute_batch(sql).map_err(|e| {
-            let _ = c.execute_batch("ROLLBACK");
-            self.err(e)
-        })
-    }
-
     /// Open (creating if needed) the journal at `path`: a SQLite file, or the PostgreSQL
     /// database a `postgres://` URL names (its schema created or migrated on first use).
     pub fn open(path: &Path) -> Result<Journal> {
@@ -325,23 +306,24 @@ impl Journal {
         let fresh = identity.is_none() && !path.exists();
         let anchor = anchor::Anchor::for_journal(path);
         let group = group::group_for(path, &anchor.path);
-        let j = Journal {
+        let file = sqlite::Sqlite {
             path: path.to_owned(),
-            store: Store::Sqlite(sqlite::Sqlite {
-                path: path.to_owned(),
-                group: std::sync::Arc::clone(&group),
-                anchor,
-            }),
+            group: std::sync::Arc::clone(&group),
+            anchor,
+        };
+        let j = |file| Journal {
+            path: path.to_owned(),
+            store: Store::Sqlite(file),
         };
         // Another handle of this process checked this very file's schema: nothing to do, and
         // no connection to open (operations lease the pool's).
         if !fresh && group.checked(identity) {
-            return Ok(j);
+            return Ok(j(file));
         }
         if fresh {
             // Opening the first connection creates the file.
             group.retarget(None);
-            drop(j.conn()?);
+            drop(file.conn()?);
             set_mode(path, 0o600);
             identity = file_identity(path);
         }
@@ -352,7 +334,7 @@ impl Journal {
         // idempotent, so try again, briefly and boundedly, before giving up.
         let mut tries = 0u64;
         loop {
-            match j.init() {
+            match file.init() {
                 Err(JournalError::Sqlite { source, .. }) if is_busy(&source) && tries < 40 => {
                     tries += 1;
                     std::thread::sleep(Duration::from_millis(5 * tries.min(20)));
@@ -361,7 +343,7 @@ impl Journal {
             }
         }
         group.mark_checked(identity);
-        Ok(j)
+        Ok(j(file))
     }
 
     pub fn path(&self) -> &Path {
@@ -372,13 +354,6 @@ impl Journal {
     /// password (a `user:secret@` part or a `password=` parameter).
     pub fn location(&self) -> String {
         redact_url(&self.path.to_string_lossy())
-    }
-
-    fn err(&self, source: rusqlite::Error) -> JournalError {
-        JournalError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
     }
 
     /// The SQLite backend's state; an error on another backend (its callers are the SQLite
@@ -394,6 +369,7 @@ impl Journal {
     }
 
     /// A SQLite connection for one operation (see [`group::Lease`]).
+    #[cfg(test)]
     fn conn(&self) -> Result<group::Lease<'_>> {
         self.file()?.conn()
     }
@@ -410,162 +386,6 @@ impl Journal {
     /// as many as operations ran at once, not one per handle.
     pub fn connections_opened(&self) -> u64 {
         self.file().map_or(0, |f| f.group.connections_opened())
-    }
-
-    fn init(&self) -> Result<()> {
-        let c = self.conn()?;
-        // journal_mode returns a row; WAL persists in the file once set.
-        let _mode: String = c
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
-        let version: i64 = c
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
-        match version {
-            0 => self.create_schema(&c),
-            SCHEMA_VERSION => self
-                .add_intent_schema(&c)
-                .and_then(|()| self.add_batch_schema(&c))
-                .and_then(|()| self.add_host_schema(&c))
-                .and_then(|()| self.add_http_schema(&c))
-                .and_then(|()| self.add_state_schema(&c)),
-            found => Err(JournalError::Version {
-                path: self.path.clone(),
-                found,
-            }),
-        }
-    }
-
-    fn create_schema(&self, c: &Connection) -> Result<()> {
-        c.execute_batch(
-            "BEGIN IMMEDIATE;
-                 CREATE TABLE IF NOT EXISTS executions (
-                    id TEXT PRIMARY KEY,
-                    created_at TEXT NOT NULL,
-                    destination TEXT NOT NULL,
-                    host TEXT NOT NULL,
-                    port INTEGER NOT NULL,
-                    user TEXT NOT NULL,
-                    command BLOB NOT NULL,
-                    command_digest TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    timeout_secs INTEGER NOT NULL,
-                    client TEXT NOT NULL
-                 );
-                 CREATE TABLE IF NOT EXISTS events (
-                    seq INTEGER PRIMARY KEY,
-                    execution_id TEXT NOT NULL REFERENCES executions(id),
-                    at TEXT NOT NULL,
-                    kind TEXT NOT NULL,
-                    state TEXT,
-                    evidence TEXT NOT NULL,
-                    client TEXT NOT NULL,
-                    prev_hash TEXT NOT NULL,
-                    hash TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS events_by_execution ON events(execution_id, seq);
-                 CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
-                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
-                 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
-                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
-                 CREATE TRIGGER IF NOT EXISTS executions_fixed_u BEFORE UPDATE ON executions
-                    BEGIN SELECT RAISE(ABORT, 'an execution record is fixed once accepted'); END;
-                 -- Progress, not evidence: how far the caller has been given each stream.
-                 CREATE TABLE IF NOT EXISTS cursors (
-                    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
-                    out_off INTEGER NOT NULL,
-                    err_off INTEGER NOT NULL
-                 );
-                 PRAGMA user_version = 1;
-                 COMMIT;",
-        )
-        .map_err(|e| self.err(e))?;
-        // The later parts of version 1 are created by the same steps that add them to a
-        // journal made before them.
-        self.add_intent_schema(c)?;
-        self.add_batch_schema(c)?;
-        self.add_host_schema(c)?;
-        self.add_http_schema(c)?;
-        self.add_state_schema(c)
-    }
-
-    /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
-    /// (not yet released); added to a journal made before them, in one transaction.
-    fn add_intent_schema(&self, c: &Connection) -> Result<()> {
-        let ready = |c: &Connection| -> rusqlite::Result<(bool, bool)> {
-            let cols: i64 = c.query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('executions') WHERE name = 'fingerprint'",
-                [],
-                |r| r.get(0),
-            )?;
-            let sess: i64 = c.query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'session_events'",
-                [],
-                |r| r.get(0),
-            )?;
-            Ok((cols > 0, sess > 0))
-        };
-        if ready(c).map_err(|e| self.err(e))? == (true, true) {
-            return Ok(());
-        }
-        c.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| self.err(e))?;
-        let r = (|| -> rusqlite::Result<()> {
-            let (has, _) = ready(c)?;
-            let columns = if has {
-                ""
-            } else {
-                // NULL for executions accepted without an intent (library `accept`, old
-                // rows): they never match a fingerprint.
-                "ALTER TABLE executions ADD COLUMN fingerprint TEXT;
-                 ALTER TABLE executions ADD COLUMN actor TEXT;
-                 ALTER TABLE executions ADD COLUMN scope TEXT;
-                 ALTER TABLE executions ADD COLUMN class TEXT;
-                 ALTER TABLE executions ADD COLUMN retention_secs INTEGER;
-                 ALTER TABLE executions ADD COLUMN accepted_ms INTEGER;
-                 ALTER TABLE executions ADD COLUMN session_id TEXT;
-                 ALTER TABLE executions ADD COLUMN intent TEXT;"
-            };
-            c.execute_batch(&format!(
-                "{columns}
-                 CREATE INDEX IF NOT EXISTS executions_by_intent
-                    ON executions(fingerprint, actor, scope, accepted_ms);
-                 -- Which client process / gateway run / actor existed, and when. A row is fixed
-                 -- at start; the end is an event.
-                 CREATE TABLE IF NOT EXISTS sessions (
-                    id TEXT PRIMARY KEY,
-                    kind TEXT NOT NULL,
-                    actor TEXT NOT NULL,
-                    pid INTEGER NOT NULL,
-                    client TEXT NOT NULL,
-                    started_at TEXT NOT NULL,
-                    detail TEXT NOT NULL
-                 );
-                 CREATE TABLE IF NOT EXISTS session_events (
-                    seq INTEGER PRIMARY KEY,
-                    session_id TEXT NOT NULL REFERENCES sessions(id),
-                    at TEXT NOT NULL,
-                    kind TEXT NOT NULL,
-                    evidence TEXT NOT NULL,
-                    prev_hash TEXT NOT NULL,
-                    hash TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS session_events_by_session ON session_events(session_id, seq);
-                 CREATE TRIGGER IF NOT EXISTS sessions_fixed_u BEFORE UPDATE ON sessions
-                    BEGIN SELECT RAISE(ABORT, 'a session record is fixed once started'); END;
-                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_u BEFORE UPDATE ON session_events
-                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;
-                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_d BEFORE DELETE ON session_events
-                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;"
-            ))
-        })();
-        match r {
-            Ok(()) => c.execute_batch("COMMIT").map_err(|e| self.err(e)),
-            Err(e) => {
-                let _ = c.execute_batch("ROLLBACK");
-                Err(self.err(e))
-            }
-        }
     }
 
     /// PostgreSQL: write a sealed checkpoint over every chain head that changed since the last

@@ -36,30 +36,6 @@ impl BatchRecord {
 }
 
 impl Journal {
-    /// Add the batch tables to a journal made before them (schema version 1 is unreleased).
-    pub(super) fn add_batch_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        self.add_tables(
-            c,
-            "batch_members",
-            "BEGIN IMMEDIATE;
-                 CREATE TABLE IF NOT EXISTS batches (
-                    id TEXT PRIMARY KEY,
-                    created_at TEXT NOT NULL,
-                    command BLOB NOT NULL,
-                    options TEXT NOT NULL,
-                    client TEXT NOT NULL
-                 );
-                 CREATE TABLE IF NOT EXISTS batch_members (
-                    batch_id TEXT NOT NULL REFERENCES batches(id),
-                    position INTEGER NOT NULL,
-                    destination TEXT NOT NULL,
-                    execution_id TEXT NOT NULL,
-                    PRIMARY KEY (batch_id, position)
-                 );
-                 COMMIT;",
-        )
-    }
-
     /// Record a batch and all its members in one transaction, before any dispatch.
     /// Fails if the batch ID exists.
     pub fn create_batch(
@@ -85,6 +61,30 @@ impl Journal {
 
 /// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
 impl super::sqlite::Sqlite {
+    /// Add the batch tables to a journal made before them (schema version 1 is unreleased).
+    pub(super) fn add_batch_schema(&self, c: &rusqlite::Connection) -> Result<()> {
+        self.add_tables(
+            c,
+            "batch_members",
+            "BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS batches (
+                    id TEXT PRIMARY KEY,
+                    created_at TEXT NOT NULL,
+                    command BLOB NOT NULL,
+                    options TEXT NOT NULL,
+                    client TEXT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS batch_members (
+                    batch_id TEXT NOT NULL REFERENCES batches(id),
+                    position INTEGER NOT NULL,
+                    destination TEXT NOT NULL,
+                    execution_id TEXT NOT NULL,
+                    PRIMARY KEY (batch_id, position)
+                 );
+                 COMMIT;",
+        )
+    }
+
     pub(super) fn create_batch(
         &self,
         id: &str,

@@ -17,35 +17,6 @@ use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 
 impl Journal {
-    /// Add the host bookkeeping tables to a journal made before them.
-    pub(super) fn add_host_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        self.add_tables(
-            c,
-            "host_key_shared",
-            "BEGIN IMMEDIATE;
-                 -- The epoch each marker home had when last seen, per place.
-                 CREATE TABLE IF NOT EXISTS host_places (
-                    destination TEXT NOT NULL,
-                    host_key TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    epoch TEXT NOT NULL,
-                    seen_at TEXT NOT NULL,
-                    PRIMARY KEY (destination, host_key, remote_dir)
-                 );
-                 CREATE INDEX IF NOT EXISTS host_places_by_key ON host_places(host_key, remote_dir);
-                 -- Pairs of destinations (a < b) already said to present one host key.
-                 CREATE TABLE IF NOT EXISTS host_key_shared (
-                    host_key TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    destination_a TEXT NOT NULL,
-                    destination_b TEXT NOT NULL,
-                    said_at TEXT NOT NULL,
-                    PRIMARY KEY (host_key, remote_dir, destination_a, destination_b)
-                 );
-                 COMMIT;",
-        )
-    }
-
     /// The epoch last seen at `place`.
     pub fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
         self.backend().host_epoch_at(place)
@@ -252,6 +223,35 @@ pub(super) fn host_key_shared_evidence<'a>(
 
 /// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
 impl super::sqlite::Sqlite {
+    /// Add the host bookkeeping tables to a journal made before them.
+    pub(super) fn add_host_schema(&self, c: &rusqlite::Connection) -> Result<()> {
+        self.add_tables(
+            c,
+            "host_key_shared",
+            "BEGIN IMMEDIATE;
+                 -- The epoch each marker home had when last seen, per place.
+                 CREATE TABLE IF NOT EXISTS host_places (
+                    destination TEXT NOT NULL,
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    epoch TEXT NOT NULL,
+                    seen_at TEXT NOT NULL,
+                    PRIMARY KEY (destination, host_key, remote_dir)
+                 );
+                 CREATE INDEX IF NOT EXISTS host_places_by_key ON host_places(host_key, remote_dir);
+                 -- Pairs of destinations (a < b) already said to present one host key.
+                 CREATE TABLE IF NOT EXISTS host_key_shared (
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    destination_a TEXT NOT NULL,
+                    destination_b TEXT NOT NULL,
+                    said_at TEXT NOT NULL,
+                    PRIMARY KEY (host_key, remote_dir, destination_a, destination_b)
+                 );
+                 COMMIT;",
+        )
+    }
+
     pub(super) fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
         self.conn()?
             .query_row(

@@ -67,48 +67,6 @@ pub struct StreamRecord {
 }
 
 impl Journal {
-    /// Add the HTTP front's tables to a journal made before them (schema version 1 is
-    /// unreleased; the tables are outside the hash chains, so old journals verify as before).
-    pub(super) fn add_http_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        self.add_tables(
-            c,
-            "http_streams",
-            "BEGIN IMMEDIATE;
-                 CREATE TABLE IF NOT EXISTS tokens (
-                    id TEXT PRIMARY KEY,
-                    hash TEXT NOT NULL UNIQUE,
-                    actor TEXT NOT NULL,
-                    scope_prefix TEXT,
-                    created_at TEXT NOT NULL,
-                    expires_at TEXT,
-                    expires_ms INTEGER,
-                    revoked_at TEXT
-                 );
-                 CREATE TABLE IF NOT EXISTS http_sessions (
-                    id TEXT PRIMARY KEY,
-                    actor TEXT,
-                    created_at TEXT NOT NULL,
-                    state TEXT
-                 );
-                 CREATE TABLE IF NOT EXISTS http_events (
-                    seq INTEGER PRIMARY KEY,
-                    stream_id TEXT NOT NULL,
-                    at_ms INTEGER NOT NULL,
-                    retry_ms INTEGER,
-                    message TEXT
-                 );
-                 CREATE INDEX IF NOT EXISTS http_events_by_stream ON http_events(stream_id, seq);
-                 CREATE TABLE IF NOT EXISTS http_streams (
-                    stream_id TEXT PRIMARY KEY,
-                    session_id TEXT,
-                    actor TEXT NOT NULL,
-                    request TEXT NOT NULL,
-                    opened_ms INTEGER NOT NULL
-                 );
-                 COMMIT;",
-        )
-    }
-
     pub fn add_token(&mut self, t: &TokenRecord) -> Result<()> {
         self.backend().add_token(t)
     }
@@ -211,6 +169,48 @@ impl Journal {
 
 /// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
 impl super::sqlite::Sqlite {
+    /// Add the HTTP front's tables to a journal made before them (schema version 1 is
+    /// unreleased; the tables are outside the hash chains, so old journals verify as before).
+    pub(super) fn add_http_schema(&self, c: &rusqlite::Connection) -> Result<()> {
+        self.add_tables(
+            c,
+            "http_streams",
+            "BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS tokens (
+                    id TEXT PRIMARY KEY,
+                    hash TEXT NOT NULL UNIQUE,
+                    actor TEXT NOT NULL,
+                    scope_prefix TEXT,
+                    created_at TEXT NOT NULL,
+                    expires_at TEXT,
+                    expires_ms INTEGER,
+                    revoked_at TEXT
+                 );
+                 CREATE TABLE IF NOT EXISTS http_sessions (
+                    id TEXT PRIMARY KEY,
+                    actor TEXT,
+                    created_at TEXT NOT NULL,
+                    state TEXT
+                 );
+                 CREATE TABLE IF NOT EXISTS http_events (
+                    seq INTEGER PRIMARY KEY,
+                    stream_id TEXT NOT NULL,
+                    at_ms INTEGER NOT NULL,
+                    retry_ms INTEGER,
+                    message TEXT
+                 );
+                 CREATE INDEX IF NOT EXISTS http_events_by_stream ON http_events(stream_id, seq);
+                 CREATE TABLE IF NOT EXISTS http_streams (
+                    stream_id TEXT PRIMARY KEY,
+                    session_id TEXT,
+                    actor TEXT NOT NULL,
+                    request TEXT NOT NULL,
+                    opened_ms INTEGER NOT NULL
+                 );
+                 COMMIT;",
+        )
+    }
+
     fn token_where(&self, clause: &str, arg: &str) -> Result<Vec<TokenRecord>> {
         let lease = self.conn()?;
         let mut st = lease

@@ -6,14 +6,14 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::backend::{Backend, Choose, Named};
 use super::{
     advance_anchor, anchor, append_in, connect, group, insert_accepted, now_rfc3339, redact_url,
     session_append_in, session_started_evidence, status_from_states, AcceptOrMatch, Candidate,
     Event, ExecutionRecord, GroupCommitStats, IntentColumns, JournalError, LegacyIntent, Result,
-    SessionRecord, SessionView, Status,
+    SessionRecord, SessionView, Status, SCHEMA_VERSION,
 };
 use super::{BatchRecord, JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 use crate::epoch::{Announced, HostPlace};
@@ -39,6 +39,181 @@ impl Sqlite {
         JournalError::Sqlite {
             path: self.path.clone(),
             source,
+        }
+    }
+
+    /// Run `sql` (one `BEGIN IMMEDIATE … COMMIT` batch creating tables) unless the table
+    /// `last` already exists: how a journal made before a feature gains that feature's tables.
+    pub(super) fn add_tables(&self, c: &rusqlite::Connection, last: &str, sql: &str) -> Result<()> {
+        let have: i64 = c
+            .query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = ?1",
+                [last],
+                |r| r.get(0),
+            )
+            .map_err(|e| self.err(e))?;
+        if have > 0 {
+            return Ok(());
+        }
+        c.execute_batch(sql).map_err(|e| {
+            let _ = c.execute_batch("ROLLBACK");
+            self.err(e)
+        })
+    }
+
+    pub(super) fn init(&self) -> Result<()> {
+        let c = self.conn()?;
+        // journal_mode returns a row; WAL persists in the file once set.
+        let _mode: String = c
+            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        let version: i64 = c
+            .query_row("PRAGMA user_version", [], |r| r.get(0))
+            .map_err(|e| self.err(e))?;
+        match version {
+            0 => self.create_schema(&c),
+            SCHEMA_VERSION => self
+                .add_intent_schema(&c)
+                .and_then(|()| self.add_batch_schema(&c))
+                .and_then(|()| self.add_host_schema(&c))
+                .and_then(|()| self.add_http_schema(&c))
+                .and_then(|()| self.add_state_schema(&c)),
+            found => Err(JournalError::Version {
+                path: self.path.clone(),
+                found,
+            }),
+        }
+    }
+
+    fn create_schema(&self, c: &Connection) -> Result<()> {
+        c.execute_batch(
+            "BEGIN IMMEDIATE;
+                 CREATE TABLE IF NOT EXISTS executions (
+                    id TEXT PRIMARY KEY,
+                    created_at TEXT NOT NULL,
+                    destination TEXT NOT NULL,
+                    host TEXT NOT NULL,
+                    port INTEGER NOT NULL,
+                    user TEXT NOT NULL,
+                    command BLOB NOT NULL,
+                    command_digest TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    timeout_secs INTEGER NOT NULL,
+                    client TEXT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS events (
+                    seq INTEGER PRIMARY KEY,
+                    execution_id TEXT NOT NULL REFERENCES executions(id),
+                    at TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    state TEXT,
+                    evidence TEXT NOT NULL,
+                    client TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    hash TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS events_by_execution ON events(execution_id, seq);
+                 CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
+                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+                 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
+                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
+                 CREATE TRIGGER IF NOT EXISTS executions_fixed_u BEFORE UPDATE ON executions
+                    BEGIN SELECT RAISE(ABORT, 'an execution record is fixed once accepted'); END;
+                 -- Progress, not evidence: how far the caller has been given each stream.
+                 CREATE TABLE IF NOT EXISTS cursors (
+                    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
+                    out_off INTEGER NOT NULL,
+                    err_off INTEGER NOT NULL
+                 );
+                 PRAGMA user_version = 1;
+                 COMMIT;",
+        )
+        .map_err(|e| self.err(e))?;
+        // The later parts of version 1 are created by the same steps that add them to a
+        // journal made before them.
+        self.add_intent_schema(c)?;
+        self.add_batch_schema(c)?;
+        self.add_host_schema(c)?;
+        self.add_http_schema(c)?;
+        self.add_state_schema(c)
+    }
+
+    /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
+    /// (not yet released); added to a journal made before them, in one transaction.
+    fn add_intent_schema(&self, c: &Connection) -> Result<()> {
+        let ready = |c: &Connection| -> rusqlite::Result<(bool, bool)> {
+            let cols: i64 = c.query_row(
+                "SELECT COUNT(*) FROM pragma_table_info('executions') WHERE name = 'fingerprint'",
+                [],
+                |r| r.get(0),
+            )?;
+            let sess: i64 = c.query_row(
+                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'session_events'",
+                [],
+                |r| r.get(0),
+            )?;
+            Ok((cols > 0, sess > 0))
+        };
+        if ready(c).map_err(|e| self.err(e))? == (true, true) {
+            return Ok(());
+        }
+        c.execute_batch("BEGIN IMMEDIATE")
+            .map_err(|e| self.err(e))?;
+        let r = (|| -> rusqlite::Result<()> {
+            let (has, _) = ready(c)?;
+            let columns = if has {
+                ""
+            } else {
+                // NULL for executions accepted without an intent (library `accept`, old
+                // rows): they never match a fingerprint.
+                "ALTER TABLE executions ADD COLUMN fingerprint TEXT;
+                 ALTER TABLE executions ADD COLUMN actor TEXT;
+                 ALTER TABLE executions ADD COLUMN scope TEXT;
+                 ALTER TABLE executions ADD COLUMN class TEXT;
+                 ALTER TABLE executions ADD COLUMN retention_secs INTEGER;
+                 ALTER TABLE executions ADD COLUMN accepted_ms INTEGER;
+                 ALTER TABLE executions ADD COLUMN session_id TEXT;
+                 ALTER TABLE executions ADD COLUMN intent TEXT;"
+            };
+            c.execute_batch(&format!(
+                "{columns}
+                 CREATE INDEX IF NOT EXISTS executions_by_intent
+                    ON executions(fingerprint, actor, scope, accepted_ms);
+                 -- Which client process / gateway run / actor existed, and when. A row is fixed
+                 -- at start; the end is an event.
+                 CREATE TABLE IF NOT EXISTS sessions (
+                    id TEXT PRIMARY KEY,
+                    kind TEXT NOT NULL,
+                    actor TEXT NOT NULL,
+                    pid INTEGER NOT NULL,
+                    client TEXT NOT NULL,
+                    started_at TEXT NOT NULL,
+                    detail TEXT NOT NULL
+                 );
+                 CREATE TABLE IF NOT EXISTS session_events (
+                    seq INTEGER PRIMARY KEY,
+                    session_id TEXT NOT NULL REFERENCES sessions(id),
+                    at TEXT NOT NULL,
+                    kind TEXT NOT NULL,
+                    evidence TEXT NOT NULL,
+                    prev_hash TEXT NOT NULL,
+                    hash TEXT NOT NULL
+                 );
+                 CREATE INDEX IF NOT EXISTS session_events_by_session ON session_events(session_id, seq);
+                 CREATE TRIGGER IF NOT EXISTS sessions_fixed_u BEFORE UPDATE ON sessions
+                    BEGIN SELECT RAISE(ABORT, 'a session record is fixed once started'); END;
+                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_u BEFORE UPDATE ON session_events
+                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;
+                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_d BEFORE DELETE ON session_events
+                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;"
+            ))
+        })();
+        match r {
+            Ok(()) => c.execute_batch("COMMIT").map_err(|e| self.err(e)),
+            Err(e) => {
+                let _ = c.execute_batch("ROLLBACK");
+                Err(self.err(e))
+            }
         }
     }
 
