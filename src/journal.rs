@@ -19,7 +19,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, Connection, OptionalExtension};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
@@ -30,17 +30,8 @@ use crate::state::State;
 
 const SCHEMA_VERSION: i64 = 1;
 
-/// Hand a public method to the PostgreSQL backend when the journal is one; the SQLite
-/// implementation follows the macro in each method.
-macro_rules! on_postgres {
-    ($self:ident, $pg:ident => $e:expr) => {
-        if let Backend::Postgres($pg) = &$self.backend {
-            return $e;
-        }
-    };
-}
-
 pub mod anchor;
+mod backend;
 mod batch;
 #[cfg(test)]
 #[path = "../tests/it/support/postgres.rs"]
@@ -55,7 +46,9 @@ mod golden;
 mod hosts;
 mod http;
 mod postgres;
+mod sqlite;
 mod store;
+use backend::Backend;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
 pub(crate) use postgres::runtime as postgres_runtime;
@@ -232,23 +225,17 @@ pub struct Status {
 /// [`Backend`] chosen by the location given to [`Journal::open`].
 pub struct Journal {
     path: PathBuf,
-    backend: Backend,
+    store: Store,
 }
 
-/// Where a journal is kept. Every public method of [`Journal`] asks its backend, so callers
-/// (the executor, the fronts, audit) never know which store they write to.
-enum Backend {
+/// Where a journal is kept. Every public method of [`Journal`] asks its [`Backend`] (through
+/// [`Journal::backend`], the one place that tells the stores apart), so callers (the executor,
+/// the fronts, audit) never know which store they write to.
+enum Store {
     /// A SQLite file on this machine (the default).
-    Sqlite(SqliteFile),
+    Sqlite(sqlite::Sqlite),
     /// A PostgreSQL database, shared by every replica that names it (`postgres://…`).
     Postgres(std::sync::Arc<postgres::Pg>),
-}
-
-/// The SQLite backend's state: the anchor next to the file, and the group commit (with the
-/// connection pool) shared with every other handle on the file in this process.
-struct SqliteFile {
-    anchor: anchor::Anchor,
-    group: std::sync::Arc<group::Group>,
 }
 
 /// Current UTC time as RFC 3339 with milliseconds.
@@ -293,32 +280,13 @@ impl Journal {
         base.join("cairn").join("journal.db")
     }
 
-    /// Run `sql` (one `BEGIN IMMEDIATE … COMMIT` batch creating tables) unless the table
-    /// `last` already exists: how a journal made before a feature gains that feature's tables.
-    fn add_tables(&self, c: &rusqlite::Connection, last: &str, sql: &str) -> Result<()> {
-        let have: i64 = c
-            .query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = ?1",
-                [last],
-                |r| r.get(0),
-            )
-            .map_err(|e| self.err(e))?;
-        if have > 0 {
-            return Ok(());
-        }
-        c.execute_batch(sql).map_err(|e| {
-            let _ = c.execute_batch("ROLLBACK");
-            self.err(e)
-        })
-    }
-
     /// Open (creating if needed) the journal at `path`: a SQLite file, or the PostgreSQL
     /// database a `postgres://` URL names (its schema created or migrated on first use).
     pub fn open(path: &Path) -> Result<Journal> {
         if let Some(url) = path.to_str().filter(|p| is_postgres_url(p)) {
             return Ok(Journal {
                 path: path.to_owned(),
-                backend: Backend::Postgres(postgres::open(url)?),
+                store: Store::Postgres(postgres::open(url)?),
             });
         }
         refuse_url(path)?;
@@ -338,22 +306,24 @@ impl Journal {
         let fresh = identity.is_none() && !path.exists();
         let anchor = anchor::Anchor::for_journal(path);
         let group = group::group_for(path, &anchor.path);
-        let j = Journal {
+        let file = sqlite::Sqlite {
             path: path.to_owned(),
-            backend: Backend::Sqlite(SqliteFile {
-                group: std::sync::Arc::clone(&group),
-                anchor,
-            }),
+            group: std::sync::Arc::clone(&group),
+            anchor,
+        };
+        let j = |file| Journal {
+            path: path.to_owned(),
+            store: Store::Sqlite(file),
         };
         // Another handle of this process checked this very file's schema: nothing to do, and
         // no connection to open (operations lease the pool's).
         if !fresh && group.checked(identity) {
-            return Ok(j);
+            return Ok(j(file));
         }
         if fresh {
             // Opening the first connection creates the file.
             group.retarget(None);
-            drop(j.conn()?);
+            drop(file.conn()?);
             set_mode(path, 0o600);
             identity = file_identity(path);
         }
@@ -364,7 +334,7 @@ impl Journal {
         // idempotent, so try again, briefly and boundedly, before giving up.
         let mut tries = 0u64;
         loop {
-            match j.init() {
+            match file.init() {
                 Err(JournalError::Sqlite { source, .. }) if is_busy(&source) && tries < 40 => {
                     tries += 1;
                     std::thread::sleep(Duration::from_millis(5 * tries.min(20)));
@@ -373,7 +343,7 @@ impl Journal {
             }
         }
         group.mark_checked(identity);
-        Ok(j)
+        Ok(j(file))
     }
 
     pub fn path(&self) -> &Path {
@@ -386,30 +356,12 @@ impl Journal {
         redact_url(&self.path.to_string_lossy())
     }
 
-    /// Run one SQL statement as the journal's own connection (tests: what the journal's role
-    /// may and may not do).
-    #[cfg(test)]
-    pub(crate) fn raw_execute(&self, sql: &str) -> Result<u64> {
-        on_postgres!(self, pg => pg.raw_execute(sql));
-        self.conn()?
-            .execute(sql, [])
-            .map(|n| n as u64)
-            .map_err(|e| self.err(e))
-    }
-
-    fn err(&self, source: rusqlite::Error) -> JournalError {
-        JournalError::Sqlite {
-            path: self.path.clone(),
-            source,
-        }
-    }
-
     /// The SQLite backend's state; an error on another backend (its callers are the SQLite
     /// implementations of the public methods, which other backends never reach).
-    fn file(&self) -> Result<&SqliteFile> {
-        match &self.backend {
-            Backend::Sqlite(f) => Ok(f),
-            Backend::Postgres(pg) => Err(JournalError::Io {
+    fn file(&self) -> Result<&sqlite::Sqlite> {
+        match &self.store {
+            Store::Sqlite(f) => Ok(f),
+            Store::Postgres(pg) => Err(JournalError::Io {
                 path: pg.location().into(),
                 message: "a SQLite operation was asked of a PostgreSQL journal".into(),
             }),
@@ -417,11 +369,17 @@ impl Journal {
     }
 
     /// A SQLite connection for one operation (see [`group::Lease`]).
+    #[cfg(test)]
     fn conn(&self) -> Result<group::Lease<'_>> {
-        self.file()?
-            .group
-            .lease(&|| connect(&self.path))
-            .map_err(|e| self.err(e))
+        self.file()?.conn()
+    }
+
+    /// The store this journal is kept in: the one place that tells them apart.
+    fn backend(&self) -> &dyn Backend {
+        match &self.store {
+            Store::Sqlite(s) => s,
+            Store::Postgres(pg) => &**pg,
+        }
     }
 
     /// SQLite connections this process has opened to this journal file (all handles count):
@@ -430,238 +388,12 @@ impl Journal {
         self.file().map_or(0, |f| f.group.connections_opened())
     }
 
-    fn init(&self) -> Result<()> {
-        let c = self.conn()?;
-        // journal_mode returns a row; WAL persists in the file once set.
-        let _mode: String = c
-            .query_row("PRAGMA journal_mode=WAL", [], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
-        let version: i64 = c
-            .query_row("PRAGMA user_version", [], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
-        match version {
-            0 => self.create_schema(&c),
-            SCHEMA_VERSION => self
-                .add_intent_schema(&c)
-                .and_then(|()| self.add_batch_schema(&c))
-                .and_then(|()| self.add_host_schema(&c))
-                .and_then(|()| self.add_http_schema(&c))
-                .and_then(|()| self.add_state_schema(&c)),
-            found => Err(JournalError::Version {
-                path: self.path.clone(),
-                found,
-            }),
-        }
-    }
-
-    fn create_schema(&self, c: &Connection) -> Result<()> {
-        c.execute_batch(
-            "BEGIN IMMEDIATE;
-                 CREATE TABLE IF NOT EXISTS executions (
-                    id TEXT PRIMARY KEY,
-                    created_at TEXT NOT NULL,
-                    destination TEXT NOT NULL,
-                    host TEXT NOT NULL,
-                    port INTEGER NOT NULL,
-                    user TEXT NOT NULL,
-                    command BLOB NOT NULL,
-                    command_digest TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    timeout_secs INTEGER NOT NULL,
-                    client TEXT NOT NULL
-                 );
-                 CREATE TABLE IF NOT EXISTS events (
-                    seq INTEGER PRIMARY KEY,
-                    execution_id TEXT NOT NULL REFERENCES executions(id),
-                    at TEXT NOT NULL,
-                    kind TEXT NOT NULL,
-                    state TEXT,
-                    evidence TEXT NOT NULL,
-                    client TEXT NOT NULL,
-                    prev_hash TEXT NOT NULL,
-                    hash TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS events_by_execution ON events(execution_id, seq);
-                 CREATE TRIGGER IF NOT EXISTS events_append_only_u BEFORE UPDATE ON events
-                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
-                 CREATE TRIGGER IF NOT EXISTS events_append_only_d BEFORE DELETE ON events
-                    BEGIN SELECT RAISE(ABORT, 'journal events are append-only'); END;
-                 CREATE TRIGGER IF NOT EXISTS executions_fixed_u BEFORE UPDATE ON executions
-                    BEGIN SELECT RAISE(ABORT, 'an execution record is fixed once accepted'); END;
-                 -- Progress, not evidence: how far the caller has been given each stream.
-                 CREATE TABLE IF NOT EXISTS cursors (
-                    execution_id TEXT PRIMARY KEY REFERENCES executions(id),
-                    out_off INTEGER NOT NULL,
-                    err_off INTEGER NOT NULL
-                 );
-                 PRAGMA user_version = 1;
-                 COMMIT;",
-        )
-        .map_err(|e| self.err(e))?;
-        // The later parts of version 1 are created by the same steps that add them to a
-        // journal made before them.
-        self.add_intent_schema(c)?;
-        self.add_batch_schema(c)?;
-        self.add_host_schema(c)?;
-        self.add_http_schema(c)?;
-        self.add_state_schema(c)
-    }
-
-    /// Intent matching, operation classes and sessions (issue 4). Part of schema version 1
-    /// (not yet released); added to a journal made before them, in one transaction.
-    fn add_intent_schema(&self, c: &Connection) -> Result<()> {
-        let ready = |c: &Connection| -> rusqlite::Result<(bool, bool)> {
-            let cols: i64 = c.query_row(
-                "SELECT COUNT(*) FROM pragma_table_info('executions') WHERE name = 'fingerprint'",
-                [],
-                |r| r.get(0),
-            )?;
-            let sess: i64 = c.query_row(
-                "SELECT COUNT(*) FROM sqlite_master WHERE name = 'session_events'",
-                [],
-                |r| r.get(0),
-            )?;
-            Ok((cols > 0, sess > 0))
-        };
-        if ready(c).map_err(|e| self.err(e))? == (true, true) {
-            return Ok(());
-        }
-        c.execute_batch("BEGIN IMMEDIATE")
-            .map_err(|e| self.err(e))?;
-        let r = (|| -> rusqlite::Result<()> {
-            let (has, _) = ready(c)?;
-            let columns = if has {
-                ""
-            } else {
-                // NULL for executions accepted without an intent (library `accept`, old
-                // rows): they never match a fingerprint.
-                "ALTER TABLE executions ADD COLUMN fingerprint TEXT;
-                 ALTER TABLE executions ADD COLUMN actor TEXT;
-                 ALTER TABLE executions ADD COLUMN scope TEXT;
-                 ALTER TABLE executions ADD COLUMN class TEXT;
-                 ALTER TABLE executions ADD COLUMN retention_secs INTEGER;
-                 ALTER TABLE executions ADD COLUMN accepted_ms INTEGER;
-                 ALTER TABLE executions ADD COLUMN session_id TEXT;
-                 ALTER TABLE executions ADD COLUMN intent TEXT;"
-            };
-            c.execute_batch(&format!(
-                "{columns}
-                 CREATE INDEX IF NOT EXISTS executions_by_intent
-                    ON executions(fingerprint, actor, scope, accepted_ms);
-                 -- Which client process / gateway run / actor existed, and when. A row is fixed
-                 -- at start; the end is an event.
-                 CREATE TABLE IF NOT EXISTS sessions (
-                    id TEXT PRIMARY KEY,
-                    kind TEXT NOT NULL,
-                    actor TEXT NOT NULL,
-                    pid INTEGER NOT NULL,
-                    client TEXT NOT NULL,
-                    started_at TEXT NOT NULL,
-                    detail TEXT NOT NULL
-                 );
-                 CREATE TABLE IF NOT EXISTS session_events (
-                    seq INTEGER PRIMARY KEY,
-                    session_id TEXT NOT NULL REFERENCES sessions(id),
-                    at TEXT NOT NULL,
-                    kind TEXT NOT NULL,
-                    evidence TEXT NOT NULL,
-                    prev_hash TEXT NOT NULL,
-                    hash TEXT NOT NULL
-                 );
-                 CREATE INDEX IF NOT EXISTS session_events_by_session ON session_events(session_id, seq);
-                 CREATE TRIGGER IF NOT EXISTS sessions_fixed_u BEFORE UPDATE ON sessions
-                    BEGIN SELECT RAISE(ABORT, 'a session record is fixed once started'); END;
-                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_u BEFORE UPDATE ON session_events
-                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;
-                 CREATE TRIGGER IF NOT EXISTS session_events_append_only_d BEFORE DELETE ON session_events
-                    BEGIN SELECT RAISE(ABORT, 'session events are append-only'); END;"
-            ))
-        })();
-        match r {
-            Ok(()) => c.execute_batch("COMMIT").map_err(|e| self.err(e)),
-            Err(e) => {
-                let _ = c.execute_batch("ROLLBACK");
-                Err(self.err(e))
-            }
-        }
-    }
-
-    /// Record a new execution and its `accepted` event in one transaction (group-committed with
-    /// other handles' writes, like [`Journal::append`]). Fails if the ID already exists.
-    pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
-        on_postgres!(self, pg => pg.accept(rec, &evidence));
-        self.commit(group::Request::Accept {
-            rec: rec.clone(),
-            evidence,
-        })
-    }
-
-    /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
-    /// `cairn audit verify`), never fails the operation.
-    fn anchor_to(&self, ev: &Event) {
-        if let Ok(f) = self.file() {
-            advance_anchor(&f.anchor, ev);
-        }
-    }
-
-    /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
-    /// (a reconnect, a probe result, a delivery of part of the output …).
-    ///
-    /// Returns once the event is committed, with its seq and hash as stored. Appends from every
-    /// handle on this journal in this process are group-committed: concurrent callers share one
-    /// transaction and one fsync (see `journal/group.rs`).
-    pub fn append(
-        &mut self,
-        id: &ExecutionId,
-        kind: EventKind,
-        state: Option<State>,
-        evidence: serde_json::Value,
-    ) -> Result<Event> {
-        let kind = kind.as_str();
-        on_postgres!(self, pg => pg
-            .append_all(id, &[(kind.to_owned(), state, evidence)])
-            .and_then(|e| e.ok_or_else(|| pg_missing_event(pg))));
-        self.commit(group::Request::Append {
-            id: id.as_str().to_owned(),
-            kind: kind.to_owned(),
-            state,
-            evidence,
-        })
-    }
-
-    /// Commit one request through this journal's group.
-    fn commit(&mut self, req: group::Request) -> Result<Event> {
-        let file = self.file()?;
-        let group = std::sync::Arc::clone(&file.group);
-        let id = req.execution_id().to_owned();
-        group
-            .submit(req, &|| connect(&self.path), &file.anchor)
-            .map_err(|f| match f {
-                group::Failure::Sqlite(source) => self.err(source),
-                group::Failure::Refused {
-                    refused,
-                    conditional,
-                } => JournalError::Refused {
-                    location: self.location(),
-                    id,
-                    refused,
-                    conditional,
-                },
-                group::Failure::LeaderLost => JournalError::Io {
-                    path: self.path.clone(),
-                    message: "the thread committing this write panicked, so whether it was \
-                              committed is unknown; read the execution's events to find out"
-                        .into(),
-                },
-            })
-    }
-
     /// PostgreSQL: write a sealed checkpoint over every chain head that changed since the last
     /// one, under the seal key at `key` (see `journal/postgres/checkpoint.rs`); its number, or
     /// `None` when nothing changed. A SQLite file needs none: its anchor moves with each commit.
     pub fn seal(&self, key: &Path) -> Result<Option<i64>> {
-        match &self.backend {
-            Backend::Postgres(pg) => {
+        match &self.store {
+            Store::Postgres(pg) => {
                 let key =
                     postgres::checkpoint::read_key(key).map_err(|message| JournalError::Io {
                         path: key.to_owned(),
@@ -669,7 +401,7 @@ impl Journal {
                     })?;
                 pg.seal(&key)
             }
-            Backend::Sqlite(_) => Err(JournalError::Io {
+            Store::Sqlite(_) => Err(JournalError::Io {
                 path: self.path.clone(),
                 message: "a SQLite journal is anchored after every commit (<journal>.anchor); \
                           only a PostgreSQL journal is sealed by checkpoints"
@@ -683,144 +415,14 @@ impl Journal {
     /// often it is called). Nothing otherwise, and nothing for a SQLite file (its anchor moves
     /// with each commit).
     pub fn seal_periodically_from_env(&self) {
-        if let Backend::Postgres(pg) = &self.backend {
+        if let Store::Postgres(pg) = &self.store {
             postgres::checkpoint::seal_from_env(pg);
         }
     }
 
-    /// How many transactions and events group commit has written to this journal in this
-    /// process (every handle on the file counts).
-    pub fn group_commit_stats(&self) -> GroupCommitStats {
-        on_postgres!(self, pg => pg.group_commit_stats());
-        self.file().map(|f| f.group.stats()).unwrap_or_default()
-    }
-
-    pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
-        on_postgres!(self, pg => pg.execution(id));
-        let row = self
-            .conn()?
-            .query_row(
-                "SELECT id, created_at, destination, host, port, user, command, command_digest,
-                        remote_dir, timeout_secs, client FROM executions WHERE id = ?1",
-                [id.as_str()],
-                |r| {
-                    Ok((
-                        r.get::<_, String>(0)?,
-                        r.get::<_, String>(1)?,
-                        r.get::<_, String>(2)?,
-                        r.get::<_, String>(3)?,
-                        r.get::<_, i64>(4)?,
-                        r.get::<_, String>(5)?,
-                        r.get::<_, Vec<u8>>(6)?,
-                        r.get::<_, String>(7)?,
-                        r.get::<_, String>(8)?,
-                        r.get::<_, i64>(9)?,
-                        r.get::<_, String>(10)?,
-                    ))
-                },
-            )
-            .optional()
-            .map_err(|e| self.err(e))?;
-        let Some(r) = row else { return Ok(None) };
-        let corrupt = |message: String| JournalError::Corrupt {
-            path: self.path.clone(),
-            id: id.to_string(),
-            message,
-        };
-        Ok(Some(ExecutionRecord {
-            id: ExecutionId::parse(&r.0).map_err(|e| corrupt(e.to_string()))?,
-            created_at: r.1,
-            destination: r.2,
-            host: r.3,
-            port: u16::try_from(r.4).map_err(|_| corrupt(format!("port {} out of range", r.4)))?,
-            user: r.5,
-            command: r.6,
-            command_digest: r.7,
-            remote_dir: r.8,
-            timeout_secs: u64::try_from(r.9)
-                .map_err(|_| corrupt(format!("timeout {} out of range", r.9)))?,
-            client: r.10,
-        }))
-    }
-
-    pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
-        on_postgres!(self, pg => pg.events(id));
-        let lease = self.conn()?;
-        let mut st = lease
-            .prepare_cached(
-                "SELECT seq, execution_id, at, kind, state, evidence, hash, client FROM events
-                 WHERE execution_id = ?1 ORDER BY seq",
-            )
-            .map_err(|e| self.err(e))?;
-        let rows = st
-            .query_map([id.as_str()], |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, String>(2)?,
-                    r.get::<_, String>(3)?,
-                    r.get::<_, Option<String>>(4)?,
-                    r.get::<_, String>(5)?,
-                    r.get::<_, String>(6)?,
-                    r.get::<_, String>(7)?,
-                ))
-            })
-            .map_err(|e| self.err(e))?;
-        let mut out = Vec::new();
-        for row in rows {
-            let (seq, eid, at, kind, state, evidence, hash, client) =
-                row.map_err(|e| self.err(e))?;
-            let corrupt = |message: String| JournalError::Corrupt {
-                path: self.path.clone(),
-                id: eid.clone(),
-                message,
-            };
-            let state = match state {
-                Some(s) => Some(
-                    s.parse::<State>()
-                        .map_err(|e| corrupt(format!("event {seq}: {e}")))?,
-                ),
-                None => None,
-            };
-            let evidence = serde_json::from_str(&evidence)
-                .map_err(|e| corrupt(format!("event {seq}: evidence is not JSON: {e}")))?;
-            out.push(Event {
-                seq,
-                execution_id: eid.clone(),
-                at,
-                kind: kind.into(),
-                state,
-                evidence,
-                client,
-                hash,
-            });
-        }
-        Ok(out)
-    }
-
-    /// The current state: the state of the last transition event, as [`status_from_events`]
-    /// derives it, read in one lookup of the state kept with the execution (`journal/heads.rs`),
-    /// not by replaying its events.
-    pub fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
-        on_postgres!(self, pg => pg.status(id));
-        self.sqlite_status(id)
-    }
-
     /// Executions, newest first, with their current state.
     pub fn list(&self) -> Result<Vec<(ExecutionRecord, Status)>> {
-        let ids: Vec<String> = if let Backend::Postgres(pg) = &self.backend {
-            pg.execution_ids()?
-        } else {
-            let lease = self.conn()?;
-            let mut st = lease
-                .prepare("SELECT id FROM executions ORDER BY created_at DESC, id DESC")
-                .map_err(|e| self.err(e))?;
-            let rows = st
-                .query_map([], |r| r.get::<_, String>(0))
-                .map_err(|e| self.err(e))?;
-            rows.collect::<std::result::Result<_, _>>()
-                .map_err(|e| self.err(e))?
-        };
+        let ids = self.backend().execution_ids()?;
         let mut out = Vec::new();
         for raw in ids {
             let id = ExecutionId::parse(&raw).map_err(|e| JournalError::Corrupt {
@@ -833,61 +435,6 @@ impl Journal {
             }
         }
         Ok(out)
-    }
-
-    pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
-        on_postgres!(self, pg => pg.cursor(id));
-        let r = self
-            .conn()?
-            .query_row(
-                "SELECT out_off, err_off FROM cursors WHERE execution_id = ?1",
-                [id.as_str()],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, i64>(1)?)),
-            )
-            .optional()
-            .map_err(|e| self.err(e))?;
-        Ok(r.map(|(o, e)| (o.max(0) as u64, e.max(0) as u64))
-            .unwrap_or((0, 0)))
-    }
-
-    ///
-    /// A cursor is progress, not evidence: it is written without an fsync of its own
-    /// (`synchronous=NORMAL` for this one statement) and reaches the disk with the next commit
-    /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
-    /// and a reattach then asks the host again from an earlier offset.
-    pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
-        on_postgres!(self, pg => pg.set_cursor(id, out_off, err_off));
-        let lease = self.conn()?;
-        lease
-            .execute_batch("PRAGMA synchronous=NORMAL")
-            .map_err(|e| self.err(e))?;
-        let r = lease
-            .prepare_cached(
-                "INSERT INTO cursors (execution_id, out_off, err_off) VALUES (?1, ?2, ?3)
-                 ON CONFLICT(execution_id) DO UPDATE SET out_off = ?2, err_off = ?3",
-            )
-            .and_then(|mut st| st.execute(params![id.as_str(), out_off as i64, err_off as i64]));
-        // Every other write on this connection stays fully synchronous, whatever happened
-        // above: if that cannot be restored, the connection is closed rather than pooled.
-        let back = lease.execute_batch("PRAGMA synchronous=FULL");
-        if back.is_err() {
-            lease.discard();
-        }
-        r.map_err(|e| self.err(e))?;
-        back.map_err(|e| self.err(e))?;
-        Ok(())
-    }
-
-    /// Forget the output cursors of delivered executions (progress, not evidence).
-    pub fn prune_cursors(&self) -> Result<usize> {
-        on_postgres!(self, pg => pg.prune_cursors());
-        self.conn()?
-            .execute(
-                "DELETE FROM cursors WHERE execution_id IN
-                   (SELECT execution_id FROM events WHERE state = 'delivered')",
-                [],
-            )
-            .map_err(|e| self.err(e))
     }
 }
 
@@ -1036,8 +583,6 @@ impl Journal {
 
     /// [`Journal::accept_or_match`], also matching executions accepted under the earlier
     /// fingerprint `legacy` (on the same destination only).
-    // Long: one IMMEDIATE transaction (read the candidates, let the caller choose, append or
-    // match); its steps share the transaction.
     pub fn accept_or_match_with(
         &mut self,
         rec: &ExecutionRecord,
@@ -1047,169 +592,29 @@ impl Journal {
         match_evidence: serde_json::Value,
         choose: impl FnOnce(&[Candidate]) -> Option<usize>,
     ) -> Result<AcceptOrMatch> {
-        on_postgres!(self, pg => pg.accept_or_match(rec, cols, &evidence, &match_evidence, choose));
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let rows: Vec<(String, String, i64, i64)> = {
-            let mut st = tx
-                .prepare_cached(
-                    "SELECT id, class, accepted_ms, retention_secs FROM executions
-                     WHERE (fingerprint = ?1 OR (fingerprint = ?5 AND host = ?6 AND port = ?7))
-                       AND actor = ?2 AND scope = ?3
-                       AND accepted_ms + retention_secs * 1000 > ?4
-                     ORDER BY accepted_ms DESC, id DESC",
-                )
-                .map_err(sq)?;
-            let it = st
-                .query_map(
-                    params![
-                        cols.fingerprint,
-                        cols.actor,
-                        cols.scope,
-                        cols.accepted_ms,
-                        legacy.map(|l| l.fingerprint),
-                        legacy.map(|l| l.host),
-                        legacy.map(|l| l.port)
-                    ],
-                    |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?)),
-                )
-                .map_err(sq)?;
-            it.collect::<rusqlite::Result<_>>().map_err(sq)?
-        };
-        let mut cands = Vec::new();
-        for (id, class, accepted_ms, retention) in rows {
-            let states: Vec<Option<String>> = {
-                let mut st = tx
-                    .prepare_cached(
-                        "SELECT state FROM events WHERE execution_id = ?1 AND state IS NOT NULL
-                         ORDER BY seq",
-                    )
-                    .map_err(sq)?;
-                let it = st.query_map([&id], |r| r.get(0)).map_err(sq)?;
-                it.collect::<rusqlite::Result<_>>().map_err(sq)?
-            };
-            let states: Vec<State> = states
-                .into_iter()
-                .flatten()
-                .filter_map(|s| s.parse().ok())
-                .collect();
-            let Some(status) = status_from_states(&states) else {
-                continue;
-            };
-            let Ok(eid) = ExecutionId::parse(&id) else {
-                continue;
-            };
-            cands.push(Candidate {
-                id: eid,
-                class,
-                accepted_ms,
-                retention_secs: retention.max(0) as u64,
-                status,
-            });
-        }
-        if let Some(i) = choose(&cands).filter(|i| *i < cands.len()) {
-            let c = cands.swap_remove(i);
-            let ev = append_in(&tx, c.id.as_str(), "intent-matched", None, &match_evidence)
-                .map_err(sq)?;
-            tx.commit().map_err(sq)?;
-            self.anchor_to(&ev);
-            return Ok(AcceptOrMatch::Matched(c));
-        }
-        let ev = insert_accepted(&tx, rec, Some(cols), &evidence).map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_to(&ev);
-        Ok(AcceptOrMatch::Accepted(ev))
+        self.backend().accept_or_match_with(
+            rec,
+            cols,
+            legacy,
+            evidence,
+            match_evidence,
+            Box::new(choose),
+        )
     }
 
     /// The intent an execution was accepted with (`None` for one accepted without).
     pub fn intent_of(&self, id: &ExecutionId) -> Result<Option<IntentColumns>> {
-        on_postgres!(self, pg => pg.intent_of(id));
-        let row = self
-            .conn()?
-            .query_row(
-                "SELECT fingerprint, actor, scope, class, retention_secs, accepted_ms, session_id,
-                        intent FROM executions WHERE id = ?1 AND fingerprint IS NOT NULL",
-                [id.as_str()],
-                |r| {
-                    Ok(IntentColumns {
-                        fingerprint: r.get(0)?,
-                        actor: r.get(1)?,
-                        scope: r.get(2)?,
-                        class: r.get(3)?,
-                        retention_secs: r.get::<_, i64>(4)?.max(0) as u64,
-                        accepted_ms: r.get(5)?,
-                        session_id: r.get(6)?,
-                        intent: r
-                            .get::<_, Option<String>>(7)?
-                            .and_then(|t| serde_json::from_str(&t).ok())
-                            .unwrap_or_default(),
-                    })
-                },
-            )
-            .optional()
-            .map_err(|e| self.err(e))?;
-        Ok(row)
+        self.backend().intent_of(id)
     }
 
     /// Executions created by a session.
     pub fn executions_of_session(&self, session: &str) -> Result<Vec<String>> {
-        on_postgres!(self, pg => pg.executions_of_session(session));
-        let lease = self.conn()?;
-        let mut st = lease
-            .prepare("SELECT id FROM executions WHERE session_id = ?1 ORDER BY accepted_ms, id")
-            .map_err(|e| self.err(e))?;
-        let it = st
-            .query_map([session], |r| r.get(0))
-            .map_err(|e| self.err(e))?;
-        it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
+        self.backend().executions_of_session(session)
     }
 
     /// Record the start of a session (a CLI process, a `serve` or `mcp` run).
     pub fn start_session(&mut self, s: &SessionRecord) -> Result<()> {
-        on_postgres!(self, pg => pg.start_session(s));
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        tx.execute(
-            "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                s.id,
-                s.kind,
-                s.actor,
-                s.pid,
-                s.client,
-                s.started_at,
-                s.detail.to_string()
-            ],
-        )
-        .map_err(sq)?;
-        let evidence = session_started_evidence(s);
-        let (seq, hash) =
-            session_append_in(&tx, &s.id, &s.started_at, "started", &evidence).map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_sessions(seq, &hash);
-        Ok(())
-    }
-
-    fn anchor_sessions(&self, seq: i64, hash: &str) {
-        let Ok(f) = self.file() else { return };
-        if let Err(e) = f.anchor.advance_sessions(seq, hash) {
-            tracing::warn!("cairn: journal anchor not updated: {e}");
-        }
+        self.backend().start_session(s)
     }
 
     /// Append a session entry from its typed evidence (its kind follows from it).
@@ -1228,47 +633,12 @@ impl Journal {
         kind: &str,
         evidence: serde_json::Value,
     ) -> Result<()> {
-        on_postgres!(self, pg => pg.session_event(session, kind, &evidence));
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let (seq, hash) =
-            session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
-                .map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_sessions(seq, &hash);
-        Ok(())
+        self.backend().session_event(session, kind, evidence)
     }
 
     /// Every session, newest first, with its end (the `ended` event) and execution count.
     pub fn sessions(&self) -> Result<Vec<SessionView>> {
-        on_postgres!(self, pg => pg.sessions());
-        let lease = self.conn()?;
-        let mut st = lease
-            .prepare(
-                "SELECT s.id, s.kind, s.actor, s.pid, s.client, s.started_at, s.detail,
-                    (SELECT at FROM session_events e WHERE e.session_id = s.id AND e.kind = 'ended'
-                        ORDER BY seq DESC LIMIT 1),
-                    (SELECT COUNT(*) FROM executions x WHERE x.session_id = s.id)
-                 FROM sessions s ORDER BY s.started_at DESC, s.id DESC",
-            )
-            .map_err(|e| self.err(e))?;
-        let it = st
-            .query_map([], |r| {
-                Ok(SessionView {
-                    record: SessionRecord::from_row(r)?,
-                    ended_at: r.get(7)?,
-                    executions: r.get::<_, i64>(8)?.max(0) as u64,
-                })
-            })
-            .map_err(|e| self.err(e))?;
-        it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
+        self.backend().sessions()
     }
 }
 
@@ -1783,79 +1153,40 @@ fn set_mode(path: &Path, mode: u32) {
 fn set_mode(_: &Path, _: u32) {}
 
 impl Journal {
-    /// Who owns `id` on a shared (PostgreSQL) journal; `None` on a SQLite file, where
-    /// [`crate::owner`] decides by process liveness.
-    pub fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
-        on_postgres!(self, pg => pg.ownership(id));
-        Ok(None)
+    /// Run one SQL statement as the journal's own connection (tests: what the journal's role
+    /// may and may not do).
+    #[cfg(test)]
+    pub(crate) fn raw_execute(&self, sql: &str) -> Result<u64> {
+        self.backend().raw_execute(sql)
     }
 
-    /// Take over `id` (or, with `None`, up to `limit` executions) from replicas whose lease
-    /// expired; see docs/REPLICAS.md. Nothing to do on a SQLite file.
-    pub fn take_over(
+    /// Record a new execution and its `accepted` event in one transaction (group-committed with
+    /// other handles' writes, like [`Journal::append`]). Fails if the ID already exists.
+    pub fn accept(&mut self, rec: &ExecutionRecord, evidence: serde_json::Value) -> Result<Event> {
+        self.backend().accept(rec, evidence)
+    }
+
+    /// Append an event; `state` is `Some` for a lifecycle transition, `None` for a note
+    /// (a reconnect, a probe result, a delivery of part of the output …).
+    ///
+    /// Returns once the event is committed, with its seq and hash as stored. Appends from every
+    /// handle on this journal in this process are group-committed: concurrent callers share one
+    /// transaction and one fsync (see `journal/group.rs`).
+    pub fn append(
         &mut self,
-        id: Option<&ExecutionId>,
-        limit: i64,
-    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
-        on_postgres!(self, pg => pg.take_over(id, limit));
-        Ok(Vec::new())
-    }
-
-    /// The executions this replica owns that are not settled (shared journals; none
-    /// elsewhere).
-    pub fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
-        on_postgres!(self, pg => pg.owned_unsettled());
-        Ok(Vec::new())
-    }
-
-    /// How many times each execution was taken over (shared journals; none elsewhere).
-    pub fn takeover_counts(&self) -> Result<std::collections::HashMap<String, i32>> {
-        on_postgres!(self, pg => pg.takeover_counts());
-        Ok(Default::default())
-    }
-
-    /// Whether this process took `id` over from a replica whose lease expired.
-    pub fn taken_over_here(&self, id: &ExecutionId) -> bool {
-        on_postgres!(self, pg => pg.taken_over_here(id));
-        false
-    }
-
-    /// On a shared journal, a wake-up for a caller waiting until `id` settles on another
-    /// replica (or another call of this process): woken when a settling append of `id` is
-    /// notified, or when this process's listener starts listening again after its connection
-    /// broke; a hint only, to read the journal sooner (docs/REPLICAS.md). `None` on a SQLite
-    /// file. Make it before the first read of the journal that the wait depends on.
-    pub fn watch(&self, id: &ExecutionId) -> Option<Watch> {
-        match &self.backend {
-            Backend::Postgres(pg) => Some(pg.watch(id)),
-            Backend::Sqlite(_) => None,
-        }
-    }
-
-    /// Whether this journal is shared by replicas (PostgreSQL).
-    pub fn is_shared(&self) -> bool {
-        matches!(self.backend, Backend::Postgres(_))
+        id: &ExecutionId,
+        kind: EventKind,
+        state: Option<State>,
+        evidence: serde_json::Value,
+    ) -> Result<Event> {
+        self.backend().append(id, kind.as_str(), state, evidence)
     }
 
     /// Append several events of one execution, in order, in one transaction (group-committed
     /// like [`Journal::append`]); returns the last as stored. For events that need not be
     /// durable on their own before the next one (the executor's held events).
     pub fn append_all(&mut self, id: &ExecutionId, events: Vec<NewEvent>) -> Result<Option<Event>> {
-        // The stores keep a kind as its name.
-        let events: Vec<_> = events
-            .into_iter()
-            .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
-            .collect();
-        on_postgres!(self, pg => pg.append_all(id, &events));
-        if events.is_empty() {
-            return Ok(None);
-        }
-        self.commit(group::Request::AppendAll {
-            id: id.as_str().to_owned(),
-            events,
-            expect: None,
-        })
-        .map(Some)
+        self.backend().append_all(id, named(events))
     }
 
     /// [`Journal::append_all`] on a condition: written only while `id` holds one of the states
@@ -1868,17 +1199,103 @@ impl Journal {
         expect: &[State],
         events: Vec<NewEvent>,
     ) -> Result<Event> {
-        let events: Vec<_> = events
-            .into_iter()
-            .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
-            .collect();
-        on_postgres!(self, pg => pg.append_all_if(id, expect, &events));
-        self.commit(group::Request::AppendAll {
-            id: id.as_str().to_owned(),
-            events,
-            expect: Some(expect.to_vec()),
-        })
+        self.backend().append_all_if(id, expect, named(events))
     }
+
+    /// How many transactions and events group commit has written to this journal in this
+    /// process (every handle on the file counts).
+    pub fn group_commit_stats(&self) -> GroupCommitStats {
+        self.backend().group_commit_stats()
+    }
+
+    pub fn execution(&self, id: &ExecutionId) -> Result<Option<ExecutionRecord>> {
+        self.backend().execution(id)
+    }
+
+    pub fn events(&self, id: &ExecutionId) -> Result<Vec<Event>> {
+        self.backend().events(id)
+    }
+
+    /// The current state: the state of the last transition event, as [`status_from_events`]
+    /// derives it, read in one lookup of the state kept with the execution (`journal/heads.rs`),
+    /// not by replaying its events.
+    pub fn status(&self, id: &ExecutionId) -> Result<Option<Status>> {
+        self.backend().status(id)
+    }
+
+    /// How far the caller has been given `id`'s stdout and stderr.
+    pub fn cursor(&self, id: &ExecutionId) -> Result<(u64, u64)> {
+        self.backend().cursor(id)
+    }
+
+    /// Record how far the caller has been given `id`'s output.
+    ///
+    /// A cursor is progress, not evidence: it is written without an fsync of its own
+    /// (`synchronous=NORMAL` for this one statement) and reaches the disk with the next commit
+    /// or checkpoint. A power loss can take back the last few updates (a process crash cannot),
+    /// and a reattach then asks the host again from an earlier offset.
+    pub fn set_cursor(&self, id: &ExecutionId, out_off: u64, err_off: u64) -> Result<()> {
+        self.backend().set_cursor(id, out_off, err_off)
+    }
+
+    /// Forget the output cursors of delivered executions (progress, not evidence).
+    pub fn prune_cursors(&self) -> Result<usize> {
+        self.backend().prune_cursors()
+    }
+
+    /// Who owns `id` on a shared (PostgreSQL) journal; `None` on a SQLite file, where
+    /// [`crate::owner`] decides by process liveness.
+    pub fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
+        self.backend().ownership(id)
+    }
+
+    /// Take over `id` (or, with `None`, up to `limit` executions) from replicas whose lease
+    /// expired; see docs/REPLICAS.md. Nothing to do on a SQLite file.
+    pub fn take_over(
+        &mut self,
+        id: Option<&ExecutionId>,
+        limit: i64,
+    ) -> Result<Vec<(ExecutionId, TakeOver)>> {
+        self.backend().take_over(id, limit)
+    }
+
+    /// The executions this replica owns that are not settled (shared journals; none
+    /// elsewhere).
+    pub fn owned_unsettled(&self) -> Result<Vec<ExecutionId>> {
+        self.backend().owned_unsettled()
+    }
+
+    /// How many times each execution was taken over (shared journals; none elsewhere).
+    pub fn takeover_counts(&self) -> Result<std::collections::HashMap<String, i32>> {
+        self.backend().takeover_counts()
+    }
+
+    /// Whether this process took `id` over from a replica whose lease expired.
+    pub fn taken_over_here(&self, id: &ExecutionId) -> bool {
+        self.backend().taken_over_here(id)
+    }
+
+    /// On a shared journal, a wake-up for a caller waiting until `id` settles on another
+    /// replica (or another call of this process): woken when a settling append of `id` is
+    /// notified, or when this process's listener starts listening again after its connection
+    /// broke; a hint only, to read the journal sooner (docs/REPLICAS.md). `None` on a SQLite
+    /// file. Make it before the first read of the journal that the wait depends on.
+    pub fn watch(&self, id: &ExecutionId) -> Option<Watch> {
+        self.backend().watch(id)
+    }
+
+    /// Whether this journal is shared by replicas (PostgreSQL).
+    pub fn is_shared(&self) -> bool {
+        self.backend().is_shared()
+    }
+}
+
+/// Events as the stores keep them: a kind as its name.
+fn named(events: Vec<NewEvent>) -> Vec<backend::Named> {
+    events
+        .into_iter()
+        .map(|(k, s, e)| (k.as_str().to_owned(), s, e))
+        .collect()
 }
 
 #[cfg(test)]

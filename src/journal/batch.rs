@@ -6,7 +6,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::{client_identity, now_rfc3339, Backend, Journal, Result};
+use super::{client_identity, now_rfc3339, Journal, Result};
 use crate::id::ExecutionId;
 
 /// One host of a batch.
@@ -36,6 +36,31 @@ impl BatchRecord {
 }
 
 impl Journal {
+    /// Record a batch and all its members in one transaction, before any dispatch.
+    /// Fails if the batch ID exists.
+    pub fn create_batch(
+        &mut self,
+        id: &str,
+        command: &[u8],
+        options: &serde_json::Value,
+        members: &[(String, ExecutionId)],
+    ) -> Result<()> {
+        self.backend().create_batch(id, command, options, members)
+    }
+
+    /// One batch with its members, in order.
+    pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+        self.backend().batch(id)
+    }
+
+    /// Every batch ID, oldest first.
+    pub fn batch_ids(&self) -> Result<Vec<String>> {
+        self.backend().batch_ids()
+    }
+}
+
+/// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
+impl super::sqlite::Sqlite {
     /// Add the batch tables to a journal made before them (schema version 1 is unreleased).
     pub(super) fn add_batch_schema(&self, c: &rusqlite::Connection) -> Result<()> {
         self.add_tables(
@@ -60,16 +85,13 @@ impl Journal {
         )
     }
 
-    /// Record a batch and all its members in one transaction, before any dispatch.
-    /// Fails if the batch ID exists.
-    pub fn create_batch(
-        &mut self,
+    pub(super) fn create_batch(
+        &self,
         id: &str,
         command: &[u8],
         options: &serde_json::Value,
         members: &[(String, ExecutionId)],
     ) -> Result<()> {
-        on_postgres!(self, pg => pg.create_batch(id, command, options, members));
         let path = self.path.clone();
         let e = |source| super::JournalError::Sqlite {
             path: path.clone(),
@@ -95,9 +117,7 @@ impl Journal {
         tx.commit().map_err(e)
     }
 
-    /// One batch with its members, in order.
-    pub fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
-        on_postgres!(self, pg => pg.batch(id));
+    pub(super) fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
         let head = self
             .conn()?
             .query_row(
@@ -145,9 +165,7 @@ impl Journal {
         }))
     }
 
-    /// Every batch ID, oldest first.
-    pub fn batch_ids(&self) -> Result<Vec<String>> {
-        on_postgres!(self, pg => pg.batch_ids());
+    pub(super) fn batch_ids(&self) -> Result<Vec<String>> {
         let lease = self.conn()?;
         let mut st = lease
             .prepare("SELECT id FROM batches ORDER BY created_at, id")

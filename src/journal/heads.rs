@@ -15,7 +15,7 @@
 
 use rusqlite::OptionalExtension;
 
-use super::{status_from_states, Journal, Result, Status};
+use super::{status_from_states, Result, Status};
 use crate::id::ExecutionId;
 use crate::state::State;
 
@@ -65,7 +65,7 @@ BEGIN
 END;
 ";
 
-impl Journal {
+impl super::sqlite::Sqlite {
     /// Add `execution_states` and its trigger to a journal made before them, filled by
     /// replaying each execution's transitions once, in one transaction.
     pub(super) fn add_state_schema(&self, c: &rusqlite::Connection) -> Result<()> {
@@ -128,7 +128,7 @@ impl Journal {
     }
 
     /// `id`'s status from its `execution_states` row (SQLite).
-    pub(super) fn sqlite_status(&self, id: &ExecutionId) -> Result<Option<Status>> {
+    pub(super) fn status_kept(&self, id: &ExecutionId) -> Result<Option<Status>> {
         let row: Option<(String, Option<String>)> = self
             .conn()?
             .prepare_cached(
@@ -169,7 +169,7 @@ pub(super) fn status_of(
 mod tests {
     use super::*;
     use crate::journal::tests::{backends, rec};
-    use crate::journal::{status_from_events, EventKind};
+    use crate::journal::{status_from_events, EventKind, Journal};
     use crate::lifecycle::TRANSITIONS;
     use rand::{Rng, SeedableRng};
 

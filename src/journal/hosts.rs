@@ -11,53 +11,15 @@ use rusqlite::{params, OptionalExtension, TransactionBehavior};
 
 use std::collections::BTreeSet;
 
-use super::{append_in, now_rfc3339, Backend, Event, Journal, JournalError, Result};
+use super::{append_in, now_rfc3339, Event, Journal, JournalError, Result};
 use crate::epoch::{self, Announced, HostPlace};
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 
 impl Journal {
-    /// Add the host bookkeeping tables to a journal made before them.
-    pub(super) fn add_host_schema(&self, c: &rusqlite::Connection) -> Result<()> {
-        self.add_tables(
-            c,
-            "host_key_shared",
-            "BEGIN IMMEDIATE;
-                 -- The epoch each marker home had when last seen, per place.
-                 CREATE TABLE IF NOT EXISTS host_places (
-                    destination TEXT NOT NULL,
-                    host_key TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    epoch TEXT NOT NULL,
-                    seen_at TEXT NOT NULL,
-                    PRIMARY KEY (destination, host_key, remote_dir)
-                 );
-                 CREATE INDEX IF NOT EXISTS host_places_by_key ON host_places(host_key, remote_dir);
-                 -- Pairs of destinations (a < b) already said to present one host key.
-                 CREATE TABLE IF NOT EXISTS host_key_shared (
-                    host_key TEXT NOT NULL,
-                    remote_dir TEXT NOT NULL,
-                    destination_a TEXT NOT NULL,
-                    destination_b TEXT NOT NULL,
-                    said_at TEXT NOT NULL,
-                    PRIMARY KEY (host_key, remote_dir, destination_a, destination_b)
-                 );
-                 COMMIT;",
-        )
-    }
-
     /// The epoch last seen at `place`.
     pub fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
-        on_postgres!(self, pg => pg.host_epoch_at(place));
-        self.conn()?
-            .query_row(
-                "SELECT epoch FROM host_places
-                 WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
-                params![place.destination, place.host_key, place.remote_dir],
-                |r| r.get(0),
-            )
-            .optional()
-            .map_err(|e| self.err(e))
+        self.backend().host_epoch_at(place)
     }
 
     /// `place` announced `epoch` in a reply about execution `id`: update the bookkeeping and,
@@ -71,28 +33,7 @@ impl Journal {
         place: &HostPlace,
         epoch: &str,
     ) -> Result<Announced> {
-        on_postgres!(self, pg => pg.observe_host_epoch(id, place, epoch));
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let mut book = SqliteBook {
-            tx: &tx,
-            path: &path,
-        };
-        // No await point waits: every step of the SQLite book is synchronous.
-        let (a, last_ev) = futures::executor::block_on(observe_in(&mut book, id, place, epoch))?;
-        tx.commit().map_err(sq)?;
-        drop(lease);
-        if let Some(ev) = &last_ev {
-            self.anchor_to(ev);
-        }
-        Ok(a)
+        self.backend().observe_host_epoch(id, place, epoch)
     }
 }
 
@@ -277,6 +218,79 @@ pub(super) fn host_key_shared_evidence<'a>(
         other_epoch,
         at: now,
         meaning: (),
+    }
+}
+
+/// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
+impl super::sqlite::Sqlite {
+    /// Add the host bookkeeping tables to a journal made before them.
+    pub(super) fn add_host_schema(&self, c: &rusqlite::Connection) -> Result<()> {
+        self.add_tables(
+            c,
+            "host_key_shared",
+            "BEGIN IMMEDIATE;
+                 -- The epoch each marker home had when last seen, per place.
+                 CREATE TABLE IF NOT EXISTS host_places (
+                    destination TEXT NOT NULL,
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    epoch TEXT NOT NULL,
+                    seen_at TEXT NOT NULL,
+                    PRIMARY KEY (destination, host_key, remote_dir)
+                 );
+                 CREATE INDEX IF NOT EXISTS host_places_by_key ON host_places(host_key, remote_dir);
+                 -- Pairs of destinations (a < b) already said to present one host key.
+                 CREATE TABLE IF NOT EXISTS host_key_shared (
+                    host_key TEXT NOT NULL,
+                    remote_dir TEXT NOT NULL,
+                    destination_a TEXT NOT NULL,
+                    destination_b TEXT NOT NULL,
+                    said_at TEXT NOT NULL,
+                    PRIMARY KEY (host_key, remote_dir, destination_a, destination_b)
+                 );
+                 COMMIT;",
+        )
+    }
+
+    pub(super) fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
+        self.conn()?
+            .query_row(
+                "SELECT epoch FROM host_places
+                 WHERE destination = ?1 AND host_key = ?2 AND remote_dir = ?3",
+                params![place.destination, place.host_key, place.remote_dir],
+                |r| r.get(0),
+            )
+            .optional()
+            .map_err(|e| self.err(e))
+    }
+
+    pub(super) fn observe_host_epoch(
+        &self,
+        id: &ExecutionId,
+        place: &HostPlace,
+        epoch: &str,
+    ) -> Result<Announced> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let mut book = SqliteBook {
+            tx: &tx,
+            path: &path,
+        };
+        // No await point waits: every step of the SQLite book is synchronous.
+        let (a, last_ev) = futures::executor::block_on(observe_in(&mut book, id, place, epoch))?;
+        tx.commit().map_err(sq)?;
+        drop(lease);
+        if let Some(ev) = &last_ev {
+            self.anchor_to(ev);
+        }
+        Ok(a)
     }
 }
 

@@ -9,7 +9,7 @@
 use rusqlite::{params, OptionalExtension};
 use serde::Serialize;
 
-use super::{now_ms, now_rfc3339, Backend, Journal, Result};
+use super::{now_ms, now_rfc3339, Journal, Result};
 
 /// A bearer token as stored: never the token itself.
 #[derive(Clone, Debug, Serialize)]
@@ -67,6 +67,108 @@ pub struct StreamRecord {
 }
 
 impl Journal {
+    pub fn add_token(&mut self, t: &TokenRecord) -> Result<()> {
+        self.backend().add_token(t)
+    }
+
+    /// The token whose SHA-256 (hex) is `hash`, revoked or not.
+    pub fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        self.backend().token_by_hash(hash)
+    }
+
+    pub fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.backend().tokens()
+    }
+
+    /// Revoke a token by its ID; `false` if there is no such token (or it was revoked before).
+    pub fn revoke_token(&mut self, id: &str) -> Result<bool> {
+        self.backend().revoke_token(id)
+    }
+
+    /// Store one SSE event (committed before this returns); its ID is the returned sequence.
+    pub fn store_http_event(
+        &self,
+        stream_id: &str,
+        retry_ms: Option<i64>,
+        message: Option<&str>,
+    ) -> Result<i64> {
+        self.backend()
+            .store_http_event(stream_id, retry_ms, message)
+    }
+
+    /// The stream an event belongs to.
+    pub fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
+        self.backend().http_event_stream(seq)
+    }
+
+    /// The events of `stream_id` after `seq`, in order.
+    pub fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
+        self.backend().http_events_after(stream_id, seq)
+    }
+
+    pub fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
+        self.backend().record_http_stream(s)
+    }
+
+    pub fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
+        self.backend().http_stream(stream_id)
+    }
+
+    /// Remember an MCP session's `initialize` parameters (JSON), so a restarted server can
+    /// restore it.
+    pub fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
+        self.backend().store_http_session(id, state)
+    }
+
+    /// Bind an MCP session to the actor whose token opened it (once; later calls keep it).
+    pub fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
+        self.backend().bind_http_session(id, actor)
+    }
+
+    /// A stored MCP session: (actor, state).
+    pub fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
+        self.backend().http_session(id)
+    }
+
+    pub fn delete_http_session(&self, id: &str) -> Result<()> {
+        self.backend().delete_http_session(id)
+    }
+
+    /// The execution a request with this correlation started or attached to (the newest).
+    pub fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
+        self.backend().execution_by_correlation(correlation)
+    }
+
+    /// Forget stored SSE events, stream records and MCP sessions older than `before_ms` (a
+    /// client resumes within seconds or minutes; these are state, not evidence). Returns the
+    /// events removed.
+    pub fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
+        self.backend().prune_http_events(before_ms)
+    }
+
+    /// [`Journal::execution_by_correlation`] among events after `after_seq`.
+    pub fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>> {
+        self.backend()
+            .execution_by_correlation_after(correlation, after_seq)
+    }
+
+    /// The sequence of the journal's last execution event (0 when empty).
+    pub fn last_event_seq(&self) -> Result<i64> {
+        self.backend().last_event_seq()
+    }
+
+    /// The journal's numbers for `/metrics` (one read transaction's worth of queries).
+    pub fn metrics(&self) -> Result<JournalMetrics> {
+        self.backend().metrics()
+    }
+}
+
+/// The SQLite side of these methods ([`super::backend::Backend`] for [`super::sqlite::Sqlite`]).
+impl super::sqlite::Sqlite {
     /// Add the HTTP front's tables to a journal made before them (schema version 1 is
     /// unreleased; the tables are outside the hash chains, so old journals verify as before).
     pub(super) fn add_http_schema(&self, c: &rusqlite::Connection) -> Result<()> {
@@ -109,27 +211,6 @@ impl Journal {
         )
     }
 
-    pub fn add_token(&mut self, t: &TokenRecord) -> Result<()> {
-        on_postgres!(self, pg => pg.add_token(t));
-        self.conn()?
-            .execute(
-                "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
-                                     expires_ms, revoked_at)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
-                params![
-                    t.id,
-                    t.hash,
-                    t.actor,
-                    t.scope_prefix,
-                    t.created_at,
-                    t.expires_at,
-                    t.expires_ms
-                ],
-            )
-            .map(|_| ())
-            .map_err(|e| self.err(e))
-    }
-
     fn token_where(&self, clause: &str, arg: &str) -> Result<Vec<TokenRecord>> {
         let lease = self.conn()?;
         let mut st = lease
@@ -159,20 +240,35 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// The token whose SHA-256 (hex) is `hash`, revoked or not.
-    pub fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        on_postgres!(self, pg => Ok(pg.tokens_where(Some(hash))?.pop()));
+    pub(super) fn add_token(&self, t: &TokenRecord) -> Result<()> {
+        self.conn()?
+            .execute(
+                "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
+                                     expires_ms, revoked_at)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, NULL)",
+                params![
+                    t.id,
+                    t.hash,
+                    t.actor,
+                    t.scope_prefix,
+                    t.created_at,
+                    t.expires_at,
+                    t.expires_ms
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| self.err(e))
+    }
+
+    pub(super) fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
         Ok(self.token_where("WHERE hash = ?1", hash)?.pop())
     }
 
-    pub fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        on_postgres!(self, pg => pg.tokens_where(None));
+    pub(super) fn tokens(&self) -> Result<Vec<TokenRecord>> {
         self.token_where("", "")
     }
 
-    /// Revoke a token by its ID; `false` if there is no such token (or it was revoked before).
-    pub fn revoke_token(&mut self, id: &str) -> Result<bool> {
-        on_postgres!(self, pg => pg.revoke_token(id));
+    pub(super) fn revoke_token(&self, id: &str) -> Result<bool> {
         let n = self
             .conn()?
             .execute(
@@ -183,14 +279,12 @@ impl Journal {
         Ok(n > 0)
     }
 
-    /// Store one SSE event (committed before this returns); its ID is the returned sequence.
-    pub fn store_http_event(
+    pub(super) fn store_http_event(
         &self,
         stream_id: &str,
         retry_ms: Option<i64>,
         message: Option<&str>,
     ) -> Result<i64> {
-        on_postgres!(self, pg => pg.store_http_event(stream_id, retry_ms, message));
         let lease = self.conn()?;
         lease
             .execute(
@@ -202,9 +296,7 @@ impl Journal {
         Ok(lease.last_insert_rowid())
     }
 
-    /// The stream an event belongs to.
-    pub fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
-        on_postgres!(self, pg => pg.http_event_stream(seq));
+    pub(super) fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
         self.conn()?
             .query_row(
                 "SELECT stream_id FROM http_events WHERE seq = ?1",
@@ -215,9 +307,7 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// The events of `stream_id` after `seq`, in order.
-    pub fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
-        on_postgres!(self, pg => pg.http_events_after(stream_id, seq));
+    pub(super) fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
         let lease = self.conn()?;
         let mut st = lease
             .prepare_cached(
@@ -237,8 +327,7 @@ impl Journal {
         .map_err(|e| self.err(e))
     }
 
-    pub fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
-        on_postgres!(self, pg => pg.record_http_stream(s));
+    pub(super) fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT OR IGNORE INTO http_streams (stream_id, session_id, actor, request, opened_ms)
@@ -249,8 +338,7 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    pub fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
-        on_postgres!(self, pg => pg.http_stream(stream_id));
+    pub(super) fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
         self.conn()?
             .query_row(
                 "SELECT stream_id, session_id, actor, request FROM http_streams
@@ -269,10 +357,7 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// Remember an MCP session's `initialize` parameters (JSON), so a restarted server can
-    /// restore it.
-    pub fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
-        on_postgres!(self, pg => pg.store_http_session(id, state));
+    pub(super) fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT INTO http_sessions (id, created_at, state) VALUES (?1, ?2, ?3)
@@ -283,9 +368,7 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// Bind an MCP session to the actor whose token opened it (once; later calls keep it).
-    pub fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
-        on_postgres!(self, pg => pg.bind_http_session(id, actor));
+    pub(super) fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT INTO http_sessions (id, actor, created_at) VALUES (?1, ?2, ?3)
@@ -296,9 +379,10 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// A stored MCP session: (actor, state).
-    pub fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
-        on_postgres!(self, pg => pg.http_session(id));
+    pub(super) fn http_session(
+        &self,
+        id: &str,
+    ) -> Result<Option<(Option<String>, Option<String>)>> {
         self.conn()?
             .query_row(
                 "SELECT actor, state FROM http_sessions WHERE id = ?1",
@@ -309,17 +393,14 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    pub fn delete_http_session(&self, id: &str) -> Result<()> {
-        on_postgres!(self, pg => pg.delete_http_session(id));
+    pub(super) fn delete_http_session(&self, id: &str) -> Result<()> {
         self.conn()?
             .execute("DELETE FROM http_sessions WHERE id = ?1", [id])
             .map(|_| ())
             .map_err(|e| self.err(e))
     }
 
-    /// The execution a request with this correlation started or attached to (the newest).
-    pub fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
-        on_postgres!(self, pg => pg.execution_by_correlation_after(correlation, 0));
+    pub(super) fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
         self.conn()?
             .query_row(
                 "SELECT execution_id FROM events
@@ -333,11 +414,7 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// Forget stored SSE events, stream records and MCP sessions older than `before_ms` (a
-    /// client resumes within seconds or minutes; these are state, not evidence). Returns the
-    /// events removed.
-    pub fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
-        on_postgres!(self, pg => pg.prune_http_events(before_ms));
+    pub(super) fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
         let c = self.conn()?;
         let n = c
             .execute("DELETE FROM http_events WHERE at_ms < ?1", [before_ms])
@@ -354,13 +431,11 @@ impl Journal {
         Ok(n)
     }
 
-    /// [`Journal::execution_by_correlation`] among events after `after_seq`.
-    pub fn execution_by_correlation_after(
+    pub(super) fn execution_by_correlation_after(
         &self,
         correlation: &str,
         after_seq: i64,
     ) -> Result<Option<String>> {
-        on_postgres!(self, pg => pg.execution_by_correlation_after(correlation, after_seq));
         self.conn()?
             .query_row(
                 "SELECT execution_id FROM events
@@ -374,17 +449,13 @@ impl Journal {
             .map_err(|e| self.err(e))
     }
 
-    /// The sequence of the journal's last execution event (0 when empty).
-    pub fn last_event_seq(&self) -> Result<i64> {
-        on_postgres!(self, pg => pg.last_event_seq());
+    pub(super) fn last_event_seq(&self) -> Result<i64> {
         self.conn()?
             .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))
             .map_err(|e| self.err(e))
     }
 
-    /// The journal's numbers for `/metrics` (one read transaction's worth of queries).
-    pub fn metrics(&self) -> Result<JournalMetrics> {
-        on_postgres!(self, pg => pg.metrics());
+    pub(super) fn metrics(&self) -> Result<JournalMetrics> {
         let c = self.conn()?;
         let e = |e| self.err(e);
         let mut m = JournalMetrics::default();

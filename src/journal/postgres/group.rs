@@ -613,7 +613,7 @@ mod tests {
     use crate::id::ExecutionId;
     use crate::journal::test_postgres;
     use crate::journal::tests::rec;
-    use crate::journal::{accepted_evidence, Backend, Journal};
+    use crate::journal::{accepted_evidence, Journal, Store};
     use std::path::Path;
 
     fn note(id: &str, n: u32) -> Request {
@@ -624,9 +624,9 @@ mod tests {
     }
 
     fn pg_of(j: &Journal) -> &Pg {
-        match &j.backend {
-            Backend::Postgres(pg) => pg,
-            Backend::Sqlite(_) => unreachable!("a postgres:// journal"),
+        match &j.store {
+            Store::Postgres(pg) => pg,
+            Store::Sqlite(_) => unreachable!("a postgres:// journal"),
         }
     }
 
