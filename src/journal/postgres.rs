@@ -54,6 +54,7 @@ use crate::id::ExecutionId;
 use crate::state::State;
 use fence::Fence;
 
+mod backend;
 pub(crate) mod checkpoint;
 mod fence;
 mod group;
