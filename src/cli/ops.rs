@@ -160,8 +160,7 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
             &a.approve.approve,
             a.approve.policy.as_deref(),
             "local-cli",
-        )
-        .map_err(ExecError::Setup)?;
+        )?;
         crate::runner::ExecutorBuilder::host(&a.common.host_options())
             .approver(call::approver(
                 p.approval,
