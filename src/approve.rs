@@ -199,12 +199,50 @@ fn default_deny() -> Verdict {
     Verdict::Deny
 }
 
+/// Why no approver could be built from the flags: the policy file cannot be read or parsed,
+/// or `--approve` names no approver.
+///
+/// Layer: authorization (`src/approve.rs`). Its callers (the runner's executor builder,
+/// `cairn run`/`cairn op` through `runner::prepare`) convert it with
+/// `From<ApproveError> for ExecError` into [`ExecError::Setup`](crate::error::ExecError::Setup).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ApproveError {
+    /// The policy file could not be read.
+    #[error("policy {}: {source}", path.display())]
+    PolicyUnreadable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The policy file is not a policy (JSON that does not parse as one).
+    #[error("policy {}: {source}", path.display())]
+    PolicyInvalid {
+        path: std::path::PathBuf,
+        source: serde_json::Error,
+    },
+    /// `--approve` names none of the approvers.
+    #[error("--approve {0:?}: expected allow, deny or prompt (or --policy FILE)")]
+    UnknownMode(String),
+}
+
+impl From<ApproveError> for crate::error::ExecError {
+    fn from(e: ApproveError) -> Self {
+        crate::error::ExecError::Setup(e.to_string())
+    }
+}
+
 impl Policy {
-    pub fn load(path: &Path) -> Result<Policy, String> {
+    pub fn load(path: &Path) -> Result<Policy, ApproveError> {
         let text =
-            std::fs::read_to_string(path).map_err(|e| format!("policy {}: {e}", path.display()))?;
+            std::fs::read_to_string(path).map_err(|source| ApproveError::PolicyUnreadable {
+                path: path.to_owned(),
+                source,
+            })?;
         let mut p: Policy =
-            serde_json::from_str(&text).map_err(|e| format!("policy {}: {e}", path.display()))?;
+            serde_json::from_str(&text).map_err(|source| ApproveError::PolicyInvalid {
+                path: path.to_owned(),
+                source,
+            })?;
         p.source = path.display().to_string();
         Ok(p)
     }
@@ -272,7 +310,7 @@ pub fn from_flags(
     mode: &str,
     policy: Option<&Path>,
     by: &str,
-) -> Result<Box<dyn Approver>, String> {
+) -> Result<Box<dyn Approver>, ApproveError> {
     if let Some(p) = policy {
         return Ok(Box::new(Policy::load(p)?));
     }
@@ -280,9 +318,7 @@ pub fn from_flags(
         "allow" => Ok(Box::new(Allow { by: by.to_owned() })),
         "deny" => Ok(Box::new(Deny)),
         "prompt" => Ok(Box::new(Prompt)),
-        other => Err(format!(
-            "--approve {other:?}: expected allow, deny or prompt (or --policy FILE)"
-        )),
+        other => Err(ApproveError::UnknownMode(other.to_owned())),
     }
 }
 

@@ -14,7 +14,7 @@
 //! A PostgreSQL journal keeps a chain per execution and per session, each with its stored head,
 //! and sealed checkpoints in place of the anchor file: [`postgres`] checks those.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use rusqlite::{Connection, OpenFlags};
 use sha2::{Digest, Sha256};
@@ -23,6 +23,55 @@ pub use crate::journal::anchor::Anchor;
 use crate::journal::{chain_hash, session_chain_hash, ChainFields};
 
 mod postgres;
+
+/// What keeps `cairn audit verify` from producing a report at all: the journal cannot be found,
+/// opened or read, or the seal key cannot be used. Damage the verification finds is never this
+/// error but a [`Finding`] in the [`Report`].
+///
+/// Layer: the audit (`src/audit.rs`, `src/audit/**`). The CLI converts it with
+/// `From<AuditError> for ExecError` into [`ExecError::Setup`](crate::error::ExecError::Setup):
+/// the operator fixes the setup (path, URL, key) and runs the check again.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AuditError {
+    /// The journal path is refused as it stands (a URL this build does not read).
+    #[error(transparent)]
+    Journal(#[from] crate::journal::JournalError),
+    /// No SQLite journal at this path.
+    #[error("no journal at {}", .0.display())]
+    NoJournal(PathBuf),
+    /// The SQLite journal could not be opened read-only.
+    #[error("opening {} read-only: {source}", path.display())]
+    Open {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    /// Reading the SQLite journal failed part way.
+    #[error("reading {}: {source}", path.display())]
+    Read {
+        path: PathBuf,
+        source: rusqlite::Error,
+    },
+    /// The PostgreSQL URL does not parse (`location` is the URL without its password).
+    #[error("journal {location}: not a usable PostgreSQL URL: {detail}")]
+    BadUrl { location: String, detail: String },
+    /// The PostgreSQL server refused or failed a step of the read (`detail` is the server's
+    /// message when there is one).
+    #[error("journal {location}: {detail}")]
+    Postgres { location: String, detail: String },
+    /// The database holds no cairn journal, or one newer than this binary; nothing was read.
+    #[error("journal {location}: {detail}")]
+    NotReadable { location: String, detail: String },
+    /// The seal key named for the checkpoints cannot be used (the message says why).
+    #[error("{0}")]
+    SealKey(String),
+}
+
+impl From<AuditError> for crate::error::ExecError {
+    fn from(e: AuditError) -> Self {
+        crate::error::ExecError::Setup(e.to_string())
+    }
+}
 
 /// The kind of damage found.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -167,29 +216,35 @@ impl Row {
 /// Verify the PostgreSQL journal at `url` in one read-only transaction: every execution's and
 /// every session's chain, their stored heads, the records, and the sealed checkpoints (their
 /// MACs too when `seal_key` names the replicas' seal key). Nothing is written.
-pub fn verify_postgres(url: &str, seal_key: Option<&Path>) -> Result<Report, String> {
+pub fn verify_postgres(url: &str, seal_key: Option<&Path>) -> Result<Report, AuditError> {
     postgres::verify(url, seal_key)
 }
 
 /// Verify the journal at `journal` against `anchor`, reading the file only (a `postgres://`
 /// URL: [`verify_postgres`] without a seal key).
-pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, String> {
+pub fn verify(journal: &Path, anchor: &Anchor) -> Result<Report, AuditError> {
     if let Some(url) = journal
         .to_str()
         .filter(|j| crate::journal::is_postgres_url(j))
     {
         return verify_postgres(url, None);
     }
-    crate::journal::refuse_url(journal).map_err(|e| e.to_string())?;
+    crate::journal::refuse_url(journal)?;
     if !journal.exists() {
-        return Err(format!("no journal at {}", journal.display()));
+        return Err(AuditError::NoJournal(journal.to_owned()));
     }
     let conn = Connection::open_with_flags(
         journal,
         OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX,
     )
-    .map_err(|e| format!("opening {} read-only: {e}", journal.display()))?;
-    let q = |e: rusqlite::Error| format!("reading {}: {e}", journal.display());
+    .map_err(|source| AuditError::Open {
+        path: journal.to_owned(),
+        source,
+    })?;
+    let q = |source: rusqlite::Error| AuditError::Read {
+        path: journal.to_owned(),
+        source,
+    };
     let rows = load_rows(
         &conn,
         "SELECT seq, execution_id, at, kind, COALESCE(state, ''), evidence, client, prev_hash, hash

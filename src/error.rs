@@ -12,6 +12,12 @@ pub const EXIT_NOT_DISPATCHED: i32 = 255;
 pub const EXIT_UNKNOWN: i32 = 254;
 
 /// Errors that end an operation before an outcome could be recorded.
+///
+/// Layer: the executor and everything that drives it (review, the runner, the CLI, the
+/// gateway operations). The layers below convert into it at their boundary: `SshError` and
+/// `JournalError` by `#[from]`, `AuditError`, `ApproveError`, `OperationsError` and the
+/// HTTP front's `HttpError` into [`ExecError::Setup`] by their `From` impls. The fronts convert
+/// it last: `GatewayError::exec` (JSON-RPC, MCP, HTTP) and `cli::main` (exit codes).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ExecError {

@@ -151,8 +151,7 @@ impl ExecutorBuilder {
         ex.approver = match self.approval {
             Approval::Given(a) => a,
             Approval::Options { options, by } => {
-                crate::approve::from_flags(&options.mode, options.policy.as_deref(), &by)
-                    .map_err(ExecError::Setup)?
+                crate::approve::from_flags(&options.mode, options.policy.as_deref(), &by)?
             }
         };
         Ok(ex)
@@ -187,8 +186,8 @@ pub fn prepare(
     kind: &str,
     actor: &str,
 ) -> Result<String, ExecError> {
-    ex.approver = crate::approve::from_flags(&approve.mode, approve.policy.as_deref(), "local-cli")
-        .map_err(ExecError::Setup)?;
+    ex.approver =
+        crate::approve::from_flags(&approve.mode, approve.policy.as_deref(), "local-cli")?;
     let argv: Vec<String> = std::env::args().take(2).collect();
     let s = start_session(
         &mut ex.journal,

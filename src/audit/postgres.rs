@@ -27,7 +27,9 @@ mod read;
 use std::collections::{HashMap, HashSet};
 use std::path::Path;
 
-use super::{check_record, check_session_record, Chain, Damage, Finding, Report, Row, Sealing};
+use super::{
+    check_record, check_session_record, AuditError, Chain, Damage, Finding, Report, Row, Sealing,
+};
 use crate::journal::postgres_checkpoint as ck;
 use read::{snapshot, ChainRow, CheckpointRow, Head};
 
@@ -82,8 +84,11 @@ fn chains(rows: &[Row]) -> Vec<(&str, Vec<&Row>)> {
 
 // Long: the checks of one snapshot in order (chains, records, sessions, heads, checkpoints),
 // all adding to one list of findings.
-pub(super) fn verify(url: &str, seal_key: Option<&Path>) -> Result<Report, String> {
-    let key = seal_key.map(ck::read_key).transpose()?;
+pub(super) fn verify(url: &str, seal_key: Option<&Path>) -> Result<Report, AuditError> {
+    let key = seal_key
+        .map(ck::read_key)
+        .transpose()
+        .map_err(AuditError::SealKey)?;
     let snap = snapshot(url)?;
     let rows: Vec<Row> = snap
         .events

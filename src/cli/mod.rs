@@ -785,8 +785,7 @@ fn audit(cmd: AuditCommand) -> Result<i32, ExecError> {
                         .unwrap_or_else(|| crate::audit::Anchor::for_journal(&path));
                     crate::audit::verify(&path, &anchor)
                 }
-            }
-            .map_err(ExecError::Setup)?;
+            }?;
             if json {
                 print_json(&serde_json::to_value(&report).unwrap_or_default());
             } else {

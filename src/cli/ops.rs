@@ -128,7 +128,7 @@ impl OutputSink for Stream {
 
 /// `cairn op NAME key=value …`: everything is checked before any host is contacted.
 pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
-    let file = crate::operations::load(&a.operations).map_err(ExecError::Setup)?;
+    let file = crate::operations::load(&a.operations)?;
     let op = file.get(&a.name).map_err(ExecError::InvalidRequest)?;
     let c = op
         .call_from_pairs(&a.args)
@@ -160,8 +160,7 @@ pub async fn op(a: OpArgs) -> Result<i32, ExecError> {
             &a.approve.approve,
             a.approve.policy.as_deref(),
             "local-cli",
-        )
-        .map_err(ExecError::Setup)?;
+        )?;
         crate::runner::ExecutorBuilder::host(&a.common.host_options())
             .approver(call::approver(
                 p.approval,

@@ -58,13 +58,16 @@ fn id_of(hash: &str) -> String {
     format!("tk_{}", &hash[..16])
 }
 
-/// Validate an actor name given to `cairn token add`.
-pub fn validate_actor(actor: &str) -> Result<(), String> {
+/// Validate an actor name given to `cairn token add` (an [`ExecError::InvalidRequest`] when it
+/// is not one).
+pub fn validate_actor(actor: &str) -> Result<(), ExecError> {
     if actor.trim().is_empty() {
-        return Err("the actor is empty".into());
+        return Err(ExecError::InvalidRequest("the actor is empty".into()));
     }
     if actor.len() > 200 || actor.chars().any(char::is_control) {
-        return Err("an actor is at most 200 characters, with no control characters".into());
+        return Err(ExecError::InvalidRequest(
+            "an actor is at most 200 characters, with no control characters".into(),
+        ));
     }
     Ok(())
 }
@@ -77,7 +80,7 @@ pub fn add(
     scope_prefix: Option<String>,
     expires_in: Option<Duration>,
 ) -> Result<(String, TokenRecord), ExecError> {
-    validate_actor(actor).map_err(ExecError::InvalidRequest)?;
+    validate_actor(actor)?;
     if let Some(p) = &scope_prefix {
         if p.is_empty() || p.chars().any(char::is_control) {
             return Err(ExecError::InvalidRequest(

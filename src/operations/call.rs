@@ -263,7 +263,7 @@ pub fn for_server(
     match path {
         Some(p) => super::load(p)
             .map(|f| Some(std::sync::Arc::new(f)))
-            .map_err(ExecError::Setup),
+            .map_err(ExecError::from),
         None if only => Err(ExecError::InvalidRequest(
             "--operations-only needs --operations FILE (or CAIRN_OPERATIONS)".into(),
         )),

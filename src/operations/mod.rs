@@ -22,10 +22,41 @@ pub mod doc;
 
 pub use contract::{Call, Operation, OperationsFile};
 
+/// Why an operations file cannot be used: it cannot be read, or the checks found something
+/// in it (the message lists every finding with its line and a fix).
+///
+/// Layer: named operations (`src/operations/**`), for loading the file. The CLI converts it
+/// with `From<OperationsError> for ExecError` into
+/// [`ExecError::Setup`](crate::error::ExecError::Setup). A call of an operation is checked by
+/// the contract's parsers (`contract.rs`, [`call::prepare`]), which return the located message
+/// itself: the caller wraps it as `ExecError::InvalidRequest` or `GatewayError::params`.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum OperationsError {
+    /// The file could not be read.
+    #[error("operations file {}: {source}", path.display())]
+    Unreadable {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    /// The checks found something; the text is every finding, rendered.
+    #[error("{0}")]
+    Refused(String),
+}
+
+impl From<OperationsError> for crate::error::ExecError {
+    fn from(e: OperationsError) -> Self {
+        crate::error::ExecError::Setup(e.to_string())
+    }
+}
+
 /// Load and check an operations file; every finding is an error (with its line and a fix).
-pub fn load(path: &std::path::Path) -> Result<OperationsFile, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("operations file {}: {e}", path.display()))?;
+pub fn load(path: &std::path::Path) -> Result<OperationsFile, OperationsError> {
+    let text = std::fs::read_to_string(path).map_err(|source| OperationsError::Unreadable {
+        path: path.to_owned(),
+        source,
+    })?;
     let shown = path.display().to_string();
-    OperationsFile::parse(&text, &shown).map_err(|findings| check::render(&shown, &findings))
+    OperationsFile::parse(&text, &shown)
+        .map_err(|findings| OperationsError::Refused(check::render(&shown, &findings)))
 }

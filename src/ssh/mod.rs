@@ -194,6 +194,10 @@ pub fn resolve(destination: &str, opts: &ConnectOptions) -> Result<Target, SshEr
 }
 
 /// Errors of the SSH layer. Every message says what happened and what to do about it.
+///
+/// Layer: ssh (`src/ssh/**`). The executor and the CLI convert it with `ExecError::Ssh`
+/// (`#[from]`); its parsers of ssh_config words and ProxyJump lists return a message that
+/// `resolve` locates into [`SshError::Config`] with the file and line.
 #[non_exhaustive]
 #[derive(thiserror::Error, Debug)]
 pub enum SshError {

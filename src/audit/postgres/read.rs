@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use tokio_postgres::{IsolationLevel, NoTls};
 
+use crate::audit::AuditError;
 use crate::journal::{postgres_runtime as runtime, redact_url, SessionRecord, PG_SCHEMA_VERSION};
 
 /// One entry of a hash chain as stored: an event (`id` is its execution) or a session entry
@@ -73,14 +74,14 @@ pub(crate) struct CheckpointRow {
 
 /// Read the journal at `url` for verification. Nothing is created, migrated or written; a
 /// database that holds no cairn journal, or one newer than this binary, is an error.
-pub(crate) fn snapshot(url: &str) -> Result<Snapshot, String> {
+pub(crate) fn snapshot(url: &str) -> Result<Snapshot, AuditError> {
     let location = redact_url(url);
     let _rt = runtime().enter();
     futures::executor::block_on(read(url, &location))
 }
 
 /// One read of every table, in one read-only `REPEATABLE READ` transaction.
-async fn read(url: &str, location: &str) -> Result<Snapshot, String> {
+async fn read(url: &str, location: &str) -> Result<Snapshot, AuditError> {
     let e = |err| pg_error(location, err);
     let mut client = connect(url, location).await?;
     let tx = client
@@ -142,19 +143,25 @@ type Tx<'a> = tokio_postgres::Transaction<'a>;
 type PgResult<T> = Result<T, tokio_postgres::Error>;
 
 /// A PostgreSQL error as verify reports it: the server's message when there is one.
-fn pg_error(location: &str, e: tokio_postgres::Error) -> String {
-    let text = match e.as_db_error() {
+fn pg_error(location: &str, e: tokio_postgres::Error) -> AuditError {
+    let detail = match e.as_db_error() {
         Some(d) => d.message().to_owned(),
         None => e.to_string(),
     };
-    format!("journal {location}: {text}")
+    AuditError::Postgres {
+        location: location.to_owned(),
+        detail,
+    }
 }
 
 /// A connection of verify's own (10 s to connect unless the URL says otherwise).
-async fn connect(url: &str, location: &str) -> Result<tokio_postgres::Client, String> {
-    let mut config: tokio_postgres::Config = url
-        .parse()
-        .map_err(|err| format!("journal {location}: not a usable PostgreSQL URL: {err}"))?;
+async fn connect(url: &str, location: &str) -> Result<tokio_postgres::Client, AuditError> {
+    let mut config: tokio_postgres::Config =
+        url.parse()
+            .map_err(|err: tokio_postgres::Error| AuditError::BadUrl {
+                location: location.to_owned(),
+                detail: err.to_string(),
+            })?;
     if config.get_connect_timeout().is_none() {
         config.connect_timeout(Duration::from_secs(10));
     }
@@ -170,7 +177,7 @@ async fn connect(url: &str, location: &str) -> Result<tokio_postgres::Client, St
 
 /// The schema version of the cairn journal in this database; an error when it holds none or
 /// one newer than this binary knows.
-async fn schema_version(tx: &Tx<'_>, location: &str) -> Result<i32, String> {
+async fn schema_version(tx: &Tx<'_>, location: &str) -> Result<i32, AuditError> {
     let e = |err| pg_error(location, err);
     let has_schema: bool = tx
         .query_one("SELECT to_regclass('cairn_schema') IS NOT NULL", &[])
@@ -178,10 +185,12 @@ async fn schema_version(tx: &Tx<'_>, location: &str) -> Result<i32, String> {
         .map_err(e)?
         .get(0);
     if !has_schema {
-        return Err(format!(
-            "journal {location}: this database holds no cairn journal (no cairn_schema table); \
-             nothing was read or changed"
-        ));
+        return Err(AuditError::NotReadable {
+            location: location.to_owned(),
+            detail: "this database holds no cairn journal (no cairn_schema table); nothing was \
+                     read or changed"
+                .to_owned(),
+        });
     }
     let schema_version: i32 = tx
         .query_one("SELECT COALESCE(MAX(version), 0) FROM cairn_schema", &[])
@@ -189,10 +198,13 @@ async fn schema_version(tx: &Tx<'_>, location: &str) -> Result<i32, String> {
         .map_err(e)?
         .get(0);
     if schema_version > PG_SCHEMA_VERSION {
-        return Err(format!(
-            "journal {location}: schema version {schema_version}, but this cairn knows up to \
-             {PG_SCHEMA_VERSION}: verify with a cairn as new as the replicas that wrote it"
-        ));
+        return Err(AuditError::NotReadable {
+            location: location.to_owned(),
+            detail: format!(
+                "schema version {schema_version}, but this cairn knows up to \
+                 {PG_SCHEMA_VERSION}: verify with a cairn as new as the replicas that wrote it"
+            ),
+        });
     }
     Ok(schema_version)
 }

@@ -49,7 +49,7 @@ fn boxed(e: impl std::fmt::Display) -> EventStoreError {
 }
 
 async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, String> + Send + 'static,
+    f: impl FnOnce() -> Result<T, super::HttpError> + Send + 'static,
 ) -> Result<T, EventStoreError> {
     tokio::task::spawn_blocking(f)
         .await
@@ -92,8 +92,8 @@ impl JournalEvents {
         })
     }
 
-    fn journal(&self) -> Result<Journal, String> {
-        Journal::open(&self.cfg.journal).map_err(|e| e.to_string())
+    fn journal(&self) -> Result<Journal, super::HttpError> {
+        Ok(Journal::open(&self.cfg.journal)?)
     }
 
     fn is_live(&self, stream: &str) -> bool {
@@ -113,7 +113,7 @@ impl JournalEvents {
         let seq = blocking(move || {
             Journal::open(&path)
                 .and_then(|j| j.store_http_event(&s, retry_ms, message.as_deref()))
-                .map_err(|e| e.to_string())
+                .map_err(Into::into)
         })
         .await?;
         self.stored.send_modify(|n| *n += 1);
@@ -125,17 +125,15 @@ impl JournalEvents {
     async fn answer_orphan(self: &Arc<Self>, stream: &str) -> Option<StoredEvent> {
         let me = self.clone();
         let s = stream.to_owned();
-        let found = blocking(move || -> Result<_, String> {
+        let found = blocking(move || -> Result<_, super::HttpError> {
             let j = me.journal()?;
-            let Some(rec) = j.http_stream(&s).map_err(|e| e.to_string())? else {
+            let Some(rec) = j.http_stream(&s)? else {
                 return Ok(None);
             };
             let req: Value = serde_json::from_str(&rec.request).unwrap_or_default();
             let rid = req.get("id").cloned().unwrap_or(Value::Null);
             let corr = correlation_of(&rec, &rid);
-            let id = j
-                .execution_by_correlation(&corr)
-                .map_err(|e| e.to_string())?;
+            let id = j.execution_by_correlation(&corr)?;
             Ok(Some((rec, rid, corr, id)))
         })
         .await
@@ -215,7 +213,7 @@ impl JournalEvents {
             let rows = blocking(move || {
                 Journal::open(&path)
                     .and_then(|j| j.http_events_after(&s, after))
-                    .map_err(|e| e.to_string())
+                    .map_err(Into::into)
             })
             .await
             .unwrap_or_default();
@@ -313,7 +311,7 @@ impl EventStore for Events {
         let stream = blocking(move || {
             Journal::open(&path)
                 .and_then(|j| j.http_event_stream(seq))
-                .map_err(|e| e.to_string())
+                .map_err(Into::into)
         })
         .await?
         .ok_or_else(|| boxed(format!("no event {seq} in this journal")))?;
@@ -335,7 +333,7 @@ impl SessionStore for JournalSessions {
         let state = blocking(move || {
             Journal::open(&path)
                 .and_then(|j| j.http_session(&id))
-                .map_err(|e| e.to_string())
+                .map_err(Into::into)
         })
         .await?
         .and_then(|(_, state)| state);
@@ -348,7 +346,7 @@ impl SessionStore for JournalSessions {
         blocking(move || {
             Journal::open(&path)
                 .and_then(|j| j.store_http_session(&id, &text))
-                .map_err(|e| e.to_string())
+                .map_err(Into::into)
         })
         .await
     }
@@ -358,7 +356,7 @@ impl SessionStore for JournalSessions {
         blocking(move || {
             Journal::open(&path)
                 .and_then(|j| j.delete_http_session(&id))
-                .map_err(|e| e.to_string())
+                .map_err(Into::into)
         })
         .await
     }

@@ -20,7 +20,7 @@ use futures::StreamExt;
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use serde_json::{json, Value};
 
-use super::Front;
+use super::{Front, HttpError};
 
 /// The protocol's "header mismatch" error code (2026-07-28, Streamable HTTP).
 pub const HEADER_MISMATCH: i64 = -32020;
@@ -75,7 +75,7 @@ pub fn decode(raw: &str) -> Option<String> {
 
 /// Why a request's headers cannot stand with its body (the `-32020` message), after filling
 /// in what the body implies and the client left out.
-pub fn reconcile(headers: &mut HeaderMap, msg: &Value) -> Result<(), String> {
+pub fn reconcile(headers: &mut HeaderMap, msg: &Value) -> Result<(), HttpError> {
     let Some(method) = msg.get("method").and_then(Value::as_str) else {
         // A response or an error from the client: no routing headers apply.
         return Ok(());
@@ -100,7 +100,7 @@ pub fn reconcile(headers: &mut HeaderMap, msg: &Value) -> Result<(), String> {
 
 /// A `tasks/*` request names its task by a string `taskId`; anything else is invalid params
 /// (rmcp would answer "method not found" for a body it cannot read as the method's).
-fn task_id_is_a_string(msg: &Value) -> Result<(), String> {
+fn task_id_is_a_string(msg: &Value) -> Result<(), HttpError> {
     let method = msg
         .get("method")
         .and_then(Value::as_str)
@@ -110,8 +110,13 @@ fn task_id_is_a_string(msg: &Value) -> Result<(), String> {
     }
     match msg.get("params").and_then(|p| p.get("taskId")) {
         Some(Value::String(_)) => Ok(()),
-        Some(other) => Err(format!("{method}: taskId must be a string, not {other}")),
-        None => Err(format!("{method}: taskId is required")),
+        Some(other) => Err(HttpError::TaskIdNotAString {
+            method: method.to_owned(),
+            found: other.to_string(),
+        }),
+        None => Err(HttpError::TaskIdMissing {
+            method: method.to_owned(),
+        }),
     }
 }
 
@@ -122,7 +127,7 @@ fn hint(
     (key, name): (&'static str, &str),
     body: &str,
     what: &str,
-) -> Result<(), String> {
+) -> Result<(), HttpError> {
     let mut values = headers.get_all(key).iter();
     let Some(first) = values.next() else {
         if let Ok(v) = HeaderValue::from_str(&encode(body)) {
@@ -131,17 +136,23 @@ fn hint(
         return Ok(());
     };
     if values.next().is_some() {
-        return Err(format!("more than one {name} header"));
+        return Err(HttpError::DuplicateHeader {
+            name: name.to_owned(),
+        });
     }
-    let given =
-        first.to_str().ok().and_then(decode).ok_or_else(|| {
-            format!("{name} header is not valid (visible ASCII, or =?base64?…?=)")
+    let given = first
+        .to_str()
+        .ok()
+        .and_then(decode)
+        .ok_or_else(|| HttpError::InvalidHeader {
+            name: name.to_owned(),
         })?;
     if given != body {
-        return Err(format!(
-            "{name} header {given:?} does not match {what}: the body is the request, the header \
-             only a hint about it"
-        ));
+        return Err(HttpError::HeaderMismatch {
+            name: name.to_owned(),
+            given,
+            what: what.to_owned(),
+        });
     }
     Ok(())
 }
@@ -252,11 +263,16 @@ pub(super) async fn normalize(
     fill_media_types(&mut parts.headers);
     if let Err(why) = task_id_is_a_string(&msg) {
         let id = msg.get("id").cloned().unwrap_or(Value::Null);
-        return rpc_error(StatusCode::OK, id, -32602, why);
+        return rpc_error(StatusCode::OK, id, -32602, why.to_string());
     }
     if let Err(why) = reconcile(&mut parts.headers, &msg) {
         let id = msg.get("id").cloned().unwrap_or(Value::Null);
-        return rpc_error(StatusCode::BAD_REQUEST, id, HEADER_MISMATCH, why);
+        return rpc_error(
+            StatusCode::BAD_REQUEST,
+            id,
+            HEADER_MISMATCH,
+            why.to_string(),
+        );
     }
     next.run(Request::from_parts(parts, Body::from(bytes)))
         .await
@@ -306,13 +322,14 @@ mod tests {
         let mut m = h(&[("mcp-method", "tools/call"), ("mcp-name", "run_command")]);
         reconcile(&mut m, &msg).unwrap();
         let mut m = h(&[("mcp-name", "read_output")]);
-        let e = reconcile(&mut m, &msg).unwrap_err();
+        let e = reconcile(&mut m, &msg).unwrap_err().to_string();
         assert!(e.contains("does not match"), "{e}");
         let mut m = h(&[("mcp-method", "tools/list")]);
         assert!(reconcile(&mut m, &msg).is_err());
         let mut m = h(&[("mcp-name", "run_command"), ("mcp-name", "run_command")]);
         assert!(reconcile(&mut m, &msg)
             .unwrap_err()
+            .to_string()
             .contains("more than one"));
         let msg = json!({"method": "tools/list", "id": 1,
                          "params": {"_meta": {META_VERSION: "2026-07-28"}}});

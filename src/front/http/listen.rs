@@ -28,28 +28,31 @@ impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, List
 }
 
 /// A TLS server configuration from a PEM certificate chain and a PEM private key.
-pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, String> {
+pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>, super::HttpError> {
+    use super::HttpError;
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<_, _>>())
-        .map_err(|e| format!("--tls-cert {}: {e}", cert.display()))?;
+        .map_err(|source| HttpError::TlsCert {
+            path: cert.to_owned(),
+            source,
+        })?;
     if chain.is_empty() {
-        return Err(format!(
-            "--tls-cert {}: no certificate in the file",
-            cert.display()
-        ));
+        return Err(HttpError::NoCertificate(cert.to_owned()));
     }
     // (the key's error never shows the key: the parser's messages name the problem only)
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| format!("--tls-key {}: {e}", key.display()))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|source| HttpError::TlsKey {
+        path: key.to_owned(),
+        source,
+    })?;
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let cfg = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
-        .map_err(|e| format!("TLS: {e}"))?
+        .map_err(HttpError::Tls)?
         .with_no_client_auth()
         .with_single_cert(chain, key)
-        .map_err(|e| format!("--tls-cert/--tls-key: {e}"))?;
+        .map_err(HttpError::CertAndKey)?;
     Ok(Arc::new(cfg))
 }
 

@@ -48,8 +48,12 @@ pub struct Local {
 }
 
 /// The text exposition of one scrape.
-pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Result<String, String> {
-    let m = journal.metrics().map_err(|e| e.to_string())?;
+pub fn scrape(
+    journal: &Journal,
+    local: &Local,
+    tasks_in_flight: usize,
+) -> Result<String, super::HttpError> {
+    let m = journal.metrics()?;
     let mut reg = Registry::with_prefix("cairn");
     let states = Family::<StateLabel, Gauge>::default();
     for (state, n) in &m.by_state {
@@ -137,6 +141,6 @@ pub fn scrape(journal: &Journal, local: &Local, tasks_in_flight: usize) -> Resul
         unrecorded,
     );
     let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &reg).map_err(|e| e.to_string())?;
+    prometheus_client::encoding::text::encode(&mut out, &reg)?;
     Ok(out)
 }

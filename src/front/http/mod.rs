@@ -36,7 +36,9 @@ use crate::front::caller::{HttpCaller, InFlight};
 use crate::front::gateway::{GatewayConfig, Workers};
 use crate::front::token::Caller;
 use crate::journal::Journal;
+pub(crate) use error::HttpError;
 
+mod error;
 mod events;
 mod headers;
 pub mod listen;
@@ -248,7 +250,7 @@ impl Front {
 
     /// The actor an MCP session is bound to, if it is known; an error when the journal could
     /// not say (the request is then refused: an owner that cannot be checked is no owner).
-    fn session_actor(&self, id: &str) -> Result<Option<String>, String> {
+    fn session_actor(&self, id: &str) -> Result<Option<String>, HttpError> {
         if let Some(a) = self
             .sessions
             .lock()
@@ -258,14 +260,10 @@ impl Front {
             return Ok(Some(a.clone()));
         }
         if crate::failpoint::fails("session-lookup") {
-            return Err("the session lookup failed (test)".into());
+            return Err(HttpError::Failpoint("the session lookup failed (test)"));
         }
-        let j = Journal::open(&self.cfg.journal).map_err(|e| e.to_string())?;
-        let Some(actor) = j
-            .http_session(id)
-            .map_err(|e| e.to_string())?
-            .and_then(|s| s.0)
-        else {
+        let j = Journal::open(&self.cfg.journal)?;
+        let Some(actor) = j.http_session(id)?.and_then(|s| s.0) else {
             return Ok(None);
         };
         self.sessions
@@ -277,13 +275,11 @@ impl Front {
 
     /// Record which actor opened MCP session `id`, durably, before the session is handed out:
     /// a session whose owner is not recorded could be used by any token after a restart.
-    fn bind_session(&self, id: &str, actor: &str) -> Result<(), String> {
+    fn bind_session(&self, id: &str, actor: &str) -> Result<(), HttpError> {
         if crate::failpoint::fails("session-bind") {
-            return Err("recording the session failed (test)".into());
+            return Err(HttpError::Failpoint("recording the session failed (test)"));
         }
-        Journal::open(&self.cfg.journal)
-            .and_then(|j| j.bind_http_session(id, actor))
-            .map_err(|e| e.to_string())?;
+        Journal::open(&self.cfg.journal).and_then(|j| j.bind_http_session(id, actor))?;
         self.sessions
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -374,7 +370,7 @@ async fn guard(
             let (f, s) = (front.clone(), s.to_owned());
             let bound = tokio::task::spawn_blocking(move || f.bind_session(&s, &actor))
                 .await
-                .unwrap_or_else(|e| Err(e.to_string()));
+                .unwrap_or_else(|e| Err(e.into()));
             if let Err(e) = bound {
                 // The session is not handed out: the caller initializes again.
                 tracing::warn!("cairn: recording a new MCP session: {e}");
@@ -395,11 +391,11 @@ async fn healthz() -> &'static str {
 async fn metrics_text(State(front): State<Arc<Front>>) -> Response {
     let f = front.clone();
     let r = tokio::task::spawn_blocking(move || {
-        let j = Journal::open(&f.cfg.journal).map_err(|e| e.to_string())?;
+        let j = Journal::open(&f.cfg.journal)?;
         metrics::scrape(&j, &f.local, f.tasks.results.watched_count())
     })
     .await
-    .unwrap_or_else(|e| Err(e.to_string()));
+    .unwrap_or_else(|e| Err(e.into()));
     match r {
         Ok(text) => {
             let mut r = text.into_response();
@@ -409,14 +405,14 @@ async fn metrics_text(State(front): State<Arc<Front>>) -> Response {
             );
             r
         }
-        Err(e) => plain(StatusCode::SERVICE_UNAVAILABLE, e),
+        Err(e) => plain(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
     }
 }
 
 /// Serve MCP (and JSON-RPC) over HTTP until interrupted (SIGINT / SIGTERM).
 pub async fn serve_mcp(mut cfg: GatewayConfig, opts: HttpOptions) -> Result<i32, ExecError> {
     let tls = match &opts.tls {
-        Some((cert, key)) => Some(listen::tls_config(cert, key).map_err(ExecError::Setup)?),
+        Some((cert, key)) => Some(listen::tls_config(cert, key)?),
         None => None,
     };
     if !opts.listen.ip().is_loopback() && tls.is_none() {
