@@ -2536,7 +2536,7 @@ pub(crate) mod tests {
         // what it held is still read and chained on.
         let old_url = server.database("schema_v1");
         let old_db = old_url.rsplit('/').next().unwrap().to_owned();
-        let (_, v1) = postgres::MIGRATIONS[0];
+        let (_, v1) = postgres::schema::MIGRATIONS[0];
         server
             .psql(
                 &old_db,
