@@ -29,7 +29,7 @@ use tokio::sync::mpsc;
 
 use crate::id::ExecutionId;
 use crate::marker::{self, Line, Op, SessionDemux, SessionItem};
-use crate::ssh::{Connection, ExecEvent};
+use crate::ssh::{Connection, Exec, ExecEvent, SshError};
 
 /// Longest command sent through a session (the host reads it with the shell's `read`, a byte
 /// at a time); longer ones, and any with a NUL byte, are dispatched on an exec of their own.
@@ -126,44 +126,14 @@ impl HostSession {
 
 /// The session's task: returns why it ended. Every request it was given hears `Broken` or
 /// `Unavailable` if it had no `end` line.
-// Long: one select loop over the host session's channel and the requests; every arm shares its
-// state (the exec, the demux, the hello, what is queued and who waits), and the steps that need
-// only part of it are their own functions.
 async fn run(
     conn: Connection,
     dir: &str,
     mut rx: mpsc::UnboundedReceiver<Request>,
     helper: &AtomicBool,
 ) -> String {
-    // Who runs it: 0 the helper, 1 the script installed in the marker home, 2 the script
-    // streamed on stdin ahead of the requests (where it is not installed). Each gives way to
-    // the next when its exec ends before `hello`: nothing was sent, nothing happened.
-    let start = |stage: u8| {
-        let nonce = marker::new_nonce();
-        let (inv, lead) = match stage {
-            0 => (
-                crate::host_helper::invocation(&Op::Session, dir, &nonce),
-                None,
-            ),
-            1 => (marker::invocation(&Op::Session, dir, &nonce), None),
-            _ => {
-                let (inv, lead) = marker::streamed_invocation(&Op::Session, dir, &nonce);
-                (inv, Some(lead))
-            }
-        };
-        let conn = conn.clone();
-        async move {
-            let mut exec = conn.exec(inv.as_bytes()).await;
-            if let (Ok(ex), Some(lead)) = (&mut exec, lead) {
-                if let Err(e) = ex.write_stdin(&lead).await {
-                    exec = Err(e);
-                }
-            }
-            (exec, nonce)
-        }
-    };
     let mut stage = if helper.load(Ordering::Relaxed) { 0 } else { 1 };
-    let (exec, nonce) = start(stage).await;
+    let (exec, nonce) = start(&conn, dir, stage).await;
     let mut ex = match exec {
         Ok(e) => e,
         Err(e) => {
@@ -220,7 +190,7 @@ async fn run(
                     tracing::info!("cairn: the host {} did not start a session on {dir}; using the sh script{}",
                         if stage == 1 { "helper" } else { "script" },
                         if stage == 2 { ", streamed" } else { "" });
-                    let (exec, nonce) = start(stage).await;
+                    let (exec, nonce) = start(&conn, dir, stage).await;
                     match exec {
                         Ok(e) => {
                             ex = e;
@@ -250,6 +220,32 @@ async fn run(
     }
     unavailable(&mut rx, queued, &why);
     why
+}
+
+/// Start the host session's exec at `stage`, with the nonce it was started with. Who runs it:
+/// 0 the helper, 1 the script installed in the marker home, 2 the script streamed on stdin
+/// ahead of the requests (where it is not installed). Each gives way to the next when its exec
+/// ends before `hello`: nothing was sent, nothing happened.
+async fn start(conn: &Connection, dir: &str, stage: u8) -> (Result<Exec, SshError>, String) {
+    let nonce = marker::new_nonce();
+    let (inv, lead) = match stage {
+        0 => (
+            crate::host_helper::invocation(&Op::Session, dir, &nonce),
+            None,
+        ),
+        1 => (marker::invocation(&Op::Session, dir, &nonce), None),
+        _ => {
+            let (inv, lead) = marker::streamed_invocation(&Op::Session, dir, &nonce);
+            (inv, Some(lead))
+        }
+    };
+    let mut exec = conn.exec(inv.as_bytes()).await;
+    if let (Ok(ex), Some(lead)) = (&mut exec, lead) {
+        if let Err(e) = ex.write_stdin(&lead).await {
+            exec = Err(e);
+        }
+    }
+    (exec, nonce)
 }
 
 /// The bytes that send `batch` (each request, then `g`); each request hears the session's
