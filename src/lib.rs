@@ -80,9 +80,13 @@
 //! The decision after a lost connection is [`machine::Machine`] around the table
 //! [`recovery::decide`]: both can be read without knowing russh or SQLite.
 
+// Modules marked `#[doc(hidden)]` are public only because the binary (`cli`, `rt`) or the
+// integration tests and benches (`marker`, `host_helper`, `session`, `serve`) reach them; they
+// are not the library's API. Everything not listed here is crate-private.
 pub mod approve;
 pub(crate) mod audit;
 pub(crate) mod audit_show;
+#[doc(hidden)]
 pub mod cli;
 pub mod error;
 pub(crate) mod evidence;
@@ -90,9 +94,11 @@ pub mod exec;
 pub(crate) mod failpoint;
 pub(crate) mod fleet;
 pub(crate) mod front;
+#[doc(hidden)]
 pub mod host_helper;
 pub mod intent;
 pub mod journal;
+#[doc(hidden)]
 pub mod marker;
 pub(crate) mod operations;
 pub mod options;
@@ -100,8 +106,10 @@ pub mod outcome;
 pub(crate) mod pool;
 pub(crate) mod reach;
 pub(crate) mod review;
+#[doc(hidden)]
 pub mod rt;
 pub mod runner;
+#[doc(hidden)]
 pub mod session;
 pub mod ssh;
 
