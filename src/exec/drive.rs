@@ -247,7 +247,8 @@ impl<J: ExecutionJournal> Executor<J> {
     /// Turn a complete reply into the recovery table's probe input.
     pub(super) fn probe_from(&self, run: &Run, reply: &Reply) -> Probe {
         if !reply.bad.is_empty() {
-            return Probe::Unreadable(reply.bad.join("; "));
+            let bad: Vec<String> = reply.bad.iter().map(ToString::to_string).collect();
+            return Probe::Unreadable(bad.join("; "));
         }
         if let Some(e) = reply.errors.first() {
             return Probe::Unreadable(format!("the host reported: {e}"));

@@ -377,7 +377,7 @@ impl HostLink {
                         match p {
                             Piece::Line(Ok(Line::Error(e))) => errors.push(e),
                             Piece::Line(Ok(l)) => lines.push(l),
-                            Piece::Line(Err(e)) => errors.push(e),
+                            Piece::Line(Err(e)) => errors.push(e.to_string()),
                             Piece::Stderr(_) => {}
                         }
                     }

@@ -160,7 +160,8 @@ struct Reply {
     output_gone: bool,
     gc: Option<String>,
     errors: Vec<String>,
-    bad: Vec<String>,
+    /// Lines that did not parse.
+    bad: Vec<crate::marker::MarkerError>,
     ended: bool,
     /// The stream broke (connection lost) before `end`.
     broken: Option<String>,
