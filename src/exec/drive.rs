@@ -606,7 +606,7 @@ impl<J: ExecutionJournal> Executor<J> {
         // A new execution whose request's caller is gone sends nothing (src/exec/claims/gate.rs).
         let gate = fresh.then(crate::gate::current).flatten();
         let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
-            Some(Err(why)) => return Ok((Event::DispatchRefused(why), Vec::new())),
+            Some(Err(why)) => return Ok((Event::DispatchRefused(why.to_string()), Vec::new())),
             Some(Ok(c)) => Some(c),
             None => None,
         };
