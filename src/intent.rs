@@ -652,7 +652,7 @@ pub struct IntentKey(Vec<u8>);
 /// Layer: intents (`src/intent.rs`). The executor converts it at its boundary:
 /// `From<IntentError> for ExecError` makes it [`ExecError::Setup`] (the operator fixes the key
 /// file and runs again). The request validators here (`Intent::validate`,
-/// `IntentSpec::into_intent`) and `OpClass`'s `FromStr` keep returning a message for the
+/// `OperationSpec::into_intent`) and `OpClass`'s `FromStr` keep returning a message for the
 /// caller to wrap: they name the field at fault and are the caller's to locate.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
