@@ -647,6 +647,51 @@ pub fn local_actor(prefix: &str) -> String {
 #[derive(Clone)]
 pub struct IntentKey(Vec<u8>);
 
+/// Why the intent key (the HMAC key that binds an intent to its execution) cannot be used.
+///
+/// Layer: intents (`src/intent.rs`). The executor converts it at its boundary:
+/// `From<IntentError> for ExecError` makes it [`ExecError::Setup`] (the operator fixes the key
+/// file and runs again). The request validators here (`Intent::validate`,
+/// `OperationSpec::into_intent`) and `OpClass`'s `FromStr` keep returning a message for the
+/// caller to wrap: they name the field at fault and are the caller's to locate.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum IntentError {
+    /// The key file exists and cannot be read.
+    #[error("intent key {path}: {source}")]
+    Read {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The key file is not hex.
+    #[error("intent key {path}: not a hex key")]
+    NotHex { path: String },
+    /// The key file holds fewer than 16 bytes.
+    #[error("intent key {path}: key is {len} bytes; at least 16 are needed")]
+    TooShort { path: String, len: usize },
+    /// The key's directory cannot be created.
+    #[error("cannot create {dir}: {source}")]
+    CreateDir { dir: String, source: std::io::Error },
+    /// The key file (or its temporary file) cannot be created.
+    #[error("cannot create intent key {path}: {source}")]
+    Create {
+        path: String,
+        source: std::io::Error,
+    },
+    /// The new key cannot be written to its temporary file.
+    #[error("cannot write intent key {path}: {source}")]
+    Write {
+        path: String,
+        source: std::io::Error,
+    },
+}
+
+impl From<IntentError> for crate::error::ExecError {
+    fn from(e: IntentError) -> crate::error::ExecError {
+        crate::error::ExecError::Setup(e.to_string())
+    }
+}
+
 impl std::fmt::Debug for IntentKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("IntentKey(<redacted>)")
@@ -684,16 +729,23 @@ impl IntentKey {
     /// Load the key at `path`, creating it (32 random bytes, hex, mode 0600) on first use.
     /// Two processes creating it at once agree: the file appears atomically (a hard link of
     /// a complete temporary file), and the loser reads the winner's key.
-    pub fn load_or_create(path: &Path) -> Result<IntentKey, String> {
-        let shown = path.display();
+    pub fn load_or_create(path: &Path) -> Result<IntentKey, IntentError> {
+        let shown = || path.display().to_string();
         match std::fs::read_to_string(path) {
-            Ok(text) => return Self::parse(&text).map_err(|e| format!("intent key {shown}: {e}")),
+            Ok(text) => return Self::parse(path, &text),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("intent key {shown}: {e}")),
+            Err(source) => {
+                return Err(IntentError::Read {
+                    path: shown(),
+                    source,
+                })
+            }
         }
         if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir)
-                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir).map_err(|source| IntentError::CreateDir {
+                dir: dir.display().to_string(),
+                source,
+            })?;
         }
         let mut key = [0u8; 32];
         rand::Rng::fill(&mut rand::rng(), &mut key[..]);
@@ -711,30 +763,43 @@ impl IntentKey {
                 use std::os::unix::fs::OpenOptionsExt;
                 o.mode(0o600);
             }
-            let mut f = o
-                .open(&tmp)
-                .map_err(|e| format!("cannot create intent key {}: {e}", tmp.display()))?;
+            let mut f = o.open(&tmp).map_err(|source| IntentError::Create {
+                path: tmp.display().to_string(),
+                source,
+            })?;
             f.write_all(format!("{}\n", hex::encode(key)).as_bytes())
                 .and_then(|_| f.sync_all())
-                .map_err(|e| format!("cannot write intent key {}: {e}", tmp.display()))?;
+                .map_err(|source| IntentError::Write {
+                    path: tmp.display().to_string(),
+                    source,
+                })?;
         }
         let linked = std::fs::hard_link(&tmp, path);
         let _ = std::fs::remove_file(&tmp);
         match linked {
             Ok(()) => Ok(IntentKey(key.to_vec())),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("intent key {shown}: {e}"))?;
-                Self::parse(&text).map_err(|e| format!("intent key {shown}: {e}"))
+                let text = std::fs::read_to_string(path).map_err(|source| IntentError::Read {
+                    path: shown(),
+                    source,
+                })?;
+                Self::parse(path, &text)
             }
-            Err(e) => Err(format!("cannot create intent key {shown}: {e}")),
+            Err(source) => Err(IntentError::Create {
+                path: shown(),
+                source,
+            }),
         }
     }
 
-    fn parse(text: &str) -> Result<IntentKey, String> {
-        let b = hex::decode(text.trim()).map_err(|_| "not a hex key".to_string())?;
+    fn parse(path: &Path, text: &str) -> Result<IntentKey, IntentError> {
+        let path = || path.display().to_string();
+        let b = hex::decode(text.trim()).map_err(|_| IntentError::NotHex { path: path() })?;
         if b.len() < 16 {
-            return Err(format!("key is {} bytes; at least 16 are needed", b.len()));
+            return Err(IntentError::TooShort {
+                path: path(),
+                len: b.len(),
+            });
         }
         Ok(IntentKey(b))
     }
@@ -883,6 +948,23 @@ mod tests {
         );
         assert_eq!(format!("{:?}", key()), "IntentKey(<redacted>)");
         assert_eq!(r.fingerprint(&key()).len(), 64);
+    }
+
+    /// A key file that is not a key says which file and why, in the words it always has.
+    #[test]
+    fn a_bad_key_file_says_which_and_why() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("intent.key");
+        std::fs::write(&p, "00ff\n").unwrap();
+        let e = IntentKey::load_or_create(&p).unwrap_err().to_string();
+        let shown = p.display();
+        assert_eq!(
+            e,
+            format!("intent key {shown}: key is 2 bytes; at least 16 are needed")
+        );
+        std::fs::write(&p, "zz\n").unwrap();
+        let e = IntentKey::load_or_create(&p).unwrap_err().to_string();
+        assert_eq!(e, format!("intent key {shown}: not a hex key"));
     }
 
     #[test]

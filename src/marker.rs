@@ -354,38 +354,83 @@ fn push_args(s: &mut String, op: &Op<'_>, dir: &str, nonce: &str) {
     }
 }
 
+/// Why a reply of the marker protocol (a line the host wrote after the nonce's boundary, or a
+/// record in it) cannot be read.
+///
+/// Layer: the marker protocol (`src/marker.rs`, and `src/session.rs`, which carries its lines
+/// to the executions of a host session). The executor converts it at its boundary: a line that
+/// does not parse makes the probe's verdict `unreadable` (`Probe::Unreadable`, its Display
+/// quoted), and `From<MarkerError> for ExecError` makes it [`ExecError::HostReported`] where it
+/// ends an operation (preparing the host: hello, probe, install). Its Display is the message
+/// users see, quoted after what cairn was doing.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum MarkerError {
+    /// A token of a `key=value …` record without its `=`.
+    #[error("field {0:?} is not key=value")]
+    NotKeyValue(String),
+    /// A field the line or record must carry is not there.
+    #[error("field {0} missing")]
+    MissingField(String),
+    /// A numeric field that is not a number.
+    #[error("field {field}={value:?} is not a number")]
+    NotANumber { field: String, value: String },
+    /// The record was written by a protocol version this build does not speak.
+    #[error("written by marker protocol version {0}; this cairn reads version {PROTOCOL_VERSION}")]
+    Version(String),
+    /// A finish record whose exit status is not 0-255.
+    #[error("status {0} out of range")]
+    StatusOutOfRange(u64),
+    /// A `start` or `done` line whose record does not parse (`which`: `started record`,
+    /// `finish record`).
+    #[error("{which}: {source}")]
+    Record {
+        which: &'static str,
+        source: Box<MarkerError>,
+    },
+    /// A `live` line with a state this build does not know.
+    #[error("unknown liveness {0:?}")]
+    UnknownLiveness(String),
+    /// A line whose kind this build does not know.
+    #[error("unknown protocol line {0:?}")]
+    UnknownLine(String),
+    /// A line longer than the protocol allows (no newline within 64 KiB).
+    #[error("protocol line too long")]
+    LineTooLong,
+}
+
 /// A parsed `key=value …` record.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Fields(BTreeMap<String, String>);
 
 impl Fields {
-    pub fn parse(text: &str) -> Result<Fields, String> {
+    pub fn parse(text: &str) -> Result<Fields, MarkerError> {
         let mut m = BTreeMap::new();
         for tok in text.split_ascii_whitespace() {
             let (k, v) = tok
                 .split_once('=')
-                .ok_or_else(|| format!("field {tok:?} is not key=value"))?;
+                .ok_or_else(|| MarkerError::NotKeyValue(tok.to_owned()))?;
             m.insert(k.to_owned(), v.to_owned());
         }
         Ok(Fields(m))
     }
-    pub fn get(&self, k: &str) -> Result<&str, String> {
+    pub fn get(&self, k: &str) -> Result<&str, MarkerError> {
         self.0
             .get(k)
             .map(|s| s.as_str())
-            .ok_or_else(|| format!("field {k} missing"))
+            .ok_or_else(|| MarkerError::MissingField(k.to_owned()))
     }
-    pub fn num(&self, k: &str) -> Result<u64, String> {
+    pub fn num(&self, k: &str) -> Result<u64, MarkerError> {
         let v = self.get(k)?;
-        v.parse()
-            .map_err(|_| format!("field {k}={v:?} is not a number"))
+        v.parse().map_err(|_| MarkerError::NotANumber {
+            field: k.to_owned(),
+            value: v.to_owned(),
+        })
     }
-    fn check_version(&self) -> Result<(), String> {
+    fn check_version(&self) -> Result<(), MarkerError> {
         match self.get("v")? {
             PROTOCOL_VERSION => Ok(()),
-            other => Err(format!(
-                "written by marker protocol version {other}; this cairn reads version {PROTOCOL_VERSION}"
-            )),
+            other => Err(MarkerError::Version(other.to_owned())),
         }
     }
 }
@@ -420,7 +465,7 @@ pub struct StartRecord {
 }
 
 impl StartRecord {
-    pub fn parse(text: &str) -> Result<StartRecord, String> {
+    pub fn parse(text: &str) -> Result<StartRecord, MarkerError> {
         let f = Fields::parse(text)?;
         f.check_version()?;
         Ok(StartRecord {
@@ -451,13 +496,13 @@ pub struct FinishRecord {
 }
 
 impl FinishRecord {
-    pub fn parse(text: &str) -> Result<FinishRecord, String> {
+    pub fn parse(text: &str) -> Result<FinishRecord, MarkerError> {
         let f = Fields::parse(text)?;
         f.check_version()?;
         let status = f.num("status")?;
         Ok(FinishRecord {
             id: f.get("id")?.to_owned(),
-            status: u8::try_from(status).map_err(|_| format!("status {status} out of range"))?,
+            status: u8::try_from(status).map_err(|_| MarkerError::StatusOutOfRange(status))?,
             finished_at: f.num("finished_at")?,
             out: f.num("out")?,
             err: f.num("err")?,
@@ -524,7 +569,7 @@ pub enum Line {
 }
 
 /// Parse the text of one protocol line (after the boundary, without the newline).
-pub fn parse_line(text: &str) -> Result<Line, String> {
+pub fn parse_line(text: &str) -> Result<Line, MarkerError> {
     let (kind, rest) = text.split_once(' ').unwrap_or((text, ""));
     Ok(match kind {
         "hello" => {
@@ -541,14 +586,12 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
         "error" => Line::Error(rest.to_owned()),
         "verdict" => Line::Verdict(rest.trim().to_owned()),
         "absent" => Line::Absent,
-        "start" => {
-            Line::Start(StartRecord::parse(rest).map_err(|e| format!("started record: {e}"))?)
-        }
+        "start" => Line::Start(StartRecord::parse(rest).map_err(|e| record("started record", e))?),
         "live" => Line::Live(match rest.trim() {
             "alive" => Liveness::Alive,
             "dead" => Liveness::Dead,
             "rebooted" => Liveness::Rebooted,
-            other => return Err(format!("unknown liveness {other:?}")),
+            other => return Err(MarkerError::UnknownLiveness(other.to_owned())),
         }),
         "sizes" => {
             let f = Fields::parse(rest)?;
@@ -557,15 +600,22 @@ pub fn parse_line(text: &str) -> Result<Line, String> {
                 err: f.num("err")?,
             }
         }
-        "done" => Line::Done(FinishRecord::parse(rest).map_err(|e| format!("finish record: {e}"))?),
+        "done" => Line::Done(FinishRecord::parse(rest).map_err(|e| record("finish record", e))?),
         "cancel" => Line::Cancel(rest.trim().to_owned()),
         "gone" => Line::OutputGone,
         "gc" => Line::Gc(rest.trim().to_owned()),
         "helper" => Line::Helper(rest.trim().to_owned()),
         "installed" => Line::Installed,
         "end" => Line::End,
-        other => return Err(format!("unknown protocol line {other:?}")),
+        other => return Err(MarkerError::UnknownLine(other.to_owned())),
     })
+}
+
+fn record(which: &'static str, e: MarkerError) -> MarkerError {
+    MarkerError::Record {
+        which,
+        source: Box::new(e),
+    }
 }
 
 /// What the demultiplexer yields.
@@ -574,7 +624,7 @@ pub enum Piece {
     /// Command stderr bytes.
     Stderr(Vec<u8>),
     /// A protocol line (or why it did not parse).
-    Line(Result<Line, String>),
+    Line(Result<Line, MarkerError>),
 }
 
 /// Splits the channel's stderr stream into command stderr and protocol lines.
@@ -613,7 +663,7 @@ impl StderrDemux {
                     }
                     None => {
                         if self.buf.len() > MAX_LINE {
-                            out.push(Piece::Line(Err("protocol line too long".into())));
+                            out.push(Piece::Line(Err(MarkerError::LineTooLong)));
                             self.buf.clear();
                             self.in_line = false;
                         }
@@ -687,9 +737,9 @@ pub fn session_can_carry(command: &[u8]) -> bool {
 #[derive(Debug, PartialEq, Eq)]
 pub enum SessionItem {
     /// A line about the session itself (`hello`, `error`, `end`).
-    Session(Result<Line, String>),
+    Session(Result<Line, MarkerError>),
     /// A line about one execution of the session.
-    For(String, Result<Line, String>),
+    For(String, Result<Line, MarkerError>),
     /// Output bytes of one execution (stdout when `stderr` is false).
     Output {
         id: String,
@@ -824,6 +874,32 @@ fn partial_suffix(hay: &[u8], needle: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The messages users read (quoted in probes and in "preparing the host failed") are the
+    /// ones the protocol's parsers wrote as strings before they had a type.
+    #[test]
+    fn marker_errors_keep_their_messages() {
+        let msg = |t: &str| parse_line(t).unwrap_err().to_string();
+        assert_eq!(msg("frobnicate"), "unknown protocol line \"frobnicate\"");
+        assert_eq!(msg("live odd"), "unknown liveness \"odd\"");
+        assert_eq!(msg("hello v=1 x"), "field \"x\" is not key=value");
+        assert_eq!(msg("hello v=1 epoch=e"), "field boot missing");
+        assert_eq!(
+            msg("hello v=1 epoch=e boot=b now=x"),
+            "field now=\"x\" is not a number"
+        );
+        assert_eq!(
+            msg("hello v=2 epoch=e boot=b now=1"),
+            "written by marker protocol version 2; this cairn reads version 1"
+        );
+        assert_eq!(msg("start v=1 id=a"), "started record: field len missing");
+        let done = "done v=1 id=a status=300 finished_at=1 out=0 err=0 timed_out=0 cancelled=0";
+        assert_eq!(msg(done), "finish record: status 300 out of range");
+        assert_eq!(
+            MarkerError::LineTooLong.to_string(),
+            "protocol line too long"
+        );
+    }
 
     const N: &str = "0123456789abcdef0123456789abcdef";
 

@@ -45,7 +45,7 @@ pub const MAX_IN_FLIGHT: usize = 64;
 pub enum Event {
     /// A protocol line: `hello` (the session's, first), then `verdict`, `start`, `sizes`,
     /// `done`, `end`, `error`.
-    Line(Result<Line, String>),
+    Line(Result<Line, marker::MarkerError>),
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
     /// The session's channel broke after the request was sent: the outcome is for the host to
@@ -286,7 +286,10 @@ fn hand_out(
                 tracing::warn!("host session for {dir}: {e}");
             }
             SessionItem::Session(Ok(_)) => {}
-            SessionItem::Session(Err(e)) | SessionItem::Broken(e) => {
+            SessionItem::Session(Err(e)) => {
+                return Err(format!("the host session's reply is unreadable: {e}"));
+            }
+            SessionItem::Broken(e) => {
                 return Err(format!("the host session's reply is unreadable: {e}"));
             }
             SessionItem::For(id, line) => {

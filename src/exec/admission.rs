@@ -683,7 +683,7 @@ impl<J: ExecutionJournal> Executor<J> {
                 )
             })?,
         };
-        let k = IntentKey::load_or_create(&path).map_err(ExecError::Setup)?;
+        let k = IntentKey::load_or_create(&path)?;
         self.intent_key = Some(k.clone());
         Ok(k)
     }

@@ -247,7 +247,8 @@ impl<J: ExecutionJournal> Executor<J> {
     /// Turn a complete reply into the recovery table's probe input.
     pub(super) fn probe_from(&self, run: &Run, reply: &Reply) -> Probe {
         if !reply.bad.is_empty() {
-            return Probe::Unreadable(reply.bad.join("; "));
+            let bad: Vec<String> = reply.bad.iter().map(ToString::to_string).collect();
+            return Probe::Unreadable(bad.join("; "));
         }
         if let Some(e) = reply.errors.first() {
             return Probe::Unreadable(format!("the host reported: {e}"));
@@ -605,7 +606,7 @@ impl<J: ExecutionJournal> Executor<J> {
         // A new execution whose request's caller is gone sends nothing (src/exec/claims/gate.rs).
         let gate = fresh.then(crate::gate::current).flatten();
         let crossing = match gate.as_deref().map(|g| g.cross(&run.rec.id)) {
-            Some(Err(why)) => return Ok((Event::DispatchRefused(why), Vec::new())),
+            Some(Err(why)) => return Ok((Event::DispatchRefused(why.to_string()), Vec::new())),
             Some(Ok(c)) => Some(c),
             None => None,
         };

@@ -14,10 +14,86 @@ use crate::ssh::{ExecEvent, SshError, Target};
 
 use super::*;
 
+/// Why the host link could not prepare a host: say hello, install the host script, probe or
+/// upload the native helper, or run the side it chose at all.
+///
+/// Layer: the host link (`src/exec/link.rs`), below the executor. Most of it never ends an
+/// operation: a side that did not run, or a helper that cannot run there, is remembered (by
+/// connection and marker home) and the link falls back to the script. Where it does end one,
+/// the executor converts it at its boundary: a failed hello into the `failed` conclusion
+/// ("never dispatched: preparing the host failed: …"), a helper refused under
+/// `--host-helper always` into [`ExecError::Refused`], and the rest by
+/// `From<LinkError> for ExecError` ([`ExecError::Ssh`] for the connection,
+/// [`ExecError::HostReported`] for what the host said or did). Its Display is the text users
+/// read after those prefixes.
+#[derive(Clone, Debug, thiserror::Error)]
+#[non_exhaustive]
+pub(crate) enum LinkError {
+    /// The connection failed under the exec (shared: a decision is remembered and cloned).
+    #[error(transparent)]
+    Ssh(std::sync::Arc<SshError>),
+    /// The host's `error` lines, and lines that did not parse, joined with `; `.
+    #[error("{0}")]
+    Host(String),
+    /// No `hello` line came back.
+    #[error("the host did not answer the marker protocol (is /bin/sh POSIX?)")]
+    NoHello,
+    /// A side that did not run: its exit status and what it wrote (on one line).
+    #[error("exit status {status}: {said}")]
+    NotRun { status: u32, said: String },
+    /// The installed script did not run: its exit status, and no protocol line.
+    #[error("exit status {0}, no protocol line")]
+    NoProtocolLine(u32),
+    /// The script, installed again, still did not run.
+    #[error("installed, the host script still did not run ({0})")]
+    StillNotRun(Box<LinkError>),
+    /// Installing the host script gave neither `installed` nor an error line.
+    #[error("installing the host script ended without an answer (exit status {0:?})")]
+    InstallUnanswered(Option<u32>),
+    /// The native helper did not run (why), so the script runs the protocol.
+    #[error("the host helper did not run ({0})")]
+    HelperNotRun(Box<LinkError>),
+    #[error("this cairn was built without the host helper")]
+    HelperNotBuilt,
+    #[error("the host did not answer the helper probe")]
+    ProbeUnanswered,
+    #[error("the host's architecture is {host:?}; the helper is built for {built}")]
+    Arch { host: String, built: &'static str },
+    /// The helper's state on the host is one it cannot be used in (not `absent`/`mismatch`).
+    #[error("the helper on the host is {0}")]
+    HelperState(String),
+    #[error("the host's script does not report the helper")]
+    HelperUnreported,
+    /// The helper was uploaded, and its state on the host is still not `ok`.
+    #[error("the uploaded helper is {0} on the host")]
+    UploadedState(String),
+    /// The upload gave no state: the host's errors.
+    #[error("uploading the helper failed: {0}")]
+    UploadFailed(String),
+}
+
+impl From<SshError> for LinkError {
+    fn from(e: SshError) -> LinkError {
+        LinkError::Ssh(std::sync::Arc::new(e))
+    }
+}
+
+impl From<LinkError> for ExecError {
+    fn from(e: LinkError) -> ExecError {
+        match e {
+            LinkError::Ssh(e) => match std::sync::Arc::try_unwrap(e) {
+                Ok(e) => ExecError::Ssh(e),
+                Err(e) => ExecError::HostReported(e.to_string()),
+            },
+            other => ExecError::HostReported(other.to_string()),
+        }
+    }
+}
+
 /// Which side runs the marker protocol, by connection and marker home, for every executor of
 /// this process (a gateway makes one per request): `Err` (the script, and why) is asked again
 /// after [`SCRIPT_DECISION_FOR`].
-type SideCache = std::collections::HashMap<String, (Instant, Result<(), String>)>;
+type SideCache = std::collections::HashMap<String, (Instant, Result<(), LinkError>)>;
 fn host_helper_cache() -> &'static std::sync::Mutex<SideCache> {
     static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
     C.get_or_init(Default::default)
@@ -45,13 +121,13 @@ fn script_cache() -> &'static std::sync::Mutex<SideCache> {
     static C: std::sync::OnceLock<std::sync::Mutex<SideCache>> = std::sync::OnceLock::new();
     C.get_or_init(Default::default)
 }
-fn host_helper_cache_get(key: &str) -> Option<Result<(), String>> {
+fn host_helper_cache_get(key: &str) -> Option<Result<(), LinkError>> {
     cache_get(host_helper_cache(), key)
 }
-fn host_helper_cache_put(key: &str, d: Result<(), String>) {
+fn host_helper_cache_put(key: &str, d: Result<(), LinkError>) {
     cache_put(host_helper_cache(), key, d)
 }
-fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), String>> {
+fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), LinkError>> {
     let c = c.lock().unwrap_or_else(|e| e.into_inner());
     match c.get(key) {
         Some((at, Err(_))) if at.elapsed() > SCRIPT_DECISION_FOR => None,
@@ -59,7 +135,7 @@ fn cache_get(c: &std::sync::Mutex<SideCache>, key: &str) -> Option<Result<(), St
         None => None,
     }
 }
-fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), String>) {
+fn cache_put(c: &std::sync::Mutex<SideCache>, key: &str, d: Result<(), LinkError>) {
     let mut c = c.lock().unwrap_or_else(|e| e.into_inner());
     c.insert(key.to_owned(), (Instant::now(), d));
 }
@@ -138,7 +214,7 @@ impl HostLink {
         }
     }
 
-    pub(super) async fn hello(&mut self, ci: usize, dir: &str) -> Result<Hello, String> {
+    pub(super) async fn hello(&mut self, ci: usize, dir: &str) -> Result<Hello, LinkError> {
         let (lines, errors) = self.small_exec(ci, &Op::Hello, dir, None).await?;
         let hello = lines.into_iter().rev().find_map(|l| match l {
             Line::Hello(h) => Some(h),
@@ -146,8 +222,8 @@ impl HostLink {
         });
         match hello {
             Some(h) if errors.is_empty() => Ok(h),
-            _ if !errors.is_empty() => Err(errors.join("; ")),
-            _ => Err("the host did not answer the marker protocol (is /bin/sh POSIX?)".into()),
+            _ if !errors.is_empty() => Err(LinkError::Host(errors.join("; "))),
+            _ => Err(LinkError::NoHello),
         }
     }
 
@@ -160,11 +236,11 @@ impl HostLink {
         ci: usize,
         dir: &str,
         attempt: usize,
-        why: String,
+        why: LinkError,
     ) -> Result<bool, crate::ssh::SshError> {
         tracing::debug!("cairn: the host script did not run ({why})");
         let why = if attempt > 0 {
-            format!("installed, the host script still did not run ({why})")
+            LinkError::StillNotRun(Box::new(why))
         } else {
             match self.install_script(ci, dir).await? {
                 Ok(()) => return Ok(true),
@@ -194,7 +270,7 @@ impl HostLink {
         &mut self,
         ci: usize,
         dir: &str,
-    ) -> Result<Result<(), String>, crate::ssh::SshError> {
+    ) -> Result<Result<(), LinkError>, crate::ssh::SshError> {
         let nonce = marker::new_nonce();
         let cmd = marker::install_invocation(dir, &nonce);
         let text = marker::session_script().as_bytes();
@@ -203,11 +279,9 @@ impl HostLink {
             tracing::info!("cairn: installed the host script ({} bytes)", text.len());
             Ok(())
         } else if !errors.is_empty() {
-            Err(errors.join("; "))
+            Err(LinkError::Host(errors.join("; ")))
         } else {
-            Err(format!(
-                "installing the host script ended without an answer (exit status {exit:?})"
-            ))
+            Err(LinkError::InstallUnanswered(exit))
         })
     }
 
@@ -247,7 +321,7 @@ impl HostLink {
         }
     }
 
-    fn decide_side(&mut self, ci: usize, dir: &str, d: Result<(), String>) {
+    fn decide_side(&mut self, ci: usize, dir: &str, d: Result<(), LinkError>) {
         if let Some((k, _, _)) = self.conns.get(ci) {
             host_helper_cache_put(&format!("{k}\n{dir}"), d);
         }
@@ -255,9 +329,9 @@ impl HostLink {
 
     /// Ask the host (with the script) for its architecture and the helper's state; upload the
     /// helper when it is missing or not the expected file. `Ok`: the helper runs there.
-    async fn probe_helper(&mut self, ci: usize, dir: &str) -> Result<(), String> {
+    async fn probe_helper(&mut self, ci: usize, dir: &str) -> Result<(), LinkError> {
         if !host_helper::available() {
-            return Err("this cairn was built without the host helper".into());
+            return Err(LinkError::HelperNotBuilt);
         }
         let sha = host_helper::SHA256;
         let (lines, _) = self
@@ -269,19 +343,19 @@ impl HostLink {
                 Line::Hello(h) => Some(h.clone()),
                 _ => None,
             })
-            .ok_or("the host did not answer the helper probe")?;
+            .ok_or(LinkError::ProbeUnanswered)?;
         let arch = hello.arch.unwrap_or_default();
         if arch != host_helper::arch() {
-            return Err(format!(
-                "the host's architecture is {arch:?}; the helper is built for {}",
-                host_helper::arch()
-            ));
+            return Err(LinkError::Arch {
+                host: arch,
+                built: host_helper::arch(),
+            });
         }
         match hello.helper.as_deref() {
             Some("ok") => return Ok(()),
             Some("absent" | "mismatch") => {}
-            Some(other) => return Err(format!("the helper on the host is {other}")),
-            None => return Err("the host's script does not report the helper".into()),
+            Some(other) => return Err(LinkError::HelperState(other.to_owned())),
+            None => return Err(LinkError::HelperUnreported),
         }
         let op = Op::Install {
             helper_sha256: sha,
@@ -301,11 +375,8 @@ impl HostLink {
                 );
                 Ok(())
             }
-            Some(state) => Err(format!("the uploaded helper is {state} on the host")),
-            None => Err(format!(
-                "uploading the helper failed: {}",
-                errors.join("; ")
-            )),
+            Some(state) => Err(LinkError::UploadedState(state.to_owned())),
+            None => Err(LinkError::UploadFailed(errors.join("; "))),
         }
     }
 
@@ -318,23 +389,17 @@ impl HostLink {
         op: &Op<'_>,
         dir: &str,
         stdin: Option<&[u8]>,
-    ) -> Result<(Vec<Line>, Vec<String>), String> {
+    ) -> Result<(Vec<Line>, Vec<String>), LinkError> {
         if !self.script_streamed(ci, dir) {
             for attempt in 0..2 {
                 let nonce = marker::new_nonce();
                 let cmd = marker::invocation(op, dir, &nonce);
-                let (lines, errors, exit) = self
-                    .small_exec_raw(ci, cmd, &nonce, stdin)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let (lines, errors, exit) = self.small_exec_raw(ci, cmd, &nonce, stdin).await?;
                 if !lines.is_empty() || !errors.is_empty() || !marker::script_did_not_run(exit) {
                     return Ok((lines, errors));
                 }
-                let why = format!("exit status {}, no protocol line", exit.unwrap_or(0));
-                let again = self
-                    .script_missing(ci, dir, attempt, why)
-                    .await
-                    .map_err(|e| e.to_string())?;
+                let why = LinkError::NoProtocolLine(exit.unwrap_or(0));
+                let again = self.script_missing(ci, dir, attempt, why).await?;
                 if !again {
                     break;
                 }
@@ -343,10 +408,7 @@ impl HostLink {
         let nonce = marker::new_nonce();
         let (cmd, mut input) = marker::streamed_invocation(op, dir, &nonce);
         input.extend_from_slice(stdin.unwrap_or_default());
-        let (lines, errors, _) = self
-            .small_exec_raw(ci, cmd, &nonce, Some(&input))
-            .await
-            .map_err(|e| e.to_string())?;
+        let (lines, errors, _) = self.small_exec_raw(ci, cmd, &nonce, Some(&input)).await?;
         Ok((lines, errors))
     }
 
@@ -377,7 +439,7 @@ impl HostLink {
                         match p {
                             Piece::Line(Ok(Line::Error(e))) => errors.push(e),
                             Piece::Line(Ok(l)) => lines.push(l),
-                            Piece::Line(Err(e)) => errors.push(e),
+                            Piece::Line(Err(e)) => errors.push(e.to_string()),
                             Piece::Stderr(_) => {}
                         }
                     }
@@ -425,7 +487,7 @@ impl<J: ExecutionJournal> Executor<J> {
             {
                 Ok(reply) => return Ok(reply),
                 Err(why) => {
-                    let why = format!("the host helper did not run ({why})");
+                    let why = LinkError::HelperNotRun(Box::new(why));
                     tracing::info!("cairn: {why}; using the sh script");
                     self.link.decide_side(ci, &dir, Err(why.clone()));
                     if self.link.host_helper == HostHelper::Always {
@@ -467,7 +529,7 @@ impl<J: ExecutionJournal> Executor<J> {
             .await?
         {
             Ok(reply) => Ok(reply),
-            Err(why) => Err(ExecError::HostReported(why)),
+            Err(why) => Err(why.into()),
         }
     }
 
@@ -484,7 +546,7 @@ impl<J: ExecutionJournal> Executor<J> {
         run: &mut Run,
         sink: &mut dyn OutputSink,
         not_run: Option<fn(Option<u32>) -> bool>,
-    ) -> Result<Result<Reply, String>, ExecError> {
+    ) -> Result<Result<Reply, LinkError>, ExecError> {
         let mut reply = Reply::default();
         let exec = self.link.conns[ci].1.exec(cmd.as_bytes()).await;
         drop(cmd);
@@ -562,7 +624,10 @@ impl<J: ExecutionJournal> Executor<J> {
             if reply.broken.is_none() && not_run.is_some_and(|f| f(exit)) {
                 let text: Vec<u8> = h.into_iter().flat_map(|(_, b)| b).collect();
                 let text = String::from_utf8_lossy(&text).trim().replace('\n', " ");
-                return Ok(Err(format!("exit status {}: {text}", exit.unwrap_or(0))));
+                return Ok(Err(LinkError::NotRun {
+                    status: exit.unwrap_or(0),
+                    said: text,
+                }));
             }
             for (err, b) in h {
                 self.take_output(run, sink, &b, err)?;

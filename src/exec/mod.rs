@@ -139,11 +139,35 @@ pub struct Prediction {
     /// The journal's view.
     pub outcome: Outcome,
     /// What the host said, or why it was not probed.
-    pub probe: Result<Probe, String>,
+    pub probe: Result<Probe, NotProbed>,
     /// What the machine would note before its next step (a re-dispatch, a lost connection).
     pub notes: Vec<Note>,
     /// What `cairn recover` does next; a conclusion's evidence is in words.
     pub next: Step,
+}
+
+/// A protocol reply that does not parse, where it ends an operation: what the host wrote is
+/// not the marker protocol, so the host's answer ends it (as its text did before it had a type).
+impl From<crate::marker::MarkerError> for ExecError {
+    fn from(e: crate::marker::MarkerError) -> ExecError {
+        ExecError::HostReported(e.to_string())
+    }
+}
+
+/// Why a prediction has no fresh probe of the host.
+///
+/// Layer: the executor's `predict`/`probe` (`cairn status`, the gateway's `status` with a
+/// probe). Never an error that ends anything: the fronts show its Display after
+/// "not probed: ".
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum NotProbed {
+    /// No connection to the host (the SSH error, in words).
+    #[error("{0}")]
+    Connect(String),
+    /// The probe's stream broke before its end.
+    #[error("probe did not complete: {0}")]
+    Incomplete(String),
 }
 
 /// Everything one reply (one exec) said.
@@ -160,7 +184,8 @@ struct Reply {
     output_gone: bool,
     gc: Option<String>,
     errors: Vec<String>,
-    bad: Vec<String>,
+    /// Lines that did not parse.
+    bad: Vec<crate::marker::MarkerError>,
     ended: bool,
     /// The stream broke (connection lost) before `end`.
     broken: Option<String>,

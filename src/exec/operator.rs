@@ -176,7 +176,7 @@ impl<J: ExecutionJournal> Executor<J> {
                     other => {
                         let found = match other {
                             Ok(p) => format!("{p:?}"),
-                            Err(e) => e,
+                            Err(e) => e.to_string(),
                         };
                         Err(ExecError::Refused(format!(
                             "refusing to retry {id}: the marker does not prove it never started (the host says: {found}{})",
@@ -320,7 +320,7 @@ impl<J: ExecutionJournal> Executor<J> {
     pub async fn probe(
         &mut self,
         id: &ExecutionId,
-    ) -> Result<(Outcome, Result<Probe, String>), ExecError> {
+    ) -> Result<(Outcome, Result<Probe, NotProbed>), ExecError> {
         let p = self.predict(id).await?;
         Ok((p.outcome, p.probe))
     }
@@ -345,7 +345,7 @@ impl<J: ExecutionJournal> Executor<J> {
         let connected = self.link.connection(&target).await;
         let mut last = None;
         let probe = match &connected {
-            Err(e) => Err(e.to_string()),
+            Err(e) => Err(NotProbed::Connect(e.to_string())),
             Ok(ci) => {
                 let nonce = marker::new_nonce();
                 let idc = run.rec.id.clone();
@@ -359,7 +359,7 @@ impl<J: ExecutionJournal> Executor<J> {
                     .exec_op(*ci, &op, &nonce, None, &mut run, &mut Discard)
                     .await?;
                 let p = match &reply.broken {
-                    Some(b) => Err(format!("probe did not complete: {b}")),
+                    Some(b) => Err(NotProbed::Incomplete(b.clone())),
                     None => Ok(self.probe_from(&run, &reply)),
                 };
                 last = Some(reply);

@@ -141,7 +141,7 @@ fn demux(data: &[u8], chunk_sizes: &[usize]) {
 /// inside a line, or inside what could still become a boundary, leaves that tail held.
 struct Split {
     stderr: Vec<u8>,
-    lines: Vec<Result<cairn::marker::Line, String>>,
+    lines: Vec<Result<cairn::marker::Line, cairn::marker::MarkerError>>,
     held: Vec<u8>,
     longest_line: usize,
 }

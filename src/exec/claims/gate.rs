@@ -18,6 +18,16 @@
 
 use std::sync::{Arc, Mutex, MutexGuard};
 
+/// The gate was closed (the caller went away, `0` says how) before this execution crossed:
+/// nothing was sent for it.
+///
+/// Layer: the dispatch boundary of one request (this module). The executor converts it where
+/// it asks [`Gate::cross`]: its Display becomes the reason the execution is concluded `failed`
+/// with (`Event::DispatchRefused`), never an `ExecError`.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("never dispatched: {0} before the dispatch; nothing was sent")]
+pub struct GateClosed(pub String);
+
 use crate::id::ExecutionId;
 
 tokio::task_local! {
@@ -52,12 +62,10 @@ impl Gate {
 
     /// Let `id` cross (hold the result until its `dispatched` event is committed), or say why
     /// it may not: the caller is gone, and nothing may be sent for it.
-    pub fn cross(&self, id: &ExecutionId) -> Result<Crossing<'_>, String> {
+    pub fn cross(&self, id: &ExecutionId) -> Result<Crossing<'_>, GateClosed> {
         let mut g = self.lock();
         if let Some(why) = &g.closed {
-            return Err(format!(
-                "never dispatched: {why} before the dispatch; nothing was sent"
-            ));
+            return Err(GateClosed(why.clone()));
         }
         if !g.crossed.contains(id) {
             g.crossed.push(id.clone());
@@ -98,7 +106,7 @@ mod tests {
             g.close("the caller's response stream closed"),
             vec![a.clone()]
         );
-        let e = g.cross(&b).err().expect("closed");
+        let e = g.cross(&b).err().expect("closed").to_string();
         assert!(
             e.contains("response stream closed before the dispatch; nothing was sent"),
             "{e}"
