@@ -300,7 +300,7 @@ fn check_anchor(
         detail,
     };
     match anchor.read() {
-        Err(e) => findings.push(finding(Damage::AnchorReplaced, e)),
+        Err(e) => findings.push(finding(Damage::AnchorReplaced, e.to_string())),
         Ok(None) if rows.is_empty() && session_rows.is_empty() => {}
         Ok(None) => findings.push(finding(
             Damage::AnchorMissing,

@@ -11,6 +11,49 @@ use std::path::{Path, PathBuf};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
+/// What keeps the anchor from being read or moved: the journal's anchor layer. An append
+/// logs it and goes on (the event stays unanchored, which `cairn audit verify` reports);
+/// `audit verify` turns it into a finding. Each message names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum AnchorError {
+    #[error("anchor key {} is too short", .0.display())]
+    KeyTooShort(PathBuf),
+    #[error("creating anchor key {}: {source}", path.display())]
+    CreatingKey {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("reading anchor key {}: {source}", path.display())]
+    ReadingKey {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("anchor {} does not parse: {source}", path.display())]
+    DoesNotParse {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("reading anchor {}: {source}", path.display())]
+    Reading {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("anchor lock {}: {source}", path.display())]
+    Lock {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("locking the anchor: {0}")]
+    Locking(std::io::Error),
+    #[error("{0}")]
+    Encoding(serde_json::Error),
+    #[error("writing anchor {}: {source}", path.display())]
+    Writing {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Where a journal's anchor and its key live.
 #[derive(Clone, Debug)]
 pub struct Anchor {
@@ -58,25 +101,26 @@ impl Anchor {
         }
     }
 
-    pub(crate) fn key(&self, create: bool) -> Result<Option<Vec<u8>>, String> {
+    pub(crate) fn key(&self, create: bool) -> Result<Option<Vec<u8>>, AnchorError> {
         match fs::read(&self.key_path) {
             Ok(k) if k.len() >= 32 => Ok(Some(k)),
-            Ok(_) => Err(format!(
-                "anchor key {} is too short",
-                self.key_path.display()
-            )),
+            Ok(_) => Err(AnchorError::KeyTooShort(self.key_path.clone())),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && create => {
                 let key: [u8; 32] = rand::random();
-                write_private(&self.key_path, &key, true)
-                    .map_err(|e| format!("creating anchor key {}: {e}", self.key_path.display()))?;
+                write_private(&self.key_path, &key, true).map_err(|source| {
+                    AnchorError::CreatingKey {
+                        path: self.key_path.clone(),
+                        source,
+                    }
+                })?;
                 // Another process may have won the race: use whatever is on disk.
                 self.key(false)
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!(
-                "reading anchor key {}: {e}",
-                self.key_path.display()
-            )),
+            Err(source) => Err(AnchorError::ReadingKey {
+                path: self.key_path.clone(),
+                source,
+            }),
         }
     }
 
@@ -92,19 +136,25 @@ impl Anchor {
         hex::encode(m.finalize().into_bytes())
     }
 
-    pub fn read(&self) -> Result<Option<AnchorRecord>, String> {
+    pub fn read(&self) -> Result<Option<AnchorRecord>, AnchorError> {
         match fs::read_to_string(&self.path) {
-            Ok(s) => serde_json::from_str(s.trim())
-                .map(Some)
-                .map_err(|e| format!("anchor {} does not parse: {e}", self.path.display())),
+            Ok(s) => serde_json::from_str(s.trim()).map(Some).map_err(|source| {
+                AnchorError::DoesNotParse {
+                    path: self.path.clone(),
+                    source,
+                }
+            }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-            Err(e) => Err(format!("reading anchor {}: {e}", self.path.display())),
+            Err(source) => Err(AnchorError::Reading {
+                path: self.path.clone(),
+                source,
+            }),
         }
     }
 
     /// Move the activity chain's anchor forward to `(seq, hash)`; never backwards (two writers
     /// may finish their commits in either order). Serialised with an advisory lock.
-    pub fn advance(&self, seq: i64, hash: &str) -> Result<(), String> {
+    pub fn advance(&self, seq: i64, hash: &str) -> Result<(), AnchorError> {
         self.update(|a| {
             (a.seq < seq).then(|| {
                 a.seq = seq;
@@ -114,7 +164,7 @@ impl Anchor {
     }
 
     /// The same for the sessions chain.
-    pub fn advance_sessions(&self, seq: i64, hash: &str) -> Result<(), String> {
+    pub fn advance_sessions(&self, seq: i64, hash: &str) -> Result<(), AnchorError> {
         self.update(|a| {
             (a.sessions_seq < seq).then(|| {
                 a.sessions_seq = seq;
@@ -124,7 +174,10 @@ impl Anchor {
     }
 
     /// Read, change (when `change` returns `Some`), MAC and atomically replace the anchor.
-    fn update(&self, change: impl FnOnce(&mut AnchorRecord) -> Option<()>) -> Result<(), String> {
+    fn update(
+        &self,
+        change: impl FnOnce(&mut AnchorRecord) -> Option<()>,
+    ) -> Result<(), AnchorError> {
         let lock_path = {
             let mut p = self.path.as_os_str().to_owned();
             p.push(".lock");
@@ -135,7 +188,10 @@ impl Anchor {
             .truncate(false)
             .write(true)
             .open(&lock_path)
-            .map_err(|e| format!("anchor lock {}: {e}", lock_path.display()))?;
+            .map_err(|source| AnchorError::Lock {
+                path: lock_path.clone(),
+                source,
+            })?;
         let _guard = FileLock::exclusive(&lock)?;
         // An anchor that does not parse (or cannot be read) is evidence of damage: it is left as
         // it is for `cairn audit verify` to report, never replaced by a fresh one.
@@ -152,7 +208,7 @@ impl Anchor {
         }
         let key = self.key(true)?;
         rec.mac = key.map(|k| Anchor::mac(&k, &rec)).unwrap_or_default();
-        let text = serde_json::to_string(&rec).map_err(|e| e.to_string())? + "\n";
+        let text = serde_json::to_string(&rec).map_err(AnchorError::Encoding)? + "\n";
         let tmp = {
             let mut p = self.path.as_os_str().to_owned();
             p.push(format!(".tmp{}", std::process::id()));
@@ -160,22 +216,22 @@ impl Anchor {
         };
         write_private(&tmp, text.as_bytes(), false)
             .and_then(|_| fs::rename(&tmp, &self.path))
-            .map_err(|e| format!("writing anchor {}: {e}", self.path.display()))
+            .map_err(|source| AnchorError::Writing {
+                path: self.path.clone(),
+                source,
+            })
     }
 }
 
 struct FileLock<'a>(&'a fs::File);
 
 impl<'a> FileLock<'a> {
-    fn exclusive(f: &'a fs::File) -> Result<Self, String> {
+    fn exclusive(f: &'a fs::File) -> Result<Self, AnchorError> {
         use std::os::unix::io::AsRawFd;
         // SAFETY: flock on a valid, open file descriptor.
         let r = unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX) };
         if r != 0 {
-            return Err(format!(
-                "locking the anchor: {}",
-                std::io::Error::last_os_error()
-            ));
+            return Err(AnchorError::Locking(std::io::Error::last_os_error()));
         }
         Ok(FileLock(f))
     }
@@ -217,10 +273,11 @@ mod tests {
         a.advance(1, "aa").unwrap();
         std::fs::write(&a.path, b"{not an anchor").unwrap();
         let e = a.advance(2, "bb").unwrap_err();
-        assert!(e.contains("does not parse"), "{e}");
+        assert!(matches!(e, AnchorError::DoesNotParse { .. }), "{e:?}");
+        assert!(e.to_string().contains("does not parse"), "{e}");
         assert_eq!(std::fs::read(&a.path).unwrap(), b"{not an anchor");
         let e = a.advance_sessions(1, "cc").unwrap_err();
-        assert!(e.contains("does not parse"), "{e}");
+        assert!(matches!(e, AnchorError::DoesNotParse { .. }), "{e:?}");
         assert_eq!(std::fs::read(&a.path).unwrap(), b"{not an anchor");
     }
 
@@ -233,7 +290,11 @@ mod tests {
         let before = std::fs::read(&a.path).unwrap();
         std::fs::write(&a.key_path, b"short").unwrap();
         let e = a.advance(2, "bb").unwrap_err();
-        assert!(e.contains("too short"), "{e}");
+        assert!(matches!(e, AnchorError::KeyTooShort(_)), "{e:?}");
+        assert_eq!(
+            e.to_string(),
+            format!("anchor key {} is too short", a.key_path.display())
+        );
         assert_eq!(std::fs::read(&a.path).unwrap(), before);
     }
 }
