@@ -128,6 +128,14 @@ impl ExecError {
     }
 }
 
+/// The intent key file is local setup: an `IntentError` ends the operation as `Setup`. (Written
+/// here, above `intent`, so that `intent` names no layer above it.)
+impl From<crate::intent::IntentError> for ExecError {
+    fn from(e: crate::intent::IntentError) -> ExecError {
+        ExecError::Setup(e.to_string())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -686,12 +686,6 @@ pub enum IntentError {
     },
 }
 
-impl From<IntentError> for crate::error::ExecError {
-    fn from(e: IntentError) -> crate::error::ExecError {
-        crate::error::ExecError::Setup(e.to_string())
-    }
-}
-
 impl std::fmt::Debug for IntentKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("IntentKey(<redacted>)")
