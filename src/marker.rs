@@ -360,8 +360,9 @@ fn push_args(s: &mut String, op: &Op<'_>, dir: &str, nonce: &str) {
 /// Layer: the marker protocol (`src/marker.rs`, and `src/session.rs`, which carries its lines
 /// to the executions of a host session). The executor converts it at its boundary: a line that
 /// does not parse makes the probe's verdict `unreadable` (`Probe::Unreadable`, its Display
-/// quoted), and `From<MarkerError> for ExecError` makes it [`ExecError::HostReported`] where it
-/// ends an operation (preparing the host: hello, probe, install). Its Display is the message
+/// quoted), and where it ends an operation (preparing the host: hello, probe, install) the host
+/// link carries it as `LinkError::Host`, which the executor makes `ExecError::HostReported`.
+/// Its Display is the message
 /// users see, quoted after what cairn was doing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]

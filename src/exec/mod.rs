@@ -146,14 +146,6 @@ pub struct Prediction {
     pub next: Step,
 }
 
-/// A protocol reply that does not parse, where it ends an operation: what the host wrote is
-/// not the marker protocol, so the host's answer ends it (as its text did before it had a type).
-impl From<crate::marker::MarkerError> for ExecError {
-    fn from(e: crate::marker::MarkerError) -> ExecError {
-        ExecError::HostReported(e.to_string())
-    }
-}
-
 /// Why a prediction has no fresh probe of the host.
 ///
 /// Layer: the executor's `predict`/`probe` (`cairn status`, the gateway's `status` with a
