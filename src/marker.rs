@@ -362,8 +362,7 @@ fn push_args(s: &mut String, op: &Op<'_>, dir: &str, nonce: &str) {
 /// does not parse makes the probe's verdict `unreadable` (`Probe::Unreadable`, its Display
 /// quoted), and where it ends an operation (preparing the host: hello, probe, install) the host
 /// link carries it as `LinkError::Host`, which the executor makes `ExecError::HostReported`.
-/// Its Display is the message
-/// users see, quoted after what cairn was doing.
+/// Its Display is the message users see, quoted after what cairn was doing.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum MarkerError {
