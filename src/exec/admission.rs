@@ -12,9 +12,7 @@ use crate::approve::ApprovalRequest;
 use crate::evidence::{AcceptedIntent, Evidence};
 use crate::id::ExecutionId;
 use crate::intent::{Intent, IntentKey, OpClass};
-use crate::journal::{
-    now_rfc3339, AcceptOrMatch, Candidate, ExecutionJournal, ExecutionRecord, IntentColumns,
-};
+use crate::journal::{now_rfc3339, AcceptOrMatch, Candidate, ExecutionRecord, IntentColumns};
 use crate::marker::{self};
 use crate::recovery::Prior;
 use crate::ssh::Target;
@@ -200,7 +198,7 @@ fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
     Ok(Some(blob))
 }
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// `cairn run`: accept, dispatch, stream, survive connection loss, conclude, deliver.
     /// The intent is the local user's, class `remote-command`, default scope.
     pub async fn run(

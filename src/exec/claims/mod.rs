@@ -23,11 +23,10 @@
 //!   gone before the first `dispatched` is committed means nothing is sent; one gone after
 //!   finds the execution dispatched, never killed by a transport event.
 //! - The journal's replica ownership (lease, epoch, takeover), read through
-//!   [`ExecutionJournal::ownership`](crate::journal::ExecutionJournal::ownership): which
-//!   replica of a shared journal owns an execution. It lives in the journal backends (the
-//!   PostgreSQL backend's own map of what this replica owns is theirs, not this room's);
-//!   [`Executor::own_or_wait`] and [`Executor::live_owner`] are where it meets the two
-//!   registries above and becomes the table's [`Owner`].
+//!   [`Journal::ownership`]: which replica of a shared journal owns an execution. It lives in
+//!   the journal backends (the PostgreSQL backend's own map of what this replica owns is
+//!   theirs, not this room's); [`Executor::own_or_wait`] and [`Executor::live_owner`] are
+//!   where it meets the two registries above and becomes the table's [`Owner`].
 //! - [`may_redrive`]: the facts the owner's sweep is routed on (its redrives, a detached
 //!   dispatch); the bound, [`MAX_REDRIVES`], is the table's.
 
@@ -39,7 +38,7 @@ use std::time::{Duration, Instant};
 use crate::admission::{self, Ask, Class, Facts, Owner, Recorded, Route};
 use crate::event::EventKind;
 use crate::id::ExecutionId;
-use crate::journal::ExecutionJournal;
+use crate::journal::Journal;
 use crate::machine::Machine;
 use crate::state::State;
 
@@ -55,7 +54,7 @@ pub const MAX_REDRIVES: usize = admission::MAX_REDRIVES;
 /// `unknown` (a call concluded it), detached (its callers attach to it or poll it), or picked
 /// up [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
 pub(crate) fn may_redrive(
-    j: &impl ExecutionJournal,
+    j: &Journal,
     id: &ExecutionId,
 ) -> Result<Option<(State, usize)>, crate::journal::JournalError> {
     let Some(status) = j.status(id)? else {
@@ -79,7 +78,7 @@ pub(crate) fn may_redrive(
 /// detached. The events are read only when the state alone would not leave it alone; one
 /// picked up too often is said here.
 fn redrive_facts(
-    j: &impl ExecutionJournal,
+    j: &Journal,
     id: &ExecutionId,
     mut facts: Facts,
 ) -> Result<Facts, crate::journal::JournalError> {
@@ -241,7 +240,7 @@ pub(crate) fn drive_undriven(id: &ExecutionId) -> Option<Driving> {
     })
 }
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// The owner of `id` (`pid@host`) when it is accepted, not dispatched, and that owner may
     /// still send it (see [`crate::owner`]).
     pub(super) fn owner_may_dispatch(&self, id: &ExecutionId) -> Result<Option<String>, ExecError> {
