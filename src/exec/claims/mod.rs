@@ -486,16 +486,24 @@ impl Executor {
     }
 
     /// `run` is held by a live owner: wait (within the reconnect window) until the owner
-    /// dispatches it, settles it, or is gone; then `run` is what the journal says by then.
+    /// dispatches it, settles it, or is gone ([`Ask::AwaitOwner`] says when to stop); then
+    /// `run` is what the journal says by then.
     pub(super) async fn wait_for_owner(&mut self, run: &mut Run) -> Result<(), ExecError> {
         let id = run.rec.id.clone();
         let deadline = Instant::now() + self.patience.reconnect_for;
         let mut said = false;
-        while Instant::now() < deadline {
-            let state = self.journal.status(&id)?.map(|s| s.state);
-            let pending = matches!(state, Some(State::Accepted | State::Authorized));
-            if !pending || self.owner_may_dispatch(&id)?.is_none() {
-                break;
+        loop {
+            let ask = Ask::AwaitOwner {
+                wait_over: Instant::now() >= deadline,
+            };
+            match admission::route(ask, &self.await_owner_facts(&id, ask)?) {
+                Route::Wait => {}
+                Route::Attach => break,
+                other => {
+                    return Err(ExecError::Internal(format!(
+                        "the admission table routed the wait for the owner of {id} to {other:?}"
+                    )))
+                }
             }
             if !said {
                 tracing::info!(
@@ -512,6 +520,28 @@ impl Executor {
         run.out_off = out_off;
         run.err_off = err_off;
         Ok(())
+    }
+
+    /// What [`Ask::AwaitOwner`] (`ask`) is asked about `id`: its state, and its owner only
+    /// while that could make the drive wait ([`Owner::Live`] when one may still dispatch it).
+    fn await_owner_facts(&self, id: &ExecutionId, ask: Ask) -> Result<Facts, ExecError> {
+        let recorded = match self.journal.status(id)? {
+            Some(s) => Recorded::At(s.state),
+            None => Recorded::Stateless,
+        };
+        let mut facts = Facts {
+            recorded,
+            ..unowned()
+        };
+        let if_owned = Facts {
+            owner: Owner::Live,
+            ..facts
+        };
+        if admission::route(ask, &if_owned) == Route::Wait && self.owner_may_dispatch(id)?.is_some()
+        {
+            facts.owner = Owner::Live;
+        }
+        Ok(facts)
     }
 
     /// The outcome of an execution a live owner may still dispatch: the journal's state, the
