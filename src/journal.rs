@@ -24,6 +24,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 pub use crate::event::EventKind;
+use crate::evidence::Evidence;
 use crate::id::ExecutionId;
 use crate::lifecycle::Illegal;
 use crate::state::State;
@@ -47,7 +48,6 @@ mod hosts;
 mod http;
 mod postgres;
 mod sqlite;
-mod store;
 use backend::Backend;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
@@ -57,7 +57,6 @@ pub use postgres::{
     is_postgres_url, lease_for, replica_id, set_lease_for, Ownership, TakeOver, MAX_TAKEOVERS,
     PG_SCHEMA_VERSION,
 };
-pub use store::{ExecutionJournal, NewEvent};
 
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -212,6 +211,9 @@ pub struct Event {
     pub client: String,
     pub hash: String,
 }
+
+/// One event to append: its kind, the state it moves the execution to (if any), its evidence.
+pub type NewEvent = (EventKind, Option<State>, serde_json::Value);
 
 /// Current state of an execution, as derived from its events.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -1180,6 +1182,13 @@ impl Journal {
         evidence: serde_json::Value,
     ) -> Result<Event> {
         self.backend().append(id, kind.as_str(), state, evidence)
+    }
+
+    /// Append one event from its typed evidence: its kind and state follow from it (see
+    /// [`Journal::append`]).
+    pub fn append_evidence(&mut self, id: &ExecutionId, evidence: Evidence<'_>) -> Result<Event> {
+        let (kind, state, value) = evidence.into_event();
+        self.append(id, kind, state, value)
     }
 
     /// Append several events of one execution, in order, in one transaction (group-committed

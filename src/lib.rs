@@ -62,8 +62,8 @@
 //!
 //! Storage and evidence:
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, the anchor,
-//!   group commit, batches, host bookkeeping, cursors; [`journal::ExecutionJournal`], the
-//!   trait the executor is generic over.
+//!   group commit, batches, host bookkeeping, cursors; the executor holds a [`journal::Journal`],
+//!   whose store (the SQLite file or the PostgreSQL database) sits behind one private trait.
 //! - [`evidence`]: the evidence of each event the executor appends, as typed values whose JSON
 //!   is the journal's format (held byte for byte by the golden journal).
 //! - [`audit`], [`audit_show`]: offline verification (`cairn audit verify`) and timelines.

@@ -12,7 +12,7 @@ use serde::Serialize;
 use crate::error::ExecError;
 use crate::event::EventKind;
 use crate::id::ExecutionId;
-use crate::journal::{ExecutionJournal, Journal};
+use crate::journal::Journal;
 use crate::state::State;
 
 /// What a reviewer needs to decide, from the journal alone.
@@ -56,7 +56,7 @@ impl ReviewRecord {
 /// The review record of one execution.
 // Long: gathers the review record's fields from one read of the events, in the record's order;
 // each is a few lines.
-pub fn record(j: &impl ExecutionJournal, id: &ExecutionId) -> Result<ReviewRecord, ExecError> {
+pub fn record(j: &Journal, id: &ExecutionId) -> Result<ReviewRecord, ExecError> {
     let rec = j
         .execution(id)?
         .ok_or_else(|| ExecError::NoSuchExecution(id.to_string(), j.location()))?;

@@ -40,6 +40,22 @@ pub const MAX_COMMAND: usize = 4096;
 /// 64 KiB).
 pub const MAX_IN_FLIGHT: usize = 64;
 
+/// Why a host session stops reading what the host says: its reply is unreadable.
+///
+/// Layer: host sessions (`src/session.rs`), below the executor. Never an [`crate::ExecError`]:
+/// the session ends, and its Display is the reason every execution it carried hears
+/// ([`Event::Broken`] for those it had sent, [`Event::Unavailable`] for the others).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// A line of the session's own that does not parse.
+    #[error("the host session's reply is unreadable: {0}")]
+    Line(marker::MarkerError),
+    /// The stream is not what the protocol says (the demultiplexer's reason).
+    #[error("the host session's reply is unreadable: {0}")]
+    Stream(String),
+}
+
 /// What a session tells one execution.
 #[derive(Debug)]
 pub enum Event {
@@ -173,7 +189,7 @@ async fn run(
                 Ok(Some(ExecEvent::Stdout(d))) => {
                     demux.feed(&d, &mut items);
                     if let Err(why) = hand_out(dir, items.drain(..), &mut hello, &mut waiting) {
-                        break 'session why;
+                        break 'session why.to_string();
                     }
                 }
                 Ok(Some(ExecEvent::Stderr(d))) => {
@@ -272,13 +288,13 @@ fn requests(
 
 /// Give what the host session said to whom it is for: its own hello and errors to the
 /// session, each execution's lines and output to its waiter (which stops waiting at its
-/// `end`). `Err(why)`: the reply is unreadable and the session ends.
+/// `end`). `Err`: the reply is unreadable and the session ends.
 fn hand_out(
     dir: &str,
     items: impl Iterator<Item = SessionItem>,
     hello: &mut Option<marker::Hello>,
     waiting: &mut HashMap<String, mpsc::UnboundedSender<Event>>,
-) -> Result<(), String> {
+) -> Result<(), SessionError> {
     for item in items {
         match item {
             SessionItem::Session(Ok(Line::Hello(h))) => *hello = Some(h),
@@ -286,12 +302,8 @@ fn hand_out(
                 tracing::warn!("host session for {dir}: {e}");
             }
             SessionItem::Session(Ok(_)) => {}
-            SessionItem::Session(Err(e)) => {
-                return Err(format!("the host session's reply is unreadable: {e}"));
-            }
-            SessionItem::Broken(e) => {
-                return Err(format!("the host session's reply is unreadable: {e}"));
-            }
+            SessionItem::Session(Err(e)) => return Err(SessionError::Line(e)),
+            SessionItem::Broken(e) => return Err(SessionError::Stream(e)),
             SessionItem::For(id, line) => {
                 let end = matches!(line, Ok(Line::End));
                 match waiting.get(&id) {
@@ -329,5 +341,32 @@ fn unavailable(rx: &mut mpsc::UnboundedReceiver<Request>, queued: Vec<Request>, 
     }
     for r in all {
         let _ = r.events.send(Event::Unavailable(why.to_owned()));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What ends a session on an unreadable reply reads as it did when it was a string: the
+    /// executions it carried hear this text.
+    #[test]
+    fn an_unreadable_reply_ends_the_session_with_the_same_words() {
+        let mut hello = None;
+        let mut waiting = HashMap::new();
+        let line = SessionItem::Session(Err(marker::MarkerError::UnknownLine("zap".into())));
+        let why = hand_out("d", [line].into_iter(), &mut hello, &mut waiting).unwrap_err();
+        assert_eq!(
+            why.to_string(),
+            "the host session's reply is unreadable: unknown protocol line \"zap\""
+        );
+        let broken = SessionItem::Broken("no frame".into());
+        let why = hand_out("d", [broken].into_iter(), &mut hello, &mut waiting).unwrap_err();
+        assert_eq!(
+            why.to_string(),
+            "the host session's reply is unreadable: no frame"
+        );
+        let error = SessionItem::Session(Ok(Line::Error("busy".into())));
+        assert!(hand_out("d", [error].into_iter(), &mut hello, &mut waiting).is_ok());
     }
 }

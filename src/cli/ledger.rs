@@ -8,9 +8,9 @@
 
 use crate::executor::{ExecError, Executor};
 use crate::id::ExecutionId;
-use crate::journal::{ExecutionRecord, Journal, Status};
+use crate::journal::{ExecutionRecord, Status};
 
-impl Executor<Journal> {
+impl Executor {
     /// Every execution the journal recorded, with its state (`cairn gc`).
     pub fn recorded_executions(&self) -> Result<Vec<(ExecutionRecord, Status)>, ExecError> {
         Ok(self.journal.list()?)

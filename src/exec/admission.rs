@@ -12,9 +12,7 @@ use crate::approve::ApprovalRequest;
 use crate::evidence::{AcceptedIntent, Evidence};
 use crate::id::ExecutionId;
 use crate::intent::{Intent, IntentKey, OpClass};
-use crate::journal::{
-    now_rfc3339, AcceptOrMatch, Candidate, ExecutionJournal, ExecutionRecord, IntentColumns,
-};
+use crate::journal::{now_rfc3339, AcceptOrMatch, Candidate, ExecutionRecord, IntentColumns};
 use crate::marker::{self};
 use crate::recovery::Prior;
 use crate::ssh::Target;
@@ -200,7 +198,7 @@ fn secret_blob(intent: &Intent) -> Result<Option<Vec<u8>>, ExecError> {
     Ok(Some(blob))
 }
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// `cairn run`: accept, dispatch, stream, survive connection loss, conclude, deliver.
     /// The intent is the local user's, class `remote-command`, default scope.
     pub async fn run(
@@ -502,8 +500,9 @@ impl<J: ExecutionJournal> Executor<J> {
     /// authorization or sent a byte (`cairn batch resume` of a member left `accepted`): ask the
     /// approver now, as `execute` would have, and dispatch it under its own ID if allowed.
     /// `command` is the command as requested (before `cwd`/`env` were wrapped around it) and
-    /// `intent` the request's. Anything past `accepted`, or still owned by a live client, is
-    /// attached to instead.
+    /// `intent` the request's. Anything past `accepted`, still owned by a process that may
+    /// dispatch it, or accepted without an intent, is attached to instead (the admission
+    /// table's [`Ask::Approve`]).
     #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn authorize_accepted(
         &mut self,
@@ -512,13 +511,14 @@ impl<J: ExecutionJournal> Executor<J> {
         intent: &Intent,
         sink: &mut dyn OutputSink,
     ) -> Result<Outcome, ExecError> {
-        let state = self.journal.status(id)?.map(|s| s.state);
-        if state != Some(State::Accepted) || self.owner_may_dispatch(id)?.is_some() {
-            return self.attach(id, sink).await;
-        }
-        if self.journal.intent_of(id)?.is_none() {
-            // accepted without an intent: the host was never identified
-            return self.attach(id, sink).await;
+        match self.approve_route(id)? {
+            Route::Authorize => {}
+            Route::Attach => return self.attach(id, sink).await,
+            other => {
+                return Err(ExecError::Internal(format!(
+                    "the admission table routed the authorization of {id} to {other:?}"
+                )))
+            }
         }
         // This process owns it from here (the `resumed` event names it for other processes).
         let _claim = crate::owner::claim(id);
@@ -532,6 +532,34 @@ impl<J: ExecutionJournal> Executor<J> {
         )?;
         self.ask_then_dispatch(&mut run, command, intent, sink)
             .await
+    }
+
+    /// Where [`Executor::authorize_accepted`] goes for `id` ([`Ask::Approve`]). Its owner and
+    /// its intent are read only while the state alone would have it authorized; an owner that
+    /// may still dispatch it is [`Owner::Live`].
+    fn approve_route(&self, id: &ExecutionId) -> Result<Route, ExecError> {
+        let recorded = match self.journal.status(id)? {
+            Some(s) => Recorded::At(s.state),
+            None => Recorded::Stateless,
+        };
+        let mut facts = Facts {
+            recorded,
+            // (the class decides nothing here)
+            class: Class::RemoteCommand,
+            owner: Owner::Nobody,
+            redrives: 0,
+            detached: false,
+        };
+        let mut ask = Ask::Approve { has_intent: true };
+        if admission::route(ask, &facts) == Route::Authorize {
+            if self.owner_may_dispatch(id)?.is_some() {
+                facts.owner = Owner::Live;
+            }
+            ask = Ask::Approve {
+                has_intent: self.journal.intent_of(id)?.is_some(),
+            };
+        }
+        Ok(admission::route(ask, &facts))
     }
 
     /// An execution never authorized: connect (learning the host key), ask the approver about

@@ -8,7 +8,7 @@ use crate::epoch::{self, HostPlace};
 use crate::evidence::Evidence;
 use crate::host_helper::{self, Side};
 use crate::id::ExecutionId;
-use crate::journal::{ExecutionJournal, ExecutionRecord, NewEvent};
+use crate::journal::{ExecutionRecord, NewEvent};
 use crate::lifecycle::Illegal;
 use crate::machine::{Answer, Event, Mode, Note, Step, Wait, Why};
 use crate::marker::{self, FinishRecord, Hello, Line, Op, StartRecord};
@@ -154,7 +154,7 @@ impl DriveMode {
     }
 }
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// The reply has ended (or broken): settle what it held.
     pub(super) fn reply_over(
         &mut self,

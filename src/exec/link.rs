@@ -8,7 +8,6 @@
 use std::time::{Duration, Instant};
 
 use crate::host_helper::{self, HostHelper, Side};
-use crate::journal::ExecutionJournal;
 use crate::marker::{self, Hello, Line, Op, Piece, StderrDemux};
 use crate::ssh::{ExecEvent, SshError, Target};
 
@@ -455,7 +454,7 @@ impl HostLink {
 }
 
 /// The execs whose replies the drive consumes (output to the sink, events to the journal).
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// Run one protocol exec and consume its reply, streaming command output to `sink` and
     /// recording `running` the moment the started record is seen. With the native helper
     /// where it runs (`--host-helper`), else the sh script; a helper that did not run at all

@@ -22,7 +22,7 @@ use crate::approve::{Allow, Approver};
 use crate::host_helper::Side;
 use crate::id::ExecutionId;
 use crate::intent::IntentKey;
-use crate::journal::{ExecutionJournal, ExecutionRecord, Journal, NewEvent};
+use crate::journal::{ExecutionRecord, Journal, NewEvent};
 use crate::machine::{Machine, Note, Step};
 use crate::marker::{FinishRecord, Hello, StartRecord};
 use crate::recovery::{Liveness, Prior, Probe};
@@ -247,8 +247,8 @@ const HOLD_RUNNING: Duration = Duration::from_millis(20);
 
 /// Sequences executions on one journal; made by [`crate::ExecutorBuilder`] (or [`Executor::new`]
 /// with the defaults).
-pub struct Executor<J: ExecutionJournal = Journal> {
-    pub journal: J,
+pub struct Executor {
+    pub journal: Journal,
     pub(crate) patience: Patience,
     /// How this executor reaches hosts: its connections, the pool, the host script and helper.
     pub(crate) link: HostLink,
@@ -297,8 +297,8 @@ impl Run {
     }
 }
 
-impl<J: ExecutionJournal> Executor<J> {
-    pub fn new(journal: J, connect: ConnectOptions, patience: Patience) -> Self {
+impl Executor {
+    pub fn new(journal: Journal, connect: ConnectOptions, patience: Patience) -> Self {
         Executor {
             journal,
             patience,

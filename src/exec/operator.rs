@@ -8,7 +8,7 @@ use crate::evidence::{Evidence, ResolvedDetail};
 use crate::host_helper::{self};
 use crate::id::ExecutionId;
 use crate::intent::Intent;
-use crate::journal::{ExecutionJournal, ExecutionRecord};
+use crate::journal::ExecutionRecord;
 use crate::machine::{Event, Mode, Step, Why};
 use crate::marker::{self, FinishRecord, Op, StartRecord};
 use crate::recovery::{Prior, Probe};
@@ -19,7 +19,7 @@ use super::claims::Drive;
 use super::drive::{finish_text, place_of, reason_text, DriveMode};
 use super::*;
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// Dispatch an execution again under its own ID (the start guard decides on the host).
     #[tracing::instrument(name = "execution", skip_all, fields(execution_id = %id))]
     pub async fn redispatch(

@@ -2,13 +2,13 @@
 
 use crate::evidence::Evidence;
 use crate::id::ExecutionId;
-use crate::journal::{rfc3339_from_unix, ExecutionJournal};
+use crate::journal::rfc3339_from_unix;
 use crate::recovery::Prior;
 use crate::state::State;
 
 use super::*;
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     pub(super) fn mark_attached(&self, mut o: Outcome) -> Outcome {
         o.attached = true;
         o

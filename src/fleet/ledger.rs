@@ -10,10 +10,10 @@
 use crate::evidence::SessionEvidence;
 use crate::executor::{ExecError, Executor};
 use crate::id::ExecutionId;
-use crate::journal::{BatchRecord, Journal};
+use crate::journal::BatchRecord;
 use crate::state::State;
 
-impl Executor<Journal> {
+impl Executor {
     /// The batch called `id`, if the journal has one.
     pub fn batch_record(&self, id: &str) -> Result<Option<BatchRecord>, ExecError> {
         Ok(self.journal.batch(id)?)

@@ -10,10 +10,10 @@
 use crate::evidence::Evidence;
 use crate::executor::{ExecError, Executor};
 use crate::id::ExecutionId;
-use crate::journal::{Event, ExecutionJournal, Journal};
+use crate::journal::Event;
 use crate::review::ReviewRecord;
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// An execution's review record: when it was accepted and first dispatched, its intent,
     /// and any decision a human recorded (`status`, an MCP task's creation time).
     pub fn review_record(&self, id: &ExecutionId) -> Result<ReviewRecord, ExecError> {
@@ -55,7 +55,7 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 }
 
-impl Executor<Journal> {
+impl Executor {
     /// The executions waiting for a human (`unknown` or `interrupted`, not yet resolved),
     /// with their original record (`review`).
     pub fn pending_reviews(&self) -> Result<Vec<ReviewRecord>, ExecError> {

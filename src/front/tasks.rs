@@ -26,7 +26,7 @@ use serde_json::{json, Value};
 use crate::evidence::Evidence;
 use crate::front::gateway::{self, GatewayConfig, GatewayError, Workers};
 use crate::id::ExecutionId;
-use crate::journal::{ExecutionJournal, Journal};
+use crate::journal::Journal;
 use crate::state::State;
 
 /// Suggested polling interval of a working task.

@@ -7,6 +7,19 @@
 //! The defaults are a store that no other replica shares (a SQLite file): no ownership, nothing
 //! to take over, nothing to watch.
 //!
+//! This is the seam for a new store: the executor ([`crate::Executor`]) holds a [`Journal`] and
+//! knows nothing of which store is behind it. The contract every store keeps
+//! (docs/DESIGN.md, "The journal is evidence"):
+//! - an append returns only once its event is durable: the driver acts on an event (sends the
+//!   dispatch, tells the caller) only after the call that stored it returned;
+//! - events of one execution are totally ordered and never change once stored;
+//! - a transition the lifecycle does not allow from the state recorded at that moment
+//!   (`crate::lifecycle`) is refused in the same transaction as its append, with
+//!   [`JournalError::Refused`], and nothing of that append is written;
+//! - [`Backend::accept_or_match_with`] is atomic: two identical requests racing make one
+//!   execution;
+//! - nothing here stores a secret: the executor hands in evidence already free of them.
+//!
 //! [`Journal`]: super::Journal
 
 use std::collections::HashMap;

@@ -43,10 +43,15 @@
 //! | | | [`Owner::Live`], window over, otherwise | [`Route::HeldByAnother`] | `own_or_wait` |
 //! | [`Ask::Redrive`] | `accepted` … `running` | not detached, redrives under [`MAX_REDRIVES`] | [`Route::Drive`] | `may_redrive` |
 //! | | anything else | | [`Route::LeaveAlone`] | `may_redrive` |
+//! | [`Ask::Approve`] | `accepted` | owner may not dispatch, an intent recorded | [`Route::Authorize`] | `authorize_accepted` |
+//! | | anything else | | [`Route::Attach`] | `authorize_accepted` |
+//! | [`Ask::AwaitOwner`] | `accepted`, `authorized` | owner may dispatch, wait not over | [`Route::Wait`] | `wait_for_owner` |
+//! | | anything else | | [`Route::Attach`] | `wait_for_owner` |
 //!
 //! So: a settled execution is never dispatched again except `failed` (proven never started),
 //! and in this table only by `cairn batch resume` (`cairn resolve --retry` is the other way, a
-//! reviewer's); an execution a live other owner holds is never driven here;
+//! reviewer's); an execution a live other owner holds is never driven here, and one accepted
+//! by an owner that may still dispatch it is never authorized by another process;
 //! an `unknown` or `interrupted` execution whose class cannot be run again goes to review; the
 //! owner's sweep picks one execution up at most [`MAX_REDRIVES`] times.
 
@@ -149,9 +154,10 @@ impl Class {
 ///
 /// For [`Ask::Drive`] this is the ownership row of a journal shared by replicas (the owner
 /// replica and its lease), [`Owner::Nobody`] on a journal that is not shared. For
-/// [`Ask::Matched`] and [`Ask::Run`] it is the process that may still dispatch an execution
-/// not yet dispatched (`Executor::live_owner`: the owning replica while its lease is current,
-/// else the accepting or resuming process).
+/// [`Ask::Matched`], [`Ask::Run`], [`Ask::Approve`] and [`Ask::AwaitOwner`] it is the process
+/// that may still dispatch an execution not yet dispatched (`Executor::live_owner`: the owning
+/// replica while its lease is current, else the accepting or resuming process): [`Owner::Live`]
+/// when there is one, [`Owner::Nobody`] otherwise.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Owner {
     /// No owner is recorded (a journal that is not shared, a settled execution).
@@ -226,6 +232,14 @@ pub enum Ask {
     Redrive,
     /// `cairn batch resume`, about one member (`fleet::resume`).
     Resume,
+    /// Authorize and dispatch an execution left `accepted` (`Executor::authorize_accepted`,
+    /// which [`Ask::Resume`]'s [`Route::Authorize`] calls). `has_intent`: the journal holds its
+    /// intent (without one the host was never identified, and nothing can be asked).
+    Approve { has_intent: bool },
+    /// A drive found the execution not yet dispatched by a process that may still dispatch it
+    /// (`Executor::wait_for_owner`): wait for that owner, or go on. `wait_over`: this call's
+    /// reconnect window of waiting is over.
+    AwaitOwner { wait_over: bool },
 }
 
 /// Where the request goes.
@@ -247,7 +261,8 @@ pub enum Route {
     RetryUnderSameId,
     /// Attach: the recovery table decides (reattach, collect, dispatch again only what provably
     /// never started, or conclude for review). For [`Ask::Matched`], one left `unknown` and not
-    /// held by a live owner then shows the review record.
+    /// held by a live owner then shows the review record; for [`Ask::AwaitOwner`], stop waiting:
+    /// the drive that asked goes on from what the journal holds then.
     Attach,
     /// Never dispatched, and nobody will send it (or waiting for that was given up): recover it
     /// (`failed` when its owner is gone); a matched request then accepts anew if it is `failed`.
@@ -310,12 +325,38 @@ pub fn route(ask: Ask, f: &Facts) -> Route {
         Ask::Matched { owner_wait_over } => matched(f, owner_wait_over),
         Ask::Drive { window_over } => drive(f, window_over),
         Ask::Redrive => redrive(f),
+        Ask::Approve { has_intent } => approve(f, has_intent),
+        Ask::AwaitOwner { wait_over } => await_owner(f, wait_over),
+    }
+}
+
+/// `Executor::authorize_accepted`: only an execution still `accepted`, that no owner may still
+/// dispatch (it would be authorized twice), and whose intent the journal holds is asked for now;
+/// anything else is attached to (the recovery table decides).
+fn approve(f: &Facts, has_intent: bool) -> Route {
+    match f.recorded {
+        Recorded::At(State::Accepted) if !f.owner.may_dispatch() && has_intent => Route::Authorize,
+        _ => Route::Attach,
+    }
+}
+
+/// `Executor::wait_for_owner`: wait while the execution is not yet dispatched and its owner may
+/// still dispatch it, within the window; then the drive goes on.
+fn await_owner(f: &Facts, wait_over: bool) -> Route {
+    let pending = matches!(
+        f.recorded.state(),
+        Some(State::Accepted | State::Authorized)
+    );
+    if pending && f.owner.may_dispatch() && !wait_over {
+        Route::Wait
+    } else {
+        Route::Attach
     }
 }
 
 /// `fleet::resume`: the member's state alone picks the mode; the executor's call for it checks
-/// the owner (`authorize_accepted` attaches to one a live owner holds, `redispatch` and
-/// `attach` go through `own_or_wait`).
+/// the owner (`authorize_accepted` asks [`Ask::Approve`], which attaches to one a live owner
+/// holds; `redispatch` and `attach` go through `own_or_wait`).
 fn resume(recorded: Recorded) -> Route {
     match recorded {
         Recorded::Absent => Route::New,
@@ -431,6 +472,8 @@ mod tests {
     fn all_asks() -> Vec<Ask> {
         let mut v = vec![Ask::Redrive, Ask::Resume];
         for b in [false, true] {
+            v.push(Ask::Approve { has_intent: b });
+            v.push(Ask::AwaitOwner { wait_over: b });
             v.push(Ask::Matched { owner_wait_over: b });
             v.push(Ask::SameId { same_operation: b });
             v.push(Ask::Drive { window_over: b });
@@ -446,6 +489,8 @@ mod tests {
 
     /// The executor's and the fleet's own code, transcribed statement by statement in their
     /// order (not as the table is written): the table must agree on every combination.
+    // Long: one arm per ask, each a caller's code transcribed in its own order; split up, the
+    // copy would no longer read as the code it checks.
     fn as_the_code_does(ask: Ask, f: &Facts) -> Route {
         let state = f.recorded.state();
         // may_redrive
@@ -557,6 +602,28 @@ mod tests {
                 } else {
                     Route::LeaveAlone
                 }
+            }
+            // authorize_accepted
+            Ask::Approve { has_intent } => {
+                if state != Some(Accepted) || matches!(f.owner, Owner::HereBusy | Owner::Live) {
+                    return Route::Attach;
+                }
+                if !has_intent {
+                    // accepted without an intent: the host was never identified
+                    return Route::Attach;
+                }
+                Route::Authorize
+            }
+            // wait_for_owner: `while now < deadline { if !pending || no owner { break } wait }`
+            Ask::AwaitOwner { wait_over } => {
+                if wait_over {
+                    return Route::Attach;
+                }
+                let pending = matches!(state, Some(Accepted | Authorized));
+                if !pending || !matches!(f.owner, Owner::HereBusy | Owner::Live) {
+                    return Route::Attach;
+                }
+                Route::Wait
             }
         }
     }
@@ -675,6 +742,65 @@ mod tests {
                 assert_eq!(r, Route::Wait, "{f:?}");
             }
         }
+    }
+
+    /// The promise of `authorize_accepted`: an accepted execution an owner may still dispatch
+    /// (another live process, or another call of this one) is never authorized by this call,
+    /// so never asked for and dispatched twice; nor one past `accepted`, nor one without an
+    /// intent. Only the remaining case is.
+    #[test]
+    fn an_accepted_execution_an_owner_may_still_dispatch_is_never_authorized_twice() {
+        for f in all_facts() {
+            for has_intent in [false, true] {
+                let r = route(Ask::Approve { has_intent }, &f);
+                let only = f.recorded == Recorded::At(Accepted)
+                    && matches!(f.owner, Owner::Nobody | Owner::Here | Owner::Dead)
+                    && has_intent;
+                assert_eq!(r == Route::Authorize, only, "{has_intent} {f:?} -> {r:?}");
+                assert!(
+                    matches!(r, Route::Authorize | Route::Attach),
+                    "{f:?} -> {r:?}"
+                );
+            }
+        }
+        let accepted = |owner| Facts {
+            recorded: Recorded::At(Accepted),
+            class: Class::Irreversible,
+            owner,
+            redrives: 0,
+            detached: false,
+        };
+        let approve = Ask::Approve { has_intent: true };
+        assert_eq!(route(approve, &accepted(Owner::Live)), Route::Attach);
+        assert_eq!(route(approve, &accepted(Owner::HereBusy)), Route::Attach);
+        assert_eq!(route(approve, &accepted(Owner::Nobody)), Route::Authorize);
+    }
+
+    /// A drive waits for an owner only while that owner may still dispatch an execution it has
+    /// not dispatched yet, and never past its window; then it goes on (a dispatched one is
+    /// watched).
+    #[test]
+    fn a_drive_waits_for_an_owner_only_while_it_may_still_dispatch() {
+        for f in all_facts() {
+            let over = route(Ask::AwaitOwner { wait_over: true }, &f);
+            assert_eq!(over, Route::Attach, "{f:?}");
+            let r = route(Ask::AwaitOwner { wait_over: false }, &f);
+            let waits = matches!(f.recorded.state(), Some(Accepted | Authorized))
+                && matches!(f.owner, Owner::Live | Owner::HereBusy);
+            assert_eq!(r == Route::Wait, waits, "{f:?} -> {r:?}");
+            assert!(matches!(r, Route::Wait | Route::Attach), "{f:?} -> {r:?}");
+        }
+        let f = Facts {
+            recorded: Recorded::At(Dispatched),
+            class: Class::RemoteCommand,
+            owner: Owner::Live,
+            redrives: 0,
+            detached: false,
+        };
+        assert_eq!(
+            route(Ask::AwaitOwner { wait_over: false }, &f),
+            Route::Attach
+        );
     }
 
     #[test]

@@ -23,11 +23,10 @@
 //!   gone before the first `dispatched` is committed means nothing is sent; one gone after
 //!   finds the execution dispatched, never killed by a transport event.
 //! - The journal's replica ownership (lease, epoch, takeover), read through
-//!   [`ExecutionJournal::ownership`](crate::journal::ExecutionJournal::ownership): which
-//!   replica of a shared journal owns an execution. It lives in the journal backends (the
-//!   PostgreSQL backend's own map of what this replica owns is theirs, not this room's);
-//!   [`Executor::own_or_wait`] and [`Executor::live_owner`] are where it meets the two
-//!   registries above and becomes the table's [`Owner`].
+//!   [`Journal::ownership`]: which replica of a shared journal owns an execution. It lives in
+//!   the journal backends (the PostgreSQL backend's own map of what this replica owns is
+//!   theirs, not this room's); [`Executor::own_or_wait`] and [`Executor::live_owner`] are
+//!   where it meets the two registries above and becomes the table's [`Owner`].
 //! - [`may_redrive`]: the facts the owner's sweep is routed on (its redrives, a detached
 //!   dispatch); the bound, [`MAX_REDRIVES`], is the table's.
 
@@ -39,7 +38,7 @@ use std::time::{Duration, Instant};
 use crate::admission::{self, Ask, Class, Facts, Owner, Recorded, Route};
 use crate::event::EventKind;
 use crate::id::ExecutionId;
-use crate::journal::ExecutionJournal;
+use crate::journal::Journal;
 use crate::machine::Machine;
 use crate::state::State;
 
@@ -55,7 +54,7 @@ pub const MAX_REDRIVES: usize = admission::MAX_REDRIVES;
 /// `unknown` (a call concluded it), detached (its callers attach to it or poll it), or picked
 /// up [`MAX_REDRIVES`] times already (said once here; `cairn recover` finishes it).
 pub(crate) fn may_redrive(
-    j: &impl ExecutionJournal,
+    j: &Journal,
     id: &ExecutionId,
 ) -> Result<Option<(State, usize)>, crate::journal::JournalError> {
     let Some(status) = j.status(id)? else {
@@ -79,7 +78,7 @@ pub(crate) fn may_redrive(
 /// detached. The events are read only when the state alone would not leave it alone; one
 /// picked up too often is said here.
 fn redrive_facts(
-    j: &impl ExecutionJournal,
+    j: &Journal,
     id: &ExecutionId,
     mut facts: Facts,
 ) -> Result<Facts, crate::journal::JournalError> {
@@ -241,7 +240,7 @@ pub(crate) fn drive_undriven(id: &ExecutionId) -> Option<Driving> {
     })
 }
 
-impl<J: ExecutionJournal> Executor<J> {
+impl Executor {
     /// The owner of `id` (`pid@host`) when it is accepted, not dispatched, and that owner may
     /// still send it (see [`crate::owner`]).
     pub(super) fn owner_may_dispatch(&self, id: &ExecutionId) -> Result<Option<String>, ExecError> {
@@ -487,16 +486,24 @@ impl<J: ExecutionJournal> Executor<J> {
     }
 
     /// `run` is held by a live owner: wait (within the reconnect window) until the owner
-    /// dispatches it, settles it, or is gone; then `run` is what the journal says by then.
+    /// dispatches it, settles it, or is gone ([`Ask::AwaitOwner`] says when to stop); then
+    /// `run` is what the journal says by then.
     pub(super) async fn wait_for_owner(&mut self, run: &mut Run) -> Result<(), ExecError> {
         let id = run.rec.id.clone();
         let deadline = Instant::now() + self.patience.reconnect_for;
         let mut said = false;
-        while Instant::now() < deadline {
-            let state = self.journal.status(&id)?.map(|s| s.state);
-            let pending = matches!(state, Some(State::Accepted | State::Authorized));
-            if !pending || self.owner_may_dispatch(&id)?.is_none() {
-                break;
+        loop {
+            let ask = Ask::AwaitOwner {
+                wait_over: Instant::now() >= deadline,
+            };
+            match admission::route(ask, &self.await_owner_facts(&id, ask)?) {
+                Route::Wait => {}
+                Route::Attach => break,
+                other => {
+                    return Err(ExecError::Internal(format!(
+                        "the admission table routed the wait for the owner of {id} to {other:?}"
+                    )))
+                }
             }
             if !said {
                 tracing::info!(
@@ -513,6 +520,28 @@ impl<J: ExecutionJournal> Executor<J> {
         run.out_off = out_off;
         run.err_off = err_off;
         Ok(())
+    }
+
+    /// What [`Ask::AwaitOwner`] (`ask`) is asked about `id`: its state, and its owner only
+    /// while that could make the drive wait ([`Owner::Live`] when one may still dispatch it).
+    fn await_owner_facts(&self, id: &ExecutionId, ask: Ask) -> Result<Facts, ExecError> {
+        let recorded = match self.journal.status(id)? {
+            Some(s) => Recorded::At(s.state),
+            None => Recorded::Stateless,
+        };
+        let mut facts = Facts {
+            recorded,
+            ..unowned()
+        };
+        let if_owned = Facts {
+            owner: Owner::Live,
+            ..facts
+        };
+        if admission::route(ask, &if_owned) == Route::Wait && self.owner_may_dispatch(id)?.is_some()
+        {
+            facts.owner = Owner::Live;
+        }
+        Ok(facts)
     }
 
     /// The outcome of an execution a live owner may still dispatch: the journal's state, the
