@@ -7,6 +7,16 @@
 //! returns the stored result, or says plainly that the outcome is unknown. It never just sends
 //! the command again.
 //!
+//! # Surface
+//! A gateway embedding cairn builds an [`Executor`] with [`ExecutorBuilder`] (configured by
+//! [`options`], authorized by [`approve`]), runs a [`RunRequest`] and reads an [`Outcome`]
+//! ([`outcome`] renders it) or an [`ExecError`] ([`error`]), reads the [`journal`], and
+//! resolves SSH targets with [`ssh`]. Those modules, [`exec`] (also [`executor`]), [`runner`],
+//! [`intent`] and the pure core's modules are the public ones. Every other module in the map
+//! below is crate-private. The hidden module `testing` re-exports, item by item, what cairn's
+//! own binary, integration tests and benches reach of them; it is not API and has no stability
+//! promise.
+//!
 //! # Map
 //! `ARCHITECTURE.md` has the whole picture; `docs/DESIGN.md` is the contract. Edges go one way,
 //! from the fronts down:
@@ -24,8 +34,7 @@
 //!     ([`front::caller`]).
 //!
 //!   No front reaches through the executor into the journal: what they read and record
-//!   there are methods of [`Executor`] written beside them. Their former paths
-//!   (`cairn::serve`, `cairn::gateway`, `cairn::http`, …) are kept as re-exports.
+//!   there are methods of [`Executor`] written beside them.
 //! - [`operations`]: named operations with a written replay contract (`cairn op`, `cairn ops`,
 //!   JSON-RPC `call`, one MCP tool per operation).
 //!
@@ -80,45 +89,38 @@
 //! The decision after a lost connection is [`machine::Machine`] around the table
 //! [`recovery::decide`]: both can be read without knowing russh or SQLite.
 
-// Modules marked `#[doc(hidden)]` are public only because the binary (`cli`, `rt`) or the
-// integration tests and benches (`marker`, `host_helper`, `session`, `serve`) reach them; they
-// are not the library's API. Everything not listed here is crate-private.
+// The library's surface is the modules declared `pub` here and the re-exports below; every
+// other module is crate-private. What the binary, the integration tests and the benches need
+// from those is re-exported item by item in the hidden [`testing`] module, which is not API.
 pub mod approve;
 pub(crate) mod audit;
 pub(crate) mod audit_show;
-#[doc(hidden)]
-pub mod cli;
+pub(crate) mod cli;
 pub mod error;
 pub(crate) mod evidence;
 pub mod exec;
 pub(crate) mod failpoint;
 pub(crate) mod fleet;
 pub(crate) mod front;
-#[doc(hidden)]
-pub mod host_helper;
+pub(crate) mod host_helper;
 pub mod intent;
 pub mod journal;
-#[doc(hidden)]
-pub mod marker;
+pub(crate) mod marker;
 pub(crate) mod operations;
 pub mod options;
 pub mod outcome;
 pub(crate) mod pool;
 pub(crate) mod reach;
 pub(crate) mod review;
-#[doc(hidden)]
-pub mod rt;
+pub(crate) mod rt;
 pub mod runner;
-#[doc(hidden)]
-pub mod session;
+pub(crate) mod session;
 pub mod ssh;
+#[doc(hidden)]
+pub mod testing;
 
 // The pure core is its own crate (crates/cairn-core); its modules keep their paths here.
 pub use cairn_core::{admission, epoch, event, id, lifecycle, location, machine, recovery, state};
-
-// The fronts live under `front/`; their former paths stay for the command line and the tests.
-#[doc(hidden)]
-pub use front::stdio as serve;
 
 // The executor's old path: `crate::executor::X` and `cairn::executor::X` name the rooms' items.
 pub use exec as executor;

@@ -92,14 +92,11 @@ pub fn script_path(dir: &str) -> String {
     }
 }
 
-/// The exit status of the installed-script bootstrap when the script is not in the marker home:
-/// nothing ran (the same status a shell gives for a missing command).
-pub const SCRIPT_MISSING: u32 = 127;
-
 /// Whether an exec of the installed script that wrote no protocol line ran nothing: any exit
 /// status says so (the script's first line, `hello`, comes before anything it does but make
-/// the marker home; a missing file ends with [`SCRIPT_MISSING`], a corrupt one with the
-/// shell's syntax error, before any of it ran). No exit status: the connection was lost.
+/// the marker home; a missing file ends with 127, a shell's status for a missing command, a
+/// corrupt one with the shell's syntax error, before any of it ran). No exit status: the
+/// connection was lost.
 pub fn script_did_not_run(exit: Option<u32>) -> bool {
     exit.is_some()
 }
