@@ -13,7 +13,7 @@
 //! ([`outcome`] renders it) or an [`ExecError`] ([`error`]), reads the [`journal`], and
 //! resolves SSH targets with [`ssh`]. Those modules, [`exec`] (also [`executor`]), [`runner`],
 //! [`intent`] and the pure core's modules are the public ones. Every other module in the map
-//! below is crate-private. The hidden module `testing` re-exports, item by item, what cairn's
+//! below is crate-private (named there without a link). The hidden module `testing` re-exports, item by item, what cairn's
 //! own binary, integration tests and benches reach of them; it is not API and has no stability
 //! promise.
 //!
@@ -22,25 +22,25 @@
 //! from the fronts down:
 //!
 //! Fronts (each knows its wire format; nothing below them does):
-//! - [`cli`]: the `cairn` command line; the only module that knows clap.
-//! - [`fleet`]: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
-//! - [`front`]: the server fronts, one folder:
-//!   - [`front::gateway`]: the operations `cairn serve --stdio` and `cairn mcp` expose, as JSON.
-//!   - [`front::rpc`]: the JSON-RPC method table, written once for stdio and `/rpc`.
-//!   - [`front::stdio`], [`front::mcp`], [`front::tasks`]: JSON-RPC and MCP on stdio; MCP
+//! - `cli`: the `cairn` command line; the only module that knows clap.
+//! - `fleet`: `cairn run --hosts`: batches over many hosts, progress, `cairn batch`.
+//! - `front`: the server fronts, one folder:
+//!   - `front::gateway`: the operations `cairn serve --stdio` and `cairn mcp` expose, as JSON.
+//!   - `front::rpc`: the JSON-RPC method table, written once for stdio and `/rpc`.
+//!   - `front::stdio`, `front::mcp`, `front::tasks`: JSON-RPC and MCP on stdio; MCP
 //!     tasks keyed by execution.
-//!   - [`front::http`]: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`,
-//!     behind bearer tokens ([`front::token`]) that decide each request's actor
-//!     ([`front::caller`]).
+//!   - `front::http`: `cairn mcp --listen`: MCP over Streamable HTTP and JSON-RPC at `/rpc`,
+//!     behind bearer tokens (`front::token`) that decide each request's actor
+//!     (`front::caller`).
 //!
 //!   No front reaches through the executor into the journal: what they read and record
 //!   there are methods of [`Executor`] written beside them.
-//! - [`operations`]: named operations with a written replay contract (`cairn op`, `cairn ops`,
+//! - `operations`: named operations with a written replay contract (`cairn op`, `cairn ops`,
 //!   JSON-RPC `call`, one MCP tool per operation).
 //!
 //! Running executions:
 //! - [`runner`]: [`ExecutorBuilder`], the session of a front, `recover` over the journal.
-//! - [`rt`]: the process's one async runtime, and which threads may wait on a commit.
+//! - `rt`: the process's one async runtime, and which threads may wait on a commit.
 //! - [`options`]: the plain option structs the library takes.
 //! - [`outcome`]: an outcome as JSON and as one plain sentence; the output kept for it.
 //! - [`exec`] (also [`executor`], its old path): sequences accept → dispatch → stream →
@@ -49,9 +49,9 @@
 //!   SSH, journal and clock work and feeds the machine what happened), the host link
 //!   (connections, host script and helper), operator commands and outcomes.
 //! - [`error`]: [`ExecError`], what ends an operation before an outcome is recorded.
-//! - [`review`]: executions waiting for a human, and `cairn resolve`'s decisions.
+//! - `review`: executions waiting for a human, and `cairn resolve`'s decisions.
 //! - [`approve`]: authorization: allow, deny, prompt on a tty, a policy file.
-//! - [`gate`] and [`owner`], parts of the executor's claims room kept under their old paths:
+//! - `gate` and `owner`, parts of the executor's claims room kept under their old paths:
 //!   one request's dispatch boundary (a caller gone before it means nothing is sent); who may
 //!   still dispatch an accepted execution (this process's claims, a live PID), so that no
 //!   other process concludes "never dispatched" while its owner sends it.
@@ -73,17 +73,17 @@
 //! - [`journal`]: SQLite journal: executions, append-only hash-chained events, the anchor,
 //!   group commit, batches, host bookkeeping, cursors; [`journal::ExecutionJournal`], the
 //!   trait the executor is generic over.
-//! - [`evidence`]: the evidence of each event the executor appends, as typed values whose JSON
+//! - `evidence`: the evidence of each event the executor appends, as typed values whose JSON
 //!   is the journal's format (held byte for byte by the golden journal).
-//! - [`audit`], [`audit_show`]: offline verification (`cairn audit verify`) and timelines.
-//! - [`reach`]: how an execution reached its host (recorded at acceptance), so recovery needs
+//! - `audit`, `audit_show`: offline verification (`cairn audit verify`) and timelines.
+//! - `reach`: how an execution reached its host (recorded at acceptance), so recovery needs
 //!   no flags retyped; flags override it part by part.
 //!
 //! Reaching hosts:
 //! - [`ssh`]: russh client: config, known_hosts, auth, keepalive, the quickack stream.
-//! - [`pool`]: SSH connections and host sessions shared by a server's executions.
-//! - [`session`]: host sessions: one long-lived exec per connection starting dispatches in batches.
-//! - [`marker`]: client side of the marker protocol: exec strings, reply parsing.
+//! - `pool`: SSH connections and host sessions shared by a server's executions.
+//! - `session`: host sessions: one long-lived exec per connection starting dispatches in batches.
+//! - `marker`: client side of the marker protocol: exec strings, reply parsing.
 //!   The host side is `remote-scripts/cairn.sh`, embedded at build time.
 //!
 //! The decision after a lost connection is [`machine::Machine`] around the table

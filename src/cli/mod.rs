@@ -280,7 +280,7 @@ pub struct RunArgs {
     pub fleet: fleet::FleetArgs,
 }
 
-pub use crate::options::parse_duration;
+pub(crate) use crate::options::parse_duration;
 
 impl Common {
     pub(crate) fn connect_options(&self) -> ConnectOptions {
@@ -393,7 +393,7 @@ fn parse_id(s: &str) -> Result<ExecutionId, ExecError> {
 }
 
 /// The binary's whole `main` (reached as `cairn::testing::main`, not API): parse the command
-/// line, set up logging, run the command on the process's one runtime ([`crate::rt`]), and exit
+/// line, set up logging, run the command on the process's one runtime (`crate::rt`), and exit
 /// with its code.
 pub fn binary() -> ! {
     let cli = match Cli::try_parse() {
