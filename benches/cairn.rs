@@ -28,8 +28,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use cairn::journal::{ExecutionRecord, Journal};
-use cairn::marker::{self, Line, Op, Piece, StderrDemux};
 use cairn::ssh::{Connection, ExecEvent};
+use cairn::testing::marker::{self, Line, Op, Piece, StderrDemux};
 use cairn::{ExecutionId, State};
 use sha2::{Digest, Sha256};
 
@@ -281,7 +281,7 @@ async fn floor_rate(
 /// Marked dispatches of `true` per second through one host session on `conn`, `n` in flight
 /// (each caller sends its next dispatch when the previous one has ended), `total` in all.
 async fn session_rate(conn: &Connection, dir: &str, n: usize, total: usize) -> f64 {
-    use cairn::session::{Event, HostSession, Request};
+    use cairn::testing::session::{Event, HostSession, Request};
     let sess = HostSession::start(
         conn.clone(),
         dir.to_owned(),
@@ -1408,8 +1408,8 @@ fn recovery(
             wait: false,
         };
         for _ in 0..9 {
-            let nonce = cairn::marker::new_nonce();
-            fresh_probe.push(connect_exec(&cairn::marker::invocation(
+            let nonce = cairn::testing::marker::new_nonce();
+            fresh_probe.push(connect_exec(&cairn::testing::marker::invocation(
                 &op,
                 &remote.to_string_lossy(),
                 &nonce,
@@ -2050,7 +2050,7 @@ fn helper_dispatch_bytes(dir: &str) -> (usize, usize) {
         timeout_secs: 0,
         attach: true,
     };
-    let inv = cairn::host_helper::invocation(&op, dir, &marker::new_nonce());
+    let inv = cairn::testing::host_helper::invocation(&op, dir, &marker::new_nonce());
     (inv.len(), 4)
 }
 
@@ -2081,7 +2081,7 @@ async fn helper_dispatch_true(conn: &Connection, dir: &str) -> Duration {
         attach: true,
     };
     let nonce = marker::new_nonce();
-    let inv = cairn::host_helper::invocation(&op, dir, &nonce);
+    let inv = cairn::testing::host_helper::invocation(&op, dir, &nonce);
     let m = run_marked(conn, &inv, &nonce, Some(cmd)).await;
     assert_eq!(m.verdict.as_deref(), Some("started"), "helper dispatch");
     assert!(
@@ -2122,7 +2122,7 @@ async fn rate_of(conn: &Arc<Connection>, dir: &str, n: usize, total: usize, what
 
 /// Marked dispatches of `true` per second through one host session run by the helper.
 async fn helper_session_rate(conn: &Connection, dir: &str, n: usize, total: usize) -> f64 {
-    use cairn::session::{Event, HostSession, Request};
+    use cairn::testing::session::{Event, HostSession, Request};
     let sess = HostSession::start(
         conn.clone(),
         dir.to_owned(),
@@ -2166,7 +2166,7 @@ async fn helper_session_rate(conn: &Connection, dir: &str, n: usize, total: usiz
     let rate = (total / n * n) as f64 / t0.elapsed().as_secs_f64();
     assert_eq!(
         sess.side(),
-        cairn::host_helper::Side::Helper,
+        cairn::testing::host_helper::Side::Helper,
         "the helper ran the session"
     );
     rate
@@ -2208,17 +2208,24 @@ fn host_cpu<F: FnOnce()>(f: F) -> f64 {
 // Long: one section of the bench, its measurements in the order of the rows it adds.
 fn host_sides(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection>, dir: &str) {
     section("7. host side: the native helper vs the sh script, same warm connection");
-    if !cairn::host_helper::available() {
+    if !cairn::testing::host_helper::available() {
         t.note("7 not measured: this build carries no host helper".into());
         return;
     }
-    let sha = cairn::host_helper::SHA256;
+    let sha = cairn::testing::host_helper::SHA256;
     rt.block_on(async {
         let op = Op::Install {
             helper_sha256: sha,
-            len: cairn::host_helper::BINARY.len(),
+            len: cairn::testing::host_helper::BINARY.len(),
         };
-        let m = marked_op(conn, &op, dir, Some(cairn::host_helper::BINARY), None).await;
+        let m = marked_op(
+            conn,
+            &op,
+            dir,
+            Some(cairn::testing::host_helper::BINARY),
+            None,
+        )
+        .await;
         assert!(m.to_end > Duration::ZERO);
     });
     assert!(
@@ -2383,7 +2390,7 @@ fn host_sides(t: &mut Table, rt: &tokio::runtime::Runtime, conn: &Arc<Connection
     );
     t.note(format!(
         "7 host helper: {} bytes, static, SHA-256 {sha}; installed in the bench's marker home by the script's `install` mode",
-        cairn::host_helper::BINARY.len()
+        cairn::testing::host_helper::BINARY.len()
     ));
 }
 

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use cairn::journal::{ExecutionRecord, Journal};
-use cairn::marker::{self, Op, StderrDemux};
+use cairn::testing::marker::{self, Op, StderrDemux};
 use cairn::{EventKind, ExecutionId, State};
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 

@@ -306,7 +306,7 @@ impl Approver for Policy {
 }
 
 /// Build an approver from the CLI's `--approve MODE` and `--policy FILE`.
-pub fn from_flags(
+pub(crate) fn from_flags(
     mode: &str,
     policy: Option<&Path>,
     by: &str,

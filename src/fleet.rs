@@ -80,12 +80,6 @@ impl Default for FleetOptions {
     }
 }
 
-impl FleetOptions {
-    pub fn is_fleet(&self) -> bool {
-        !self.hosts.is_empty() || self.inventory.is_some()
-    }
-}
-
 /// `cairn run` on many hosts: everything the command line gave.
 #[derive(Debug, Clone)]
 pub struct FleetRun {

@@ -160,7 +160,7 @@ impl From<OpClass> for crate::admission::Class {
 /// [`Unrecognized`](crate::admission::Class::Unrecognized), whose rule is the strictest,
 /// review: never a probe that could dispatch again, never a new run. That is said here, once
 /// per call: call it only where the class rule is asked.
-pub fn class_recorded(class: &str) -> crate::admission::Class {
+pub(crate) fn class_recorded(class: &str) -> crate::admission::Class {
     match class.parse::<OpClass>() {
         Ok(c) => c.into(),
         Err(e) => {
@@ -168,11 +168,6 @@ pub fn class_recorded(class: &str) -> crate::admission::Class {
             crate::admission::Class::Unrecognized
         }
     }
-}
-
-/// [`OpClass::after_unknown`] for a class as the journal recorded it ([`class_recorded`]).
-pub fn after_unknown_recorded(class: &str, unknown_attempts_in_window: usize) -> AfterUnknown {
-    class_recorded(class).after_unknown(unknown_attempts_in_window)
 }
 
 impl std::fmt::Display for OpClass {
@@ -230,7 +225,7 @@ impl CommandForm {
 }
 
 /// Quote one word for a POSIX shell, leaving plain words bare.
-pub fn quote_word(w: &[u8]) -> Vec<u8> {
+pub(crate) fn quote_word(w: &[u8]) -> Vec<u8> {
     let plain = !w.is_empty()
         && w.iter()
             .all(|c| c.is_ascii_alphanumeric() || b"_@%+=:,./-".contains(c));
@@ -301,7 +296,7 @@ pub fn canonical_host(hostname: &str, port: u16) -> String {
 }
 
 /// The canonical working directory (module doc, field 6).
-pub fn canonical_cwd(cwd: Option<&str>) -> String {
+pub(crate) fn canonical_cwd(cwd: Option<&str>) -> String {
     let Some(c) = cwd else { return "~".into() };
     let mut c = c.to_owned();
     while c.contains("//") {
@@ -332,7 +327,7 @@ fn trimmed_or(v: Option<&str>, default: &str) -> String {
 }
 
 /// Validate an environment variable name (`[A-Za-z_][A-Za-z0-9_]*`).
-pub fn valid_env_name(n: &str) -> bool {
+pub(crate) fn valid_env_name(n: &str) -> bool {
     let mut it = n.bytes();
     matches!(it.next(), Some(c) if c.is_ascii_alphabetic() || c == b'_')
         && it.all(|c| c.is_ascii_alphanumeric() || c == b'_')
@@ -1186,13 +1181,16 @@ mod tests {
     fn an_unparseable_recorded_class_after_unknown_is_review() {
         for name in ["irreversable", "", "IRREVERSIBLE", "future-class"] {
             assert_eq!(
-                after_unknown_recorded(name, 0),
+                class_recorded(name).after_unknown(0),
                 AfterUnknown::Review,
                 "{name:?}"
             );
         }
         for c in OpClass::ALL {
-            assert_eq!(after_unknown_recorded(c.as_str(), 0), c.after_unknown(0));
+            assert_eq!(
+                class_recorded(c.as_str()).after_unknown(0),
+                c.after_unknown(0)
+            );
         }
     }
 }

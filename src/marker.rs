@@ -92,14 +92,11 @@ pub fn script_path(dir: &str) -> String {
     }
 }
 
-/// The exit status of the installed-script bootstrap when the script is not in the marker home:
-/// nothing ran (the same status a shell gives for a missing command).
-pub const SCRIPT_MISSING: u32 = 127;
-
 /// Whether an exec of the installed script that wrote no protocol line ran nothing: any exit
 /// status says so (the script's first line, `hello`, comes before anything it does but make
-/// the marker home; a missing file ends with [`SCRIPT_MISSING`], a corrupt one with the
-/// shell's syntax error, before any of it ran). No exit status: the connection was lost.
+/// the marker home; a missing file ends with 127, a shell's status for a missing command, a
+/// corrupt one with the shell's syntax error, before any of it ran). No exit status: the
+/// connection was lost.
 pub fn script_did_not_run(exit: Option<u32>) -> bool {
     exit.is_some()
 }
@@ -227,7 +224,7 @@ pub enum Op<'a> {
         keep_helper: Option<&'a str>,
     },
     /// `hello` that also reports the host's architecture and the state of the native helper
-    /// with this SHA-256 ([`Hello::arch`], [`Hello::helper`]).
+    /// with this SHA-256 (`Hello::arch`, `Hello::helper`).
     Probe {
         helper_sha256: &'a str,
     },
@@ -237,7 +234,7 @@ pub enum Op<'a> {
         helper_sha256: &'a str,
         len: usize,
     },
-    /// A long-lived exec that starts many dispatches, batched (see [`SessionDemux`] and
+    /// A long-lived exec that starts many dispatches, batched (see `SessionDemux` and
     /// `remote-scripts/PROTOCOL.md`, Session).
     Session,
 }
@@ -314,8 +311,8 @@ pub(crate) fn mode_args(op: &Op<'_>) -> (&'static str, Vec<String>) {
 }
 
 /// The exec string for `op` against marker home `dir`, with `nonce`: the sh script installed
-/// in the marker home ([`install_invocation`]). Where it is not there, the exec ends with
-/// [`SCRIPT_MISSING`] before anything else happens.
+/// in the marker home (`install_invocation`). Where it is not there, the exec ends with
+/// status 127 (a shell's missing command) before anything else happens.
 pub fn invocation(op: &Op<'_>, dir: &str, nonce: &str) -> String {
     let mut s = String::with_capacity(MAX_EXEC_LEN);
     s.push_str("exec /bin/sh -c '[ -f \"$1\" ]||exit 127;. \"$1\"' cairn ");
@@ -563,7 +560,7 @@ pub enum Line {
     Gc(String),
     /// `install`: the native helper's state after storing it (`ok`: in place and runs).
     Helper(String),
-    /// The host script is in place in the marker home ([`install_invocation`]).
+    /// The host script is in place in the marker home (`install_invocation`).
     Installed,
     End,
 }
@@ -704,7 +701,7 @@ impl StderrDemux {
 /// added after a last line without one, flagged so that the host leaves it out), and the line
 /// after them that proves they all arrived (`e`). A batch of these is followed by `g\n`. The
 /// host reads the lines with the shell's `read`, so a command with a NUL byte cannot go this
-/// way (see [`session_can_carry`]).
+/// way (see `session_can_carry`).
 pub fn session_request(
     id: &ExecutionId,
     digest: &str,

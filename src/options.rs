@@ -1,6 +1,6 @@
 //! Plain option structs the library takes, and setting up an executor from them.
 //!
-//! The fronts fill these: the command line from its flags ([`crate::cli`], the only module that
+//! The fronts fill these: the command line from its flags (`crate::cli`, the only module that
 //! knows clap), the gateway servers from theirs. Their `Default`s are the defaults the command
 //! line shows; a test in the CLI pins that the two agree. [`crate::runner::ExecutorBuilder`] makes
 //! an executor from them.
@@ -15,6 +15,11 @@ use crate::intent::{Intent, OpClass};
 use crate::journal::Journal;
 use crate::ssh::ConnectOptions;
 
+/// Which host implementation runs the marker protocol ([`HostOptions::host_helper`],
+/// [`crate::ExecutorBuilder::host_helper`]): re-exported here because its module is
+/// crate-private and a library user sets it.
+pub use crate::host_helper::HostHelper;
+
 /// The marker directory on the host, relative to the account's home.
 pub const DEFAULT_REMOTE_DIR: &str = ".cairn";
 
@@ -22,7 +27,7 @@ pub const DEFAULT_REMOTE_DIR: &str = ".cairn";
 pub const DEFAULT_APPROVE: &str = "allow";
 
 /// Parse `90`, `90s`, `5m`, `2h`, `1d`, `250ms`.
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let split = s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len());
     let (num, unit) = s.split_at(split);

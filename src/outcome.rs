@@ -27,7 +27,7 @@ impl OutputSink for Capture {
 }
 
 /// Append what fits of `d` under `cap` bytes; note in `truncated` when something did not.
-pub fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
+fn keep(buf: &mut Vec<u8>, d: &[u8], cap: usize, truncated: &mut bool) {
     let room = cap.saturating_sub(buf.len());
     if d.len() > room {
         *truncated = true;

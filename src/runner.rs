@@ -133,7 +133,7 @@ impl ExecutorBuilder {
     }
 
     /// Dispatch through the pooled connection's host session when the dispatch allows it
-    /// ([`crate::session`]); without a pool this has no effect.
+    /// (`crate::session`); without a pool this has no effect.
     pub fn host_session(mut self, on: bool) -> Self {
         self.host_session = on;
         self
@@ -180,7 +180,7 @@ pub fn start_session(
 
 /// Prepare an executor for a command that creates executions: its approver, and a session
 /// for this process that new executions are recorded under.
-pub fn prepare(
+pub(crate) fn prepare(
     ex: &mut Executor,
     approve: &ApproveOptions,
     kind: &str,

@@ -280,7 +280,7 @@ pub struct RunArgs {
     pub fleet: fleet::FleetArgs,
 }
 
-pub use crate::options::parse_duration;
+pub(crate) use crate::options::parse_duration;
 
 impl Common {
     pub(crate) fn connect_options(&self) -> ConnectOptions {
@@ -390,6 +390,39 @@ fn explain(o: &Outcome) {
 
 fn parse_id(s: &str) -> Result<ExecutionId, ExecError> {
     ExecutionId::parse(s).map_err(|e| ExecError::InvalidRequest(e.to_string()))
+}
+
+/// The binary's whole `main` (reached as `cairn::testing::main`, not API): parse the command
+/// line, set up logging, run the command on the process's one runtime (`crate::rt`), and exit
+/// with its code.
+pub fn binary() -> ! {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 255 } else { 0 };
+            let _ = e.print();
+            std::process::exit(code);
+        }
+    };
+    // cairn's own messages go to stderr as `cairn: …`; CAIRN_LOG=debug shows more.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("CAIRN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("cairn=info,russh=warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        // Colour codes only on a terminal: logs that go to a file or a collector stay plain.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_target(false)
+        .with_level(false)
+        .without_time()
+        .init();
+    // The process's one runtime: the command runs on this thread, its I/O on the runtime's
+    // workers.
+    let code = crate::rt::block_on(main(cli));
+    // `exit` runs no destructor: stop the runtime first, so that what it holds ends as it
+    // would (a ProxyCommand is hung up and stops holding our stderr).
+    crate::rt::shutdown();
+    std::process::exit(code);
 }
 
 /// Run the CLI; returns the process exit code.

@@ -24,9 +24,8 @@ use crate::front::gateway::{self, GatewayConfig};
 use crate::front::rpc::{self, correlation, waits};
 use crate::id::ExecutionId;
 
-// The method table and the request's decoding are shared with `POST /rpc`; kept at their
-// former paths (`cairn::serve::decode_line`, …).
-pub use crate::front::rpc::{decode_line, error, handle, Request};
+// The method table and the request's decoding are shared with `POST /rpc`.
+use crate::front::rpc::{decode_line, handle, Request};
 
 /// Serve JSON-RPC on stdin/stdout until stdin ends.
 pub async fn main(mut cfg: GatewayConfig) -> Result<i32, ExecError> {

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::process::{Child, ChildStdin, ChildStdout};
 
-pub struct ProxyStream {
+pub(crate) struct ProxyStream {
     stdin: ChildStdin,
     stdout: ChildStdout,
     /// Killed (and reaped by tokio) when the stream is dropped.
@@ -35,7 +35,7 @@ impl Drop for ProxyStream {
 }
 
 impl ProxyStream {
-    pub fn spawn(command: &str) -> io::Result<ProxyStream> {
+    pub(crate) fn spawn(command: &str) -> io::Result<ProxyStream> {
         let shell = std::env::var_os("SHELL")
             .filter(|s| !s.is_empty())
             .unwrap_or_else(|| "/bin/sh".into());

@@ -11,7 +11,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
-pub struct QuickAckStream {
+pub(crate) struct QuickAckStream {
     inner: TcpStream,
     quickack: bool,
 }
@@ -20,7 +20,7 @@ impl QuickAckStream {
     /// `user_timeout`: TCP_USER_TIMEOUT, so that data stuck unacknowledged on a black-holed
     /// link errors out even while russh is blocked flushing (its keepalive timer is not polled
     /// during a flush).
-    pub fn new(
+    pub(crate) fn new(
         inner: TcpStream,
         quickack: bool,
         user_timeout: Option<std::time::Duration>,

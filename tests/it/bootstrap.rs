@@ -15,8 +15,10 @@ const LIMIT: Duration = Duration::from_secs(60);
 
 fn installed(h: &Host, dir: &Path) -> std::path::PathBuf {
     let _ = h;
-    dir.join("bin")
-        .join(format!("cairn-sh-{}", cairn::marker::script_sha256()))
+    dir.join("bin").join(format!(
+        "cairn-sh-{}",
+        cairn::testing::marker::script_sha256()
+    ))
 }
 
 /// `cairn SUB ARGS…` against this host.
@@ -55,14 +57,16 @@ fn first_contact_installs_the_script_and_no_exec_request_exceeds_one_kib() {
         let file = installed(&h, &h.remote_dir);
         assert_eq!(
             fs::read(&file).unwrap(),
-            cairn::marker::session_script().as_bytes(),
+            cairn::testing::marker::session_script().as_bytes(),
             "the installed script is not the client's"
         );
         let first = h.sshd.exec_lengths();
         // hello (no script yet), install, hello, [helper: probe, upload], dispatch
         assert!(first.len() >= 4, "{first:?}");
         assert!(
-            first.iter().all(|&n| n <= cairn::marker::MAX_EXEC_LEN),
+            first
+                .iter()
+                .all(|&n| n <= cairn::testing::marker::MAX_EXEC_LEN),
             "{first:?}"
         );
         // a second client: nothing is installed again, the file is the same one
@@ -85,7 +89,8 @@ fn first_contact_installs_the_script_and_no_exec_request_exceeds_one_kib() {
         let all = h.sshd.exec_lengths();
         eprintln!("--host-helper {helper}: exec request lengths {all:?}");
         assert!(
-            all.iter().all(|&n| n <= cairn::marker::MAX_EXEC_LEN),
+            all.iter()
+                .all(|&n| n <= cairn::testing::marker::MAX_EXEC_LEN),
             "{all:?}"
         );
     }
@@ -165,7 +170,7 @@ fn a_marker_home_that_cannot_hold_the_script_gets_it_streamed_on_stdin() {
         .sshd
         .exec_lengths()
         .iter()
-        .all(|&n| n <= cairn::marker::MAX_EXEC_LEN));
+        .all(|&n| n <= cairn::testing::marker::MAX_EXEC_LEN));
 }
 
 #[test]

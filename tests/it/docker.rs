@@ -687,7 +687,10 @@ fn the_native_helper_supervises_dispatches_on_the_host(fl: Flavour) {
         return;
     };
     let h = &t.hosts;
-    let helper = format!("/root/.cairn/bin/cairn-host-{}", cairn::host_helper::SHA256);
+    let helper = format!(
+        "/root/.cairn/bin/cairn-host-{}",
+        cairn::testing::host_helper::SHA256
+    );
     let side_of = |id: &str| -> String {
         let ev = cairn::journal::Journal::open(&t.dir.path().join("journal.db"))
             .expect("journal")
@@ -740,7 +743,7 @@ fn the_native_helper_supervises_dispatches_on_the_host(fl: Flavour) {
         if side == "auto" {
             assert_eq!(
                 h.read("h1", &helper).as_deref(),
-                Some(cairn::host_helper::BINARY),
+                Some(cairn::testing::host_helper::BINARY),
                 "the helper in the marker home is the client's"
             );
             assert_eq!(

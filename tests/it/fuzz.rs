@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use cairn::marker::{parse_line, Piece, StderrDemux};
+use cairn::testing::marker::{parse_line, Piece, StderrDemux};
 use proptest::prelude::*;
 
 const NONCE: &str = "0123456789abcdef0123456789abcdef";
@@ -141,7 +141,7 @@ fn demux(data: &[u8], chunk_sizes: &[usize]) {
 /// inside a line, or inside what could still become a boundary, leaves that tail held.
 struct Split {
     stderr: Vec<u8>,
-    lines: Vec<Result<cairn::marker::Line, cairn::marker::MarkerError>>,
+    lines: Vec<Result<cairn::testing::marker::Line, cairn::testing::marker::MarkerError>>,
     held: Vec<u8>,
     longest_line: usize,
 }
@@ -306,7 +306,7 @@ proptest! {
 /// when the line had one.
 fn decode_jsonrpc(line: &str) {
     let r = timed("serve::decode_line", line.as_bytes(), || {
-        cairn::serve::decode_line(line)
+        cairn::testing::serve::decode_line(line)
     });
     match r {
         Ok(req) => {
@@ -317,7 +317,7 @@ fn decode_jsonrpc(line: &str) {
                 again["id"] = id.clone();
             }
             assert_eq!(
-                cairn::serve::decode_line(&again.to_string()).as_ref(),
+                cairn::testing::serve::decode_line(&again.to_string()).as_ref(),
                 Ok(&req)
             );
         }
@@ -379,7 +379,7 @@ fn jsonrpc_float_ids_are_echoed_exactly() {
     ] {
         let want: f64 = text.parse().unwrap();
         let line = format!("{{\"jsonrpc\":\"2.0\",\"id\":{text},\"method\":\"status\"}}");
-        let req = cairn::serve::decode_line(&line).unwrap();
+        let req = cairn::testing::serve::decode_line(&line).unwrap();
         assert_eq!(
             req.id.as_ref().and_then(|v| v.as_f64()),
             Some(want),
@@ -388,7 +388,7 @@ fn jsonrpc_float_ids_are_echoed_exactly() {
         decode_jsonrpc(&line);
         // And an invalid request's error response echoes it too.
         let bad = line.replace("2.0", "1.0");
-        let resp = cairn::serve::decode_line(&bad).unwrap_err();
+        let resp = cairn::testing::serve::decode_line(&bad).unwrap_err();
         let echoed: serde_json::Value = serde_json::from_str(&resp.to_string()).unwrap();
         assert_eq!(echoed["id"].as_f64(), Some(want), "{text}: {resp}");
     }

@@ -31,9 +31,10 @@ fn side(h: &Host, id: &str) -> String {
 }
 
 fn helper_file(h: &Host) -> std::path::PathBuf {
-    h.remote_dir
-        .join("bin")
-        .join(format!("cairn-host-{}", cairn::host_helper::SHA256))
+    h.remote_dir.join("bin").join(format!(
+        "cairn-host-{}",
+        cairn::testing::host_helper::SHA256
+    ))
 }
 
 /// The program the supervisor of `id` runs (from its started record's `sup_pid`), if alive.
@@ -62,7 +63,7 @@ fn first_contact_uploads_the_helper_and_the_run_records_it() {
     assert_eq!(side(&h, &id), "helper");
     let f = helper_file(&h);
     let bytes = fs::read(&f).expect("the helper is in the marker home");
-    assert_eq!(bytes, cairn::host_helper::BINARY);
+    assert_eq!(bytes, cairn::testing::host_helper::BINARY);
     use std::os::unix::fs::PermissionsExt;
     let mode = fs::metadata(&f).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o700, "the helper's mode");
@@ -127,7 +128,7 @@ fn executions_reaching_a_fresh_host_together_upload_the_helper_once() {
     );
     assert_eq!(
         fs::read(helper_file(&h)).unwrap(),
-        cairn::host_helper::BINARY
+        cairn::testing::host_helper::BINARY
     );
 }
 
@@ -154,7 +155,7 @@ fn a_wrong_file_under_the_helpers_name_is_replaced_and_never_run() {
     assert_eq!(out.stdout, b"ok\n");
     assert_eq!(h.runs(), 1);
     assert_eq!(side(&h, "w1"), "helper");
-    assert_eq!(fs::read(&f).unwrap(), cairn::host_helper::BINARY);
+    assert_eq!(fs::read(&f).unwrap(), cairn::testing::host_helper::BINARY);
     assert!(!marker.exists(), "the file with the wrong hash was run");
 }
 
@@ -251,7 +252,10 @@ fn a_noexec_marker_home_falls_back_to_the_script() {
     assert_eq!(running.evidence["host_side"], "sh");
     assert!(
         !dir.join("bin")
-            .join(format!("cairn-host-{}", cairn::host_helper::SHA256))
+            .join(format!(
+                "cairn-host-{}",
+                cairn::testing::host_helper::SHA256
+            ))
             .exists(),
         "an unrunnable helper was left in place"
     );
@@ -277,7 +281,7 @@ fn exchange(side: &str, home: &Path, args: &[&str], stdin: &[u8]) -> (Vec<String
         c
     } else {
         let mut c = Command::new(home.join("cairn-host"));
-        c.arg(cairn::host_helper::SHA256);
+        c.arg(cairn::testing::host_helper::SHA256);
         c
     };
     let mut child = c
@@ -339,7 +343,7 @@ fn both_sides_answer_the_same_exchanges_with_the_same_lines() {
     let dg = "0".repeat(64);
     let homes: Vec<tempfile::TempDir> = (0..2).map(|_| tempfile::tempdir().unwrap()).collect();
     let hp = homes[1].path().join("cairn-host");
-    fs::write(&hp, cairn::host_helper::BINARY).unwrap();
+    fs::write(&hp, cairn::testing::host_helper::BINARY).unwrap();
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&hp, fs::Permissions::from_mode(0o700)).unwrap();
     let cmd = b"echo out; echo err >&2; exit 3";
@@ -399,7 +403,7 @@ fn other_version(h: &Host, tag: &[u8]) -> (String, std::path::PathBuf) {
     for d in [&h.remote_dir, &bin] {
         fs::set_permissions(d, fs::Permissions::from_mode(0o700)).unwrap();
     }
-    let mut b = cairn::host_helper::BINARY.to_vec();
+    let mut b = cairn::testing::host_helper::BINARY.to_vec();
     b.extend_from_slice(tag);
     let sha = hex::encode(sha2::Sha256::digest(&b));
     let p = bin.join(format!("cairn-host-{sha}"));
@@ -468,7 +472,7 @@ fn uploading_a_new_helper_removes_other_versions_but_not_one_still_running() {
     assert_eq!(side(&h, "n1"), "helper");
     assert_eq!(
         fs::read(helper_file(&h)).unwrap(),
-        cairn::host_helper::BINARY
+        cairn::testing::host_helper::BINARY
     );
     assert!(
         !idle.exists(),
@@ -507,7 +511,7 @@ fn uploading_a_new_helper_removes_other_versions_but_not_one_still_running() {
     assert!(!busy.exists(), "the old helper outlived its supervisor");
     assert_eq!(
         fs::read(helper_file(&h)).unwrap(),
-        cairn::host_helper::BINARY
+        cairn::testing::host_helper::BINARY
     );
     assert_eq!(h.runs(), 2);
     // (beside the one helper: the installed script)

@@ -26,11 +26,14 @@ fn remote_script_passes_its_local_suite_under_bash_dash_and_busybox_ash_and_so_d
     // processes)
     let dir = tempfile::tempdir().expect("tempdir");
     let helper = dir.path().join("cairn-host");
-    std::fs::write(&helper, cairn::host_helper::BINARY).expect("write the helper");
+    std::fs::write(&helper, cairn::testing::host_helper::BINARY).expect("write the helper");
     let mut cmd = Command::new("bash");
     cmd.arg(root().join("tests/remote-script-local.sh"))
         .env("CAIRN_HOST_HELPER_BIN", &helper)
-        .env("CAIRN_HOST_HELPER_SHA256", cairn::host_helper::SHA256);
+        .env(
+            "CAIRN_HOST_HELPER_SHA256",
+            cairn::testing::host_helper::SHA256,
+        );
     // The test harness ignores some signals (SIGPIPE, a realtime one) and children inherit
     // that; sh cannot undo a signal ignored on entry. sshd hands the script default
     // dispositions, so do the same here.
@@ -73,16 +76,19 @@ fn remote_script_is_shellcheck_clean_posix_sh() {
 
 #[test]
 fn the_host_helper_is_a_static_executable_that_refuses_another_hash() {
-    assert!(cairn::host_helper::available(), "the build made no helper");
+    assert!(
+        cairn::testing::host_helper::available(),
+        "the build made no helper"
+    );
     let dir = tempfile::tempdir().expect("tempdir");
     let helper = dir.path().join("cairn-host");
-    std::fs::write(&helper, cairn::host_helper::BINARY).expect("write the helper");
+    std::fs::write(&helper, cairn::testing::host_helper::BINARY).expect("write the helper");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&helper, std::fs::Permissions::from_mode(0o700)).expect("chmod");
-    let size = cairn::host_helper::BINARY.len();
+    let size = cairn::testing::host_helper::BINARY.len();
     eprintln!(
         "host helper: {size} bytes, SHA-256 {}",
-        cairn::host_helper::SHA256
+        cairn::testing::host_helper::SHA256
     );
     assert!(size < 2 << 20, "the helper is {size} bytes");
     let file = Command::new("file")
@@ -102,26 +108,29 @@ fn the_host_helper_is_a_static_executable_that_refuses_another_hash() {
         "{text}"
     );
     let ok = Command::new(&helper)
-        .args([cairn::host_helper::SHA256, "selftest"])
+        .args([cairn::testing::host_helper::SHA256, "selftest"])
         .output()
         .expect("run the helper");
     assert_eq!(String::from_utf8_lossy(&ok.stdout), "cairn-host ok v=1\n");
     // hashed once, then sealed: later uses check a stat against the seal
     let seal = dir.path().join(".cairn-host.seal");
     let sealed = std::fs::read_to_string(&seal).expect("the helper sealed its hash");
-    assert!(sealed.starts_with(cairn::host_helper::SHA256), "{sealed}");
+    assert!(
+        sealed.starts_with(cairn::testing::host_helper::SHA256),
+        "{sealed}"
+    );
     // the file changed in place after it was sealed (one byte): its change time no longer
     // matches, so it is hashed again and refused
-    let mut bytes = cairn::host_helper::BINARY.to_vec();
+    let mut bytes = cairn::testing::host_helper::BINARY.to_vec();
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&helper, &bytes).expect("rewrite the helper");
     let changed = Command::new(&helper)
-        .args([cairn::host_helper::SHA256, "selftest"])
+        .args([cairn::testing::host_helper::SHA256, "selftest"])
         .output()
         .expect("run the helper");
     assert_eq!(changed.status.code(), Some(125), "{changed:?}");
-    std::fs::write(&helper, cairn::host_helper::BINARY).expect("restore the helper");
+    std::fs::write(&helper, cairn::testing::host_helper::BINARY).expect("restore the helper");
     // any other hash: refused before anything is done (the client falls back to the script)
     let other = "0".repeat(64);
     let bad = Command::new(&helper)
@@ -175,14 +184,14 @@ fn install(
 ) -> (Vec<String>, Option<i32>) {
     use std::io::Write;
     use std::process::Stdio;
-    let text = cairn::marker::session_script().as_bytes();
+    let text = cairn::testing::marker::session_script().as_bytes();
     let n = "0123456789abcdef0123456789abcdef";
     let mut c = Command::new(sh[0]);
     c.args(&sh[1..])
-        .args(["-c", cairn::marker::INSTALLER, "cairn", ".cairn"])
-        .arg(cairn::marker::script_sha256())
+        .args(["-c", cairn::testing::marker::INSTALLER, "cairn", ".cairn"])
+        .arg(cairn::testing::marker::script_sha256())
         .arg(text.len().to_string())
-        .arg(cairn::marker::cksum(text).to_string())
+        .arg(cairn::testing::marker::cksum(text).to_string())
         .arg(n)
         .env("HOME", home)
         .stdin(Stdio::piped())
@@ -204,10 +213,12 @@ fn install(
 
 #[test]
 fn the_installer_checks_the_script_under_bash_dash_and_busybox_ash_with_or_without_sha256sum() {
-    let text = cairn::marker::session_script().as_bytes();
+    let text = cairn::testing::marker::session_script().as_bytes();
     let installed = |home: &std::path::Path| {
-        home.join(".cairn/bin")
-            .join(format!("cairn-sh-{}", cairn::marker::script_sha256()))
+        home.join(".cairn/bin").join(format!(
+            "cairn-sh-{}",
+            cairn::testing::marker::script_sha256()
+        ))
     };
     let mut corrupt = text.to_vec();
     corrupt[text.len() / 2] ^= 1;
@@ -254,15 +265,15 @@ fn the_installer_checks_the_script_under_bash_dash_and_busybox_ash_with_or_witho
 #[test]
 fn the_installed_script_runs_from_a_tiny_exec_and_a_copy_cut_short_runs_nothing() {
     let n = "0123456789abcdef0123456789abcdef";
-    let text = cairn::marker::session_script().as_bytes();
+    let text = cairn::testing::marker::session_script().as_bytes();
     for sh in shells() {
         let home = tempfile::tempdir().unwrap();
         let (_, code) = install(&sh, home.path(), None, text);
         assert_eq!(code, Some(0));
-        let file = home
-            .path()
-            .join(".cairn/bin")
-            .join(format!("cairn-sh-{}", cairn::marker::script_sha256()));
+        let file = home.path().join(".cairn/bin").join(format!(
+            "cairn-sh-{}",
+            cairn::testing::marker::script_sha256()
+        ));
         let hello = |file: &std::path::Path| {
             let out = Command::new(sh[0])
                 .args(&sh[1..])

@@ -102,9 +102,10 @@ fn a_busybox_ash_host_runs_reattaches_after_a_cut_and_recovers_after_kill_9() {
 }
 
 fn installed_script(h: &Host) -> std::path::PathBuf {
-    h.remote_dir
-        .join("bin")
-        .join(format!("cairn-sh-{}", cairn::marker::script_sha256()))
+    h.remote_dir.join("bin").join(format!(
+        "cairn-sh-{}",
+        cairn::testing::marker::script_sha256()
+    ))
 }
 
 #[test]
@@ -122,7 +123,7 @@ fn a_host_without_sha256sum_gets_the_script_checked_by_cksum_and_the_helper_too(
     assert_eq!(out.stdout, b"none\n", "the host still has sha256sum");
     assert_eq!(
         std::fs::read(installed_script(&h)).unwrap(),
-        cairn::marker::session_script().as_bytes()
+        cairn::testing::marker::session_script().as_bytes()
     );
     // the helper: uploaded and run there as well (its own hash check needs no tool)
     let out = output(
@@ -170,7 +171,7 @@ fn tinysshd_fails_before_any_dispatch_naming_the_channel_it_refuses() {
 fn the_exec_length_guard_names_a_command_string_past_one_kib() {
     for s in [TestSshd::start(), TestSshd::start_dropbear()] {
         let t = s.target();
-        cairn::rt::block_on(async {
+        cairn::testing::rt::block_on(async {
             let c = cairn::ssh::Connection::connect(&t, &cairn::ssh::ConnectOptions::default())
                 .await
                 .expect("connect");

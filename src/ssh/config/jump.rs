@@ -11,7 +11,7 @@ pub(crate) struct JumpHop {
 
 impl JumpHop {
     /// `[user@]host`, the destination this hop is resolved as.
-    pub fn destination(&self) -> String {
+    pub(crate) fn destination(&self) -> String {
         match &self.user {
             Some(u) => format!("{u}@{}", self.host),
             None => self.host.clone(),

@@ -142,8 +142,8 @@ pub fn current_user() -> String {
     .user
 }
 
-/// The longest command string an SSH server may be sent (`cairn::marker::MAX_EXEC_LEN`).
-pub const MAX_EXEC_LEN: usize = cairn::marker::MAX_EXEC_LEN;
+/// The longest command string an SSH server may be sent (`cairn::testing::marker::MAX_EXEC_LEN`).
+pub const MAX_EXEC_LEN: usize = cairn::testing::marker::MAX_EXEC_LEN;
 
 /// Write `DIR/exec-guard`, the server's forced command: it records the length of every exec
 /// request's command (`${#SSH_ORIGINAL_COMMAND}`, bytes under dash) in `DIR/exec-lengths`, and
