@@ -14,7 +14,8 @@
 //!
 //! Within one process, `append` and `accept` from every handle on the same file are
 //! group-committed (`journal/group.rs`): concurrent callers share one transaction and one fsync,
-//! and each still returns only once its own event is committed.
+//! and each still returns only once its own event is committed. Who leads which batch is written
+//! once for both stores (`journal/leader_queue.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -38,13 +39,14 @@ mod batch;
 pub(crate) mod test_postgres;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
-pub use group::GroupCommitStats;
 mod heads;
 pub use heads::next_status;
 #[cfg(test)]
 mod golden;
 mod hosts;
 mod http;
+mod leader_queue;
+pub use leader_queue::GroupCommitStats;
 mod postgres;
 mod sqlite;
 mod store;
