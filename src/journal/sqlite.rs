@@ -9,11 +9,12 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::backend::{Backend, Choose, Named};
+use super::sessions::SessionWrite;
 use super::{
-    advance_anchor, anchor, append_in, connect, group, insert_accepted, now_rfc3339, redact_url,
-    session_append_in, session_started_evidence, status_from_states, AcceptOrMatch, Candidate,
-    Event, ExecutionRecord, GroupCommitStats, IntentColumns, JournalError, LegacyIntent, Result,
-    SessionRecord, SessionView, Status, SCHEMA_VERSION,
+    advance_anchor, anchor, append_in, connect, group, insert_accepted, redact_url,
+    status_from_states, AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats,
+    IntentColumns, JournalError, LegacyIntent, Result, SessionRecord, SessionView, Status,
+    SCHEMA_VERSION,
 };
 use super::{BatchRecord, JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 use crate::epoch::{Announced, HostPlace};
@@ -224,7 +225,7 @@ impl Sqlite {
 
     /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
     /// `cairn audit verify`), never fails the operation.
-    fn anchor_sessions(&self, seq: i64, hash: &str) {
+    pub(super) fn anchor_sessions(&self, seq: i64, hash: &str) {
         if let Err(e) = self.anchor.advance_sessions(seq, hash) {
             tracing::warn!("cairn: journal anchor not updated: {e}");
         }
@@ -646,54 +647,16 @@ impl Backend for Sqlite {
 
     /// Record the start of a session (a CLI process, a `serve` or `mcp` run).
     fn start_session(&self, s: &SessionRecord) -> Result<()> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        tx.execute(
-            "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                s.id,
-                s.kind,
-                s.actor,
-                s.pid,
-                s.client,
-                s.started_at,
-                s.detail.to_string()
-            ],
-        )
-        .map_err(sq)?;
-        let evidence = session_started_evidence(s);
-        let (seq, hash) =
-            session_append_in(&tx, &s.id, &s.started_at, "started", &evidence).map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_sessions(seq, &hash);
-        Ok(())
+        self.write_session(SessionWrite::Start(s))
     }
 
     /// Append a session event (`ended`, `request` …).
     fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let (seq, hash) =
-            session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
-                .map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_sessions(seq, &hash);
-        Ok(())
+        self.write_session(SessionWrite::Entry {
+            session,
+            kind,
+            evidence: &evidence,
+        })
     }
 
     /// Every session, newest first, with its end (the `ended` event) and execution count.
