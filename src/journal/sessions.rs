@@ -5,16 +5,13 @@
 //! The procedure is here ([`write_in`]): take the chain head's next seq and hash, compute the
 //! entry's hash, insert the entry and move the head; a start inserts the session's row (and its
 //! head) and its `started` entry in the same transaction. What differs between the stores is
-//! their SQL, behind [`SessionBook`], and where the head is: the SQLite file keeps one chain for
-//! all its sessions (the head is its last entry, and moves the file's anchor after the commit);
-//! PostgreSQL keeps one chain per session (`session_heads`, seqs from one sequence), so that
+//! their SQL, behind [`SessionBook`] (`sqlite.rs`, `postgres/sessions.rs`), and where the head
+//! is: the SQLite file keeps one chain for all its sessions (the head is its last entry, and
+//! moves the file's anchor after the commit); PostgreSQL keeps one chain per session (`session_heads`, seqs from one sequence), so that
 //! replicas never contend on one head.
 
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
-
 use super::{
-    now_rfc3339, session_chain_hash, session_started_evidence, ChainFields, JournalError, Result,
-    SessionRecord,
+    now_rfc3339, session_chain_hash, session_started_evidence, ChainFields, Result, SessionRecord,
 };
 
 /// One write to the session chains.
@@ -102,104 +99,6 @@ async fn append_in(
     };
     book.insert(&entry).await?;
     Ok((seq, hash))
-}
-
-/// The SQLite file's book: one IMMEDIATE transaction, one chain for every session of the file.
-struct SqliteSessions<'a> {
-    tx: &'a rusqlite::Transaction<'a>,
-    path: &'a std::path::Path,
-}
-
-impl SqliteSessions<'_> {
-    fn sq(&self, source: rusqlite::Error) -> JournalError {
-        JournalError::Sqlite {
-            path: self.path.to_owned(),
-            source,
-        }
-    }
-}
-
-impl SessionBook for SqliteSessions<'_> {
-    async fn insert_session(&mut self, s: &SessionRecord) -> Result<()> {
-        self.tx
-            .execute(
-                "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    s.id,
-                    s.kind,
-                    s.actor,
-                    s.pid,
-                    s.client,
-                    s.started_at,
-                    s.detail.to_string()
-                ],
-            )
-            .map(|_| ())
-            .map_err(|e| self.sq(e))
-    }
-
-    async fn next(&mut self, _session: &str) -> Result<(i64, String)> {
-        let (last_seq, prev_hash) = self
-            .tx
-            .query_row(
-                "SELECT seq, hash FROM session_events ORDER BY seq DESC LIMIT 1",
-                [],
-                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
-            )
-            .optional()
-            .map_err(|e| self.sq(e))?
-            .unwrap_or((0, String::new()));
-        Ok((last_seq + 1, prev_hash))
-    }
-
-    async fn insert(&mut self, e: &SessionEntry<'_>) -> Result<()> {
-        // The head is the last entry: inserting it moves the head.
-        self.tx
-            .execute(
-                "INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-                params![
-                    e.seq,
-                    e.session,
-                    e.at,
-                    e.kind,
-                    e.evidence,
-                    e.prev_hash,
-                    e.hash
-                ],
-            )
-            .map(|_| ())
-            .map_err(|e| self.sq(e))
-    }
-}
-
-/// The SQLite side of the session writes ([`super::backend::Backend`] for
-/// [`super::sqlite::Sqlite`]).
-impl super::sqlite::Sqlite {
-    /// `w` in one IMMEDIATE transaction ([`write_in`]); once committed, the sessions anchor is
-    /// moved to the entry appended.
-    pub(super) fn write_session(&self, w: SessionWrite<'_>) -> Result<()> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let mut book = SqliteSessions {
-            tx: &tx,
-            path: &path,
-        };
-        // No await point waits: every step of the SQLite book is synchronous.
-        let (seq, hash) = futures::executor::block_on(write_in(&mut book, w))?;
-        tx.commit().map_err(sq)?;
-        drop(lease);
-        self.anchor_sessions(seq, &hash);
-        Ok(())
-    }
 }
 
 #[cfg(test)]

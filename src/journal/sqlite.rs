@@ -9,7 +9,7 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::backend::{Backend, Choose, Named};
-use super::sessions::SessionWrite;
+use super::sessions::{write_in, SessionBook, SessionEntry, SessionWrite};
 use super::{
     advance_anchor, anchor, append_in, connect, group, insert_accepted, redact_url,
     status_from_states, AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats,
@@ -225,7 +225,7 @@ impl Sqlite {
 
     /// Move the anchor to a committed event. A failure leaves the event unanchored (reported by
     /// `cairn audit verify`), never fails the operation.
-    pub(super) fn anchor_sessions(&self, seq: i64, hash: &str) {
+    fn anchor_sessions(&self, seq: i64, hash: &str) {
         if let Err(e) = self.anchor.advance_sessions(seq, hash) {
             tracing::warn!("cairn: journal anchor not updated: {e}");
         }
@@ -772,5 +772,102 @@ impl Backend for Sqlite {
     }
     fn metrics(&self) -> Result<JournalMetrics> {
         Sqlite::metrics(self)
+    }
+}
+
+/// The SQLite file's book: one IMMEDIATE transaction, one chain for every session of the file.
+struct SqliteSessions<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    path: &'a std::path::Path,
+}
+
+impl SqliteSessions<'_> {
+    fn sq(&self, source: rusqlite::Error) -> JournalError {
+        JournalError::Sqlite {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+}
+
+impl SessionBook for SqliteSessions<'_> {
+    async fn insert_session(&mut self, s: &SessionRecord) -> Result<()> {
+        self.tx
+            .execute(
+                "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    s.id,
+                    s.kind,
+                    s.actor,
+                    s.pid,
+                    s.client,
+                    s.started_at,
+                    s.detail.to_string()
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| self.sq(e))
+    }
+
+    async fn next(&mut self, _session: &str) -> Result<(i64, String)> {
+        let (last_seq, prev_hash) = self
+            .tx
+            .query_row(
+                "SELECT seq, hash FROM session_events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sq(e))?
+            .unwrap_or((0, String::new()));
+        Ok((last_seq + 1, prev_hash))
+    }
+
+    async fn insert(&mut self, e: &SessionEntry<'_>) -> Result<()> {
+        // The head is the last entry: inserting it moves the head.
+        self.tx
+            .execute(
+                "INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    e.seq,
+                    e.session,
+                    e.at,
+                    e.kind,
+                    e.evidence,
+                    e.prev_hash,
+                    e.hash
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| self.sq(e))
+    }
+}
+
+/// The session writes of [`Backend`] for this store.
+impl Sqlite {
+    /// `w` in one IMMEDIATE transaction ([`write_in`]); once committed, the sessions anchor is
+    /// moved to the entry appended.
+    fn write_session(&self, w: SessionWrite<'_>) -> Result<()> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let mut book = SqliteSessions {
+            tx: &tx,
+            path: &path,
+        };
+        // No await point waits: every step of the SQLite book is synchronous.
+        let (seq, hash) = futures::executor::block_on(write_in(&mut book, w))?;
+        tx.commit().map_err(sq)?;
+        drop(lease);
+        self.anchor_sessions(seq, &hash);
+        Ok(())
     }
 }
