@@ -1,7 +1,9 @@
 //! The SQLite backend: a journal file on this machine, its anchor next to it, and the group
 //! commit (with the connection pool) shared with every other handle on the file in this
 //! process. It implements [`Backend`] like the PostgreSQL one; what both do alike stays in
-//! [`Journal`].
+//! [`Journal`] or is a procedure written once over a small trait this store implements with its
+//! SQL (session chains: `sessions.rs`; host epochs: `hosts.rs`; group commit's leader queue:
+//! `leader_queue.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
