@@ -371,7 +371,12 @@ mod tests {
                 })
             })
             .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while q.lock().waiting.len() < 2 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the two requests did not queue behind the one leader"
+            );
             std::thread::yield_now();
         }
         release.wait();
