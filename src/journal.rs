@@ -14,7 +14,9 @@
 //!
 //! Within one process, `append` and `accept` from every handle on the same file are
 //! group-committed (`journal/group.rs`): concurrent callers share one transaction and one fsync,
-//! and each still returns only once its own event is committed.
+//! and each still returns only once its own event is committed. Who leads which batch is written
+//! once for both stores (`journal/leader_queue.rs`), as are the session chains
+//! (`journal/sessions.rs`) and the host epochs (`journal/hosts.rs`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -39,14 +41,16 @@ mod batch;
 pub(crate) mod test_postgres;
 pub use batch::{BatchMember, BatchRecord};
 mod group;
-pub use group::GroupCommitStats;
 mod heads;
 pub use heads::next_status;
 #[cfg(test)]
 mod golden;
 mod hosts;
 mod http;
+mod leader_queue;
+pub use leader_queue::GroupCommitStats;
 mod postgres;
+mod sessions;
 mod sqlite;
 use backend::Backend;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
@@ -1073,41 +1077,6 @@ pub fn session_started_evidence(s: &SessionRecord) -> String {
         "detail": s.detail,
     })
     .to_string()
-}
-
-/// Append one chained entry to the sessions journal; returns its seq and hash.
-fn session_append_in(
-    tx: &rusqlite::Transaction<'_>,
-    session: &str,
-    at: &str,
-    kind: &str,
-    evidence: &str,
-) -> rusqlite::Result<(i64, String)> {
-    let (last_seq, prev_hash): (i64, String) = tx
-        .query_row(
-            "SELECT seq, hash FROM session_events ORDER BY seq DESC LIMIT 1",
-            [],
-            |r| Ok((r.get(0)?, r.get(1)?)),
-        )
-        .optional()?
-        .unwrap_or((0, String::new()));
-    let seq = last_seq + 1;
-    let hash = session_chain_hash(&ChainFields {
-        prev_hash: &prev_hash,
-        seq,
-        execution_id: session,
-        at,
-        kind,
-        state: "",
-        evidence,
-        client: "",
-    });
-    tx.execute(
-        "INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-        params![seq, session, at, kind, evidence, prev_hash, hash],
-    )?;
-    Ok((seq, hash))
 }
 
 /// Which process appended an event: `pid@hostname`, fixed for the life of the process.

@@ -3,29 +3,34 @@
 //! one each.
 //!
 //! Each journal file (with its anchor) has one [`Group`], found through a process-wide registry.
-//! An append enqueues its request with a ticket. When no leader is active, the caller becomes the
-//! leader: it takes everything queued, writes it in one `BEGIN IMMEDIATE` transaction on its own
-//! connection (the chain head is read inside the transaction, as for a lone append, so the chain
-//! stays correct with other processes writing too), commits, moves the anchor once to the batch's
-//! last event, publishes each request's result and steps down. The others wait on a condition
-//! variable for their ticket; when a leader steps down and requests are still queued, one of their
-//! owners leads the next batch, so no caller leads for ever under sustained load.
+//! Who leads which batch is the leader queue shared with PostgreSQL (`journal/leader_queue.rs`),
+//! here with one leader at a time and no batch limit: an append enqueues its request with a
+//! ticket; when no leader is active, the caller becomes the leader, leases a connection, takes
+//! everything queued and writes it; the others wait for their ticket, and when a leader steps
+//! down with requests still queued one of their owners leads the next batch, so no caller leads
+//! for ever under sustained load. What is this file's own is how a batch is written: in one
+//! `BEGIN IMMEDIATE` transaction on the leased connection (the chain head is read inside the
+//! transaction, as for a lone append, so the chain stays correct with other processes writing
+//! too), committed, then the anchor moved once to the batch's last event.
 //!
 //! Every caller still returns only once its own event is committed (or has failed), with the seq
 //! and hash stored. One request's failure is not its neighbours': a request whose insert fails
 //! gets that error and the rest of its batch is written again without it; a batch whose
 //! transaction cannot begin or commit is retried one request per transaction, each getting what
-//! its own attempt gives. A leader that panics publishes "outcome unknown" to the requests it had
-//! taken and steps down (a drop guard), so nobody waits for it for ever.
+//! its own attempt gives. A leader that panics publishes "outcome unknown" ([`Failure::LeaderLost`])
+//! to the requests it had taken and steps down (the queue's drop guard), so nobody waits for it
+//! for ever.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 
 use rusqlite::{Connection, TransactionBehavior};
 
 use super::anchor::Anchor;
+use super::leader_queue::{LeaderQueue, Limits, Prepared};
+use super::GroupCommitStats;
 use super::{Event, ExecutionRecord};
 use crate::lifecycle::{self, Illegal};
 use crate::state::State;
@@ -80,32 +85,10 @@ pub(super) enum Failure {
 
 pub(super) type Outcome = std::result::Result<Event, Failure>;
 
-/// How much batching a journal's group has done since it was created in this process.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct GroupCommitStats {
-    /// Transactions committed by group commit (batches, and requests retried alone).
-    pub transactions: u64,
-    /// Events committed by those transactions.
-    pub events: u64,
-}
-
-#[derive(Default)]
-struct Queue {
-    next_ticket: u64,
-    /// Requests no leader has taken yet.
-    waiting: VecDeque<(u64, Request)>,
-    /// A leader has taken requests and not yet published their outcomes.
-    leader: bool,
-    /// Outcomes not yet collected by their callers.
-    done: HashMap<u64, Outcome>,
-}
-
 /// The group commit of one journal file in this process.
 pub(super) struct Group {
-    queue: Mutex<Queue>,
-    changed: Condvar,
-    transactions: AtomicU64,
-    events: AtomicU64,
+    /// Who leads which batch (`leader_queue.rs`): one leader at a time, no batch limit.
+    queue: LeaderQueue<Request, Outcome>,
     /// SQLite connections to this file not in use by any handle (see [`Lease`]).
     idle: Mutex<Vec<Connection>>,
     /// Which file the pooled connections are to.
@@ -202,10 +185,13 @@ pub(super) fn group_for(journal: &Path, anchor: &Path) -> Arc<Group> {
     }
     reg.retain(|_, g| g.strong_count() > 0);
     let g = Arc::new(Group {
-        queue: Mutex::new(Queue::default()),
-        changed: Condvar::new(),
-        transactions: AtomicU64::new(0),
-        events: AtomicU64::new(0),
+        queue: LeaderQueue::new(
+            Limits {
+                leaders: 1,
+                batch: usize::MAX,
+            },
+            || Err(Failure::LeaderLost),
+        ),
         idle: Mutex::new(Vec::new()),
         file: Mutex::new(FileState::default()),
         opened: AtomicU64::new(0),
@@ -237,11 +223,6 @@ fn canonical(p: &Path) -> PathBuf {
 }
 
 impl Group {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // Nothing runs under this lock that could panic half-way through a change.
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     fn file_state(&self) -> FileState {
         *self.file.lock().unwrap_or_else(PoisonError::into_inner)
     }
@@ -311,10 +292,7 @@ impl Group {
     }
 
     pub(super) fn stats(&self) -> GroupCommitStats {
-        GroupCommitStats {
-            transactions: self.transactions.load(Ordering::Relaxed),
-            events: self.events.load(Ordering::Relaxed),
-        }
+        self.queue.stats()
     }
 
     /// Commit `req` together with whatever else is queued; return once it is committed (or has
@@ -326,47 +304,14 @@ impl Group {
         open: &dyn Fn() -> rusqlite::Result<Connection>,
         anchor: &Anchor,
     ) -> Outcome {
-        let mut q = self.lock();
-        let ticket = q.next_ticket;
-        q.next_ticket += 1;
-        q.waiting.push_back((ticket, req));
-        loop {
-            if let Some(out) = q.done.remove(&ticket) {
-                return out;
-            }
-            if !q.leader {
-                // Taken requests belong to the active leader until their outcomes are published,
-                // so with no leader and no outcome, ours is still waiting: lead a batch.
-                q.leader = true;
-                drop(q);
-                let lease = self.lease(open);
-                q = self.lock();
-                let mut conn = match lease {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Without a connection this caller cannot lead: its own request fails,
-                        // the rest stay queued for their owners.
-                        q.leader = false;
-                        q.waiting.retain(|(t, _)| *t != ticket);
-                        drop(q);
-                        self.changed.notify_all();
-                        return Err(Failure::Sqlite(e));
-                    }
-                };
-                let (tickets, reqs): (Vec<u64>, Vec<Request>) = q.waiting.drain(..).unzip();
-                drop(q);
-                let leading = Leading {
-                    group: self,
-                    tickets,
-                };
-                let outcomes = self.write_batch(&mut conn, anchor, &reqs);
-                leading.publish(outcomes);
-                drop(conn);
-                q = self.lock();
-                continue;
-            }
-            q = self.changed.wait(q).unwrap_or_else(PoisonError::into_inner);
-        }
+        self.queue.submit(
+            req,
+            || match self.lease(open) {
+                Ok(lease) => Prepared::Ready(lease),
+                Err(e) => Prepared::Failed(Err(Failure::Sqlite(e))),
+            },
+            |conn, reqs| self.write_batch(conn, anchor, &reqs),
+        )
     }
 
     /// Write `reqs` in as few transactions as their failures allow; one outcome per request, in
@@ -468,8 +413,7 @@ impl Group {
         }
         // Dropping `tx` on an error above rolls it back.
         tx.commit().map_err(Failed::Transaction)?;
-        self.transactions.fetch_add(1, Ordering::Relaxed);
-        self.events.fetch_add(rows, Ordering::Relaxed);
+        self.queue.committed(rows);
         if let Some(last) = events.last() {
             super::advance_anchor(anchor, last);
         }
@@ -518,38 +462,6 @@ enum Failed {
     Request(usize, Failure),
     /// Beginning or committing failed; nothing was written.
     Transaction(rusqlite::Error),
-}
-
-/// The leader's duty to publish outcomes and step down, done by [`Leading::publish`] or, if the
-/// leader unwinds first, by its drop.
-struct Leading<'a> {
-    group: &'a Group,
-    /// Taken and not yet published.
-    tickets: Vec<u64>,
-}
-
-impl Leading<'_> {
-    /// Publish the outcomes (in the order of the tickets), step down and wake everyone.
-    fn publish(mut self, outcomes: Vec<Outcome>) {
-        let mut q = self.group.lock();
-        for (t, o) in self.tickets.drain(..).zip(outcomes) {
-            q.done.insert(t, o);
-        }
-        drop(q);
-        // Dropping `self` steps down.
-    }
-}
-
-impl Drop for Leading<'_> {
-    fn drop(&mut self) {
-        let mut q = self.group.lock();
-        for t in self.tickets.drain(..) {
-            q.done.insert(t, Err(Failure::LeaderLost));
-        }
-        q.leader = false;
-        drop(q);
-        self.group.changed.notify_all();
-    }
 }
 
 #[cfg(test)]

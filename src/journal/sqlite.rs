@@ -1,7 +1,9 @@
 //! The SQLite backend: a journal file on this machine, its anchor next to it, and the group
 //! commit (with the connection pool) shared with every other handle on the file in this
 //! process. It implements [`Backend`] like the PostgreSQL one; what both do alike stays in
-//! [`Journal`].
+//! [`Journal`] or is a procedure written once over a small trait this store implements with its
+//! SQL (session chains: `sessions.rs`; host epochs: `hosts.rs`; group commit's leader queue:
+//! `leader_queue.rs`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,11 +11,12 @@ use std::sync::Arc;
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::backend::{Backend, Choose, Named};
+use super::sessions::{write_in, SessionBook, SessionEntry, SessionWrite};
 use super::{
-    advance_anchor, anchor, append_in, connect, group, insert_accepted, now_rfc3339, redact_url,
-    session_append_in, session_started_evidence, status_from_states, AcceptOrMatch, Candidate,
-    Event, ExecutionRecord, GroupCommitStats, IntentColumns, JournalError, LegacyIntent, Result,
-    SessionRecord, SessionView, Status, SCHEMA_VERSION,
+    advance_anchor, anchor, append_in, connect, group, insert_accepted, redact_url,
+    status_from_states, AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats,
+    IntentColumns, JournalError, LegacyIntent, Result, SessionRecord, SessionView, Status,
+    SCHEMA_VERSION,
 };
 use super::{BatchRecord, JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 use crate::epoch::{Announced, HostPlace};
@@ -646,54 +649,16 @@ impl Backend for Sqlite {
 
     /// Record the start of a session (a CLI process, a `serve` or `mcp` run).
     fn start_session(&self, s: &SessionRecord) -> Result<()> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        tx.execute(
-            "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
-            params![
-                s.id,
-                s.kind,
-                s.actor,
-                s.pid,
-                s.client,
-                s.started_at,
-                s.detail.to_string()
-            ],
-        )
-        .map_err(sq)?;
-        let evidence = session_started_evidence(s);
-        let (seq, hash) =
-            session_append_in(&tx, &s.id, &s.started_at, "started", &evidence).map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_sessions(seq, &hash);
-        Ok(())
+        self.write_session(SessionWrite::Start(s))
     }
 
     /// Append a session event (`ended`, `request` …).
     fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let (seq, hash) =
-            session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
-                .map_err(sq)?;
-        tx.commit().map_err(sq)?;
-        self.anchor_sessions(seq, &hash);
-        Ok(())
+        self.write_session(SessionWrite::Entry {
+            session,
+            kind,
+            evidence: &evidence,
+        })
     }
 
     /// Every session, newest first, with its end (the `ended` event) and execution count.
@@ -809,5 +774,102 @@ impl Backend for Sqlite {
     }
     fn metrics(&self) -> Result<JournalMetrics> {
         Sqlite::metrics(self)
+    }
+}
+
+/// The SQLite file's book: one IMMEDIATE transaction, one chain for every session of the file.
+struct SqliteSessions<'a> {
+    tx: &'a rusqlite::Transaction<'a>,
+    path: &'a std::path::Path,
+}
+
+impl SqliteSessions<'_> {
+    fn sq(&self, source: rusqlite::Error) -> JournalError {
+        JournalError::Sqlite {
+            path: self.path.to_owned(),
+            source,
+        }
+    }
+}
+
+impl SessionBook for SqliteSessions<'_> {
+    async fn insert_session(&mut self, s: &SessionRecord) -> Result<()> {
+        self.tx
+            .execute(
+                "INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    s.id,
+                    s.kind,
+                    s.actor,
+                    s.pid,
+                    s.client,
+                    s.started_at,
+                    s.detail.to_string()
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| self.sq(e))
+    }
+
+    async fn next(&mut self, _session: &str) -> Result<(i64, String)> {
+        let (last_seq, prev_hash) = self
+            .tx
+            .query_row(
+                "SELECT seq, hash FROM session_events ORDER BY seq DESC LIMIT 1",
+                [],
+                |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)),
+            )
+            .optional()
+            .map_err(|e| self.sq(e))?
+            .unwrap_or((0, String::new()));
+        Ok((last_seq + 1, prev_hash))
+    }
+
+    async fn insert(&mut self, e: &SessionEntry<'_>) -> Result<()> {
+        // The head is the last entry: inserting it moves the head.
+        self.tx
+            .execute(
+                "INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+                params![
+                    e.seq,
+                    e.session,
+                    e.at,
+                    e.kind,
+                    e.evidence,
+                    e.prev_hash,
+                    e.hash
+                ],
+            )
+            .map(|_| ())
+            .map_err(|e| self.sq(e))
+    }
+}
+
+/// The session writes of [`Backend`] for this store.
+impl Sqlite {
+    /// `w` in one IMMEDIATE transaction ([`write_in`]); once committed, the sessions anchor is
+    /// moved to the entry appended.
+    fn write_session(&self, w: SessionWrite<'_>) -> Result<()> {
+        let path = self.path.clone();
+        let sq = |source| JournalError::Sqlite {
+            path: path.clone(),
+            source,
+        };
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(sq)?;
+        let mut book = SqliteSessions {
+            tx: &tx,
+            path: &path,
+        };
+        // No await point waits: every step of the SQLite book is synchronous.
+        let (seq, hash) = futures::executor::block_on(write_in(&mut book, w))?;
+        tx.commit().map_err(sq)?;
+        drop(lease);
+        self.anchor_sessions(seq, &hash);
+        Ok(())
     }
 }

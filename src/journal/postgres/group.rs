@@ -3,9 +3,13 @@
 //! flush, one round trip) between them instead of one each. The model is the SQLite file's
 //! group commit (`journal/group.rs`); what differs is said here.
 //!
-//! Each [`Pg`] (one per database URL in this process) has one [`Group`]. A write enqueues its
-//! request with a ticket. While fewer than [`LEADERS`] leaders are active and requests are
-//! queued, a caller becomes a leader: it takes a pooled connection, then up to [`MAX_BATCH`]
+//! Each [`Pg`] (one per database URL in this process) has one [`Group`]. Who leads which batch
+//! is the leader queue shared with SQLite (`journal/leader_queue.rs`), here with up to
+//! [`LEADERS`] leaders and [`MAX_BATCH`] requests a batch; what is this file's own is how a
+//! batch is written (sorted by execution ID, one pipelined call on a pooled connection). A write
+//! enqueues its request with a ticket. While fewer than [`LEADERS`] leaders are active and
+//! requests are queued, a caller becomes a leader: it takes a pooled connection (before any
+//! request: a leader waiting for a connection holds no one's request), then up to [`MAX_BATCH`]
 //! queued requests, and writes them all with one call of `cairn_append_batch` inside an explicit
 //! transaction (`BEGIN`, the call and `COMMIT` are pipelined: one round trip), publishes each
 //! request's result and steps down. Everyone else waits on a condition variable for its ticket;
@@ -45,16 +49,13 @@
 //!
 //! A batch holds at most [`MAX_BATCH`] requests: each is a subtransaction, and past 64 in one
 //! transaction the server's snapshots of it overflow to disk. A leader that panics publishes
-//! "outcome unknown" to the requests it had taken and steps down (a drop guard).
-
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Condvar, Mutex, MutexGuard, PoisonError};
+//! "outcome unknown" to the requests it had taken and steps down (the queue's drop guard).
 
 use tokio_postgres::types::ToSql;
 
 use super::fence::Fence;
 use super::{replica_id, Obj, Pg};
+use crate::journal::leader_queue::{LeaderQueue, Limits, Prepared};
 use crate::journal::{
     client_identity, now_rfc3339, ChainFields, Event, ExecutionRecord, GroupCommitStats,
     JournalError, Result,
@@ -165,38 +166,39 @@ impl Request {
 /// The events a request committed, in order; or why it has none.
 pub(super) type Outcome = Result<Vec<Event>>;
 
-#[derive(Default)]
-struct Queue {
-    next_ticket: u64,
-    /// Requests no leader has taken yet.
-    waiting: VecDeque<(u64, Request)>,
-    /// Leaders that have taken requests and not yet published their outcomes.
-    leaders: usize,
-    /// Outcomes not yet collected by their callers.
-    done: HashMap<u64, Outcome>,
+/// The group commit of one database in this process.
+pub(super) struct Group {
+    /// Who leads which batch (`journal/leader_queue.rs`): up to [`LEADERS`] at once, each
+    /// batch at most [`MAX_BATCH`] requests.
+    queue: LeaderQueue<Request, Outcome>,
 }
 
-/// The group commit of one database in this process.
-#[derive(Default)]
-pub(super) struct Group {
-    queue: Mutex<Queue>,
-    changed: Condvar,
-    transactions: AtomicU64,
-    events: AtomicU64,
+impl Default for Group {
+    fn default() -> Self {
+        let limits = Limits {
+            leaders: LEADERS,
+            batch: MAX_BATCH,
+        };
+        Group {
+            queue: LeaderQueue::new(limits, lost),
+        }
+    }
 }
 
 impl Group {
-    fn lock(&self) -> MutexGuard<'_, Queue> {
-        // Nothing runs under this lock that could panic half-way through a change.
-        self.queue.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
     pub(super) fn stats(&self) -> GroupCommitStats {
-        GroupCommitStats {
-            transactions: self.transactions.load(Ordering::Relaxed),
-            events: self.events.load(Ordering::Relaxed),
-        }
+        self.queue.stats()
     }
+}
+
+/// The outcome of a request whose leader panicked.
+fn lost() -> Outcome {
+    Err(JournalError::Io {
+        path: Default::default(),
+        message: "the thread committing this write panicked, so whether it was committed is \
+                  unknown; read the execution's events to find out"
+            .into(),
+    })
 }
 
 /// A copy of a PostgreSQL journal error, for each request of a batch that failed as one.
@@ -232,55 +234,33 @@ impl Pg {
     /// Commit `req` together with whatever else is queued; return once it is committed (or has
     /// failed).
     pub(super) fn submit(&self, req: Request) -> Outcome {
-        let g = &self.group;
-        let mut q = g.lock();
-        let ticket = q.next_ticket;
-        q.next_ticket += 1;
-        q.waiting.push_back((ticket, req));
-        loop {
-            if let Some(out) = q.done.remove(&ticket) {
-                return out;
-            }
-            if q.leaders < LEADERS && !q.waiting.is_empty() {
-                q.leaders += 1;
-                drop(q);
-                let conn = self.block(self.client());
-                q = g.lock();
-                let conn = match conn {
-                    Ok(c) => c,
-                    Err(e) => {
-                        // Without a connection this caller cannot lead: its own request fails
-                        // if no leader took it, the rest stay queued for their owners.
-                        q.leaders -= 1;
-                        let before = q.waiting.len();
-                        q.waiting.retain(|(t, _)| *t != ticket);
-                        let mine = q.waiting.len() < before;
-                        drop(q);
-                        g.changed.notify_all();
-                        if mine {
-                            return Err(e);
-                        }
-                        q = g.lock();
-                        continue;
-                    }
-                };
-                let n = q.waiting.len().min(MAX_BATCH);
-                let mut taken: Vec<(u64, Request)> = q.waiting.drain(..n).collect();
-                drop(q);
-                // Lock order: by execution ID, each execution's requests in their own order.
-                taken.sort_by(|a, b| a.1.execution_id().cmp(b.1.execution_id()));
-                let (tickets, reqs): (Vec<u64>, Vec<Request>) = taken.into_iter().unzip();
-                let leading = Leading { group: g, tickets };
-                let outcomes = self.block(async { Ok(self.write_batch(&conn, &reqs).await) });
-                let outcomes =
-                    outcomes.unwrap_or_else(|e| reqs.iter().map(|_| Err(dup(&e))).collect());
-                leading.publish(outcomes);
-                drop(conn);
-                q = g.lock();
-                continue;
-            }
-            q = g.changed.wait(q).unwrap_or_else(PoisonError::into_inner);
+        // The connection is taken before the requests: a leader waiting for one holds no
+        // one's request, and one that cannot get one fails only its own.
+        self.group.queue.submit(
+            req,
+            || match self.block(self.client()) {
+                Ok(conn) => Prepared::Ready(conn),
+                Err(e) => Prepared::Failed(Err(e)),
+            },
+            |conn, reqs| self.write_sorted(conn, reqs),
+        )
+    }
+
+    /// Write `reqs` as [`Self::write_batch`] does, in the lock order (by execution ID, each
+    /// execution's requests in their own order); one outcome per request, in the order given.
+    fn write_sorted(&self, conn: &Obj, reqs: Vec<Request>) -> Vec<Outcome> {
+        let mut order: Vec<usize> = (0..reqs.len()).collect();
+        order.sort_by(|&a, &b| reqs[a].execution_id().cmp(reqs[b].execution_id()));
+        let mut slots: Vec<Option<Request>> = reqs.into_iter().map(Some).collect();
+        let sorted: Vec<Request> = order.iter().filter_map(|&i| slots[i].take()).collect();
+        let outcomes = self.block(async { Ok(self.write_batch(conn, &sorted).await) });
+        let outcomes = outcomes.unwrap_or_else(|e| sorted.iter().map(|_| Err(dup(&e))).collect());
+        let mut out: Vec<Option<Outcome>> = order.iter().map(|_| None).collect();
+        for (&i, o) in order.iter().zip(outcomes) {
+            out[i] = Some(o);
         }
+        // A request without an outcome gets the lost one from the queue.
+        out.into_iter().map_while(|o| o).collect()
     }
 
     /// Write `reqs` in one transaction, or, if the database refuses the call as a whole, one
@@ -372,10 +352,7 @@ impl Pg {
         commit.map_err(|e| Failed::Unknown(self.err(e)))?;
         let out = self.outcomes(&call, reqs, &rows);
         let events: usize = out.iter().map(|o| o.as_ref().map_or(0, Vec::len)).sum();
-        self.group.transactions.fetch_add(1, Ordering::Relaxed);
-        self.group
-            .events
-            .fetch_add(events as u64, Ordering::Relaxed);
+        self.group.queue.committed(events as u64);
         Ok(out)
     }
 
@@ -565,46 +542,6 @@ fn record_json(rec: &ExecutionRecord) -> String {
         "client": rec.client,
     })
     .to_string()
-}
-
-/// The leader's duty to publish outcomes and step down, done by [`Leading::publish`] or, if the
-/// leader unwinds first, by its drop.
-struct Leading<'a> {
-    group: &'a Group,
-    /// Taken and not yet published.
-    tickets: Vec<u64>,
-}
-
-impl Leading<'_> {
-    /// Publish the outcomes (in the order of the tickets), step down and wake everyone.
-    fn publish(mut self, outcomes: Vec<Outcome>) {
-        let mut q = self.group.lock();
-        for (t, o) in self.tickets.drain(..).zip(outcomes) {
-            q.done.insert(t, o);
-        }
-        drop(q);
-        // Dropping `self` steps down.
-    }
-}
-
-impl Drop for Leading<'_> {
-    fn drop(&mut self) {
-        let mut q = self.group.lock();
-        for t in self.tickets.drain(..) {
-            q.done.insert(
-                t,
-                Err(JournalError::Io {
-                    path: Default::default(),
-                    message: "the thread committing this write panicked, so whether it was \
-                              committed is unknown; read the execution's events to find out"
-                        .into(),
-                }),
-            );
-        }
-        q.leaders -= 1;
-        drop(q);
-        self.group.changed.notify_all();
-    }
 }
 
 #[cfg(test)]

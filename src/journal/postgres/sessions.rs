@@ -1,61 +1,25 @@
-//! Sessions and batches on a PostgreSQL journal: each session's own chain of entries (a session
-//! is one process: one replica), and the batches that group executions.
+//! Sessions and batches on a PostgreSQL journal: the SQL of each session's own chain of entries
+//! (a session is one process: one replica; the procedure is `journal/sessions.rs`, shared with
+//! SQLite), and the batches that group executions.
 
 use super::{Pg, Tx};
 use crate::id::ExecutionId;
+use crate::journal::sessions::{write_in, SessionBook, SessionEntry, SessionWrite};
 use crate::journal::{
-    client_identity, now_rfc3339, session_chain_hash, session_started_evidence, BatchMember,
-    BatchRecord, ChainFields, Result, SessionRecord, SessionView,
+    client_identity, now_rfc3339, BatchMember, BatchRecord, Result, SessionRecord, SessionView,
 };
 
-impl Pg {
-    /// Append a chained entry to `session`'s chain inside `tx`.
-    async fn session_append_in(
-        &self,
-        tx: &Tx<'_>,
-        session: &str,
-        at: &str,
-        kind: &str,
-        evidence: &str,
-    ) -> Result<()> {
-        let head = tx
-            .query_opt(
-                "UPDATE session_heads SET seq = nextval('session_event_seq') WHERE session_id = $1
-                 RETURNING hash, seq",
-                &[&session],
-            )
-            .await
-            .map_err(|e| self.err(e))?
-            .ok_or_else(|| self.fail(format!("no session {session} in this journal")))?;
-        let prev_hash: String = head.get(0);
-        let seq: i64 = head.get(1);
-        let hash = session_chain_hash(&ChainFields {
-            prev_hash: &prev_hash,
-            seq,
-            execution_id: session,
-            at,
-            kind,
-            state: "",
-            evidence,
-            client: "",
-        });
-        tx.execute(
-            "WITH e AS (
-                INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
-                VALUES ($1, $2, $3, $4, $5, $6, $7))
-             UPDATE session_heads SET hash = $7 WHERE session_id = $2",
-            &[&seq, &session, &at, &kind, &evidence, &prev_hash, &hash],
-        )
-        .await
-        .map_err(|e| self.err(e))?;
-        Ok(())
-    }
+/// PostgreSQL's book: one transaction; a chain per session, its head in `session_heads` (seqs
+/// from one sequence, so that a session's seqs rise without a gap-free counter to contend on).
+struct PgSessions<'a, 'b> {
+    pg: &'a Pg,
+    tx: &'a Tx<'b>,
+}
 
-    pub(in crate::journal) fn start_session(&self, s: &SessionRecord) -> Result<()> {
-        self.block(async {
-            let mut c = self.client().await?;
-            let tx = c.transaction().await.map_err(|e| self.err(e))?;
-            tx.execute(
+impl SessionBook for PgSessions<'_, '_> {
+    async fn insert_session(&mut self, s: &SessionRecord) -> Result<()> {
+        self.tx
+            .execute(
                 "WITH s AS (
                     INSERT INTO sessions (id, kind, actor, pid, client, started_at, detail)
                     VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING id)
@@ -71,25 +35,76 @@ impl Pg {
                 ],
             )
             .await
-            .map_err(|e| self.err(e))?;
-            let evidence = session_started_evidence(s);
-            self.session_append_in(&tx, &s.id, &s.started_at, "started", &evidence)
-                .await?;
-            tx.commit().await.map_err(|e| self.err(e))
-        })
+            .map(|_| ())
+            .map_err(|e| self.pg.err(e))
     }
 
+    async fn next(&mut self, session: &str) -> Result<(i64, String)> {
+        let head = self
+            .tx
+            .query_opt(
+                "UPDATE session_heads SET seq = nextval('session_event_seq') WHERE session_id = $1
+                 RETURNING hash, seq",
+                &[&session],
+            )
+            .await
+            .map_err(|e| self.pg.err(e))?
+            .ok_or_else(|| {
+                self.pg
+                    .fail(format!("no session {session} in this journal"))
+            })?;
+        Ok((head.get(1), head.get(0)))
+    }
+
+    async fn insert(&mut self, e: &SessionEntry<'_>) -> Result<()> {
+        self.tx
+            .execute(
+                "WITH e AS (
+                    INSERT INTO session_events (seq, session_id, at, kind, evidence, prev_hash, hash)
+                    VALUES ($1, $2, $3, $4, $5, $6, $7))
+                 UPDATE session_heads SET hash = $7 WHERE session_id = $2",
+                &[
+                    &e.seq,
+                    &e.session,
+                    &e.at,
+                    &e.kind,
+                    &e.evidence,
+                    &e.prev_hash,
+                    &e.hash,
+                ],
+            )
+            .await
+            .map(|_| ())
+            .map_err(|e| self.pg.err(e))
+    }
+}
+
+impl Pg {
+    /// Record the start of a session: its row, head and `started` entry in one transaction.
+    pub(in crate::journal) fn start_session(&self, s: &SessionRecord) -> Result<()> {
+        self.write_session(SessionWrite::Start(s))
+    }
+
+    /// Append a session event (`ended`, `request` …).
     pub(in crate::journal) fn session_event(
         &self,
         session: &str,
         kind: &str,
         evidence: &serde_json::Value,
     ) -> Result<()> {
+        self.write_session(SessionWrite::Entry {
+            session,
+            kind,
+            evidence,
+        })
+    }
+
+    /// `w` in one transaction ([`write_in`]).
+    fn write_session(&self, w: SessionWrite<'_>) -> Result<()> {
         self.block(async {
             let mut c = self.client().await?;
             let tx = c.transaction().await.map_err(|e| self.err(e))?;
-            self.session_append_in(&tx, session, &now_rfc3339(), kind, &evidence.to_string())
-                .await?;
+            write_in(&mut PgSessions { pg: self, tx: &tx }, w).await?;
             tx.commit().await.map_err(|e| self.err(e))
         })
     }
