@@ -64,7 +64,7 @@ pub enum AuditError {
     NotReadable { location: String, detail: String },
     /// The seal key named for the checkpoints cannot be used (the message says why).
     #[error("{0}")]
-    SealKey(String),
+    SealKey(crate::journal::SealKeyError),
 }
 
 impl From<AuditError> for crate::error::ExecError {

@@ -55,6 +55,7 @@ mod sqlite;
 use backend::Backend;
 pub use http::{JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 pub(crate) use postgres::checkpoint as postgres_checkpoint;
+pub use postgres::checkpoint::SealKeyError;
 pub(crate) use postgres::runtime as postgres_runtime;
 pub use postgres::wake::{listener_name, poll_every, Watch, Woken};
 pub use postgres::{
@@ -400,11 +401,10 @@ impl Journal {
     pub fn seal(&self, key: &Path) -> Result<Option<i64>> {
         match &self.store {
             Store::Postgres(pg) => {
-                let key =
-                    postgres::checkpoint::read_key(key).map_err(|message| JournalError::Io {
-                        path: key.to_owned(),
-                        message,
-                    })?;
+                let key = postgres::checkpoint::read_key(key).map_err(|e| JournalError::Io {
+                    path: key.to_owned(),
+                    message: e.to_string(),
+                })?;
                 pg.seal(&key)
             }
             Store::Sqlite(_) => Err(JournalError::Io {

@@ -79,15 +79,28 @@ pub(crate) fn mac(key: &[u8], text: &str) -> String {
     hex::encode(m.finalize().into_bytes())
 }
 
+/// Why the seal key cannot be used; each message names the file. The journal's `seal` and
+/// `audit verify` wrap it in their own error.
+#[derive(Debug, thiserror::Error)]
+pub enum SealKeyError {
+    #[error("seal key {} is too short (at least 32 bytes)", .0.display())]
+    TooShort(std::path::PathBuf),
+    #[error("reading seal key {}: {source}", path.display())]
+    Reading {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// The seal key at `path`: at least 32 bytes (`head -c 32 /dev/urandom > seal.key`).
-pub(crate) fn read_key(path: &Path) -> std::result::Result<Vec<u8>, String> {
+pub(crate) fn read_key(path: &Path) -> std::result::Result<Vec<u8>, SealKeyError> {
     match std::fs::read(path) {
         Ok(k) if k.len() >= 32 => Ok(k),
-        Ok(_) => Err(format!(
-            "seal key {} is too short (at least 32 bytes)",
-            path.display()
-        )),
-        Err(e) => Err(format!("reading seal key {}: {e}", path.display())),
+        Ok(_) => Err(SealKeyError::TooShort(path.to_owned())),
+        Err(source) => Err(SealKeyError::Reading {
+            path: path.to_owned(),
+            source,
+        }),
     }
 }
 
@@ -235,4 +248,35 @@ pub(in crate::journal) fn seal_from_env(pg: &Arc<Pg>) {
         .map(Duration::from_secs_f64)
         .unwrap_or(Duration::from_secs(10));
     spawn_sealer(pg, key, every);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The messages users read (from `cairn audit verify --seal-key` and `Journal::seal`) are
+    /// the ones the `String` errors carried, and a key of 32 bytes is accepted.
+    #[test]
+    fn a_short_or_missing_seal_key_is_refused_with_its_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let short = dir.path().join("short.key");
+        std::fs::write(&short, [7u8; 31]).unwrap();
+        let e = read_key(&short).unwrap_err();
+        assert!(matches!(e, SealKeyError::TooShort(_)));
+        assert_eq!(
+            e.to_string(),
+            format!(
+                "seal key {} is too short (at least 32 bytes)",
+                short.display()
+            )
+        );
+        let missing = dir.path().join("missing.key");
+        let e = read_key(&missing).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with(&format!("reading seal key {}: ", missing.display())));
+        let good = dir.path().join("good.key");
+        std::fs::write(&good, [7u8; 32]).unwrap();
+        assert_eq!(read_key(&good).unwrap().len(), 32);
+    }
 }
