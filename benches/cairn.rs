@@ -1731,6 +1731,7 @@ fn intent_match_replicas(t: &mut Table, bin: &Path, sshd: &support::TestSshd, wo
 // Long: one section of the bench, its measurements in the order of the rows it adds.
 fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
     section("6. memory: peak RSS of `cairn run`");
+    binary_pages(t, bin, work);
     let journal = work.join("memory.db");
     let remote = work.join("memory-home");
     timed(cairn_run(bin, sshd, &journal, &remote, "true"));
@@ -1816,6 +1817,51 @@ fn memory(t: &mut Table, bin: &Path, sshd: &support::TestSshd, work: &Path) {
             d.as_secs_f64()
         ));
     }
+}
+
+/// Section 6's peak RSS counts the binary's own file-backed pages, and how many of them a
+/// process maps depends on how the file sits in the page cache, not only on its code: a fault
+/// maps the whole cached folio around the page (or the fault-around window), and on a kernel
+/// whose file system caches large folios (ext4 on Linux 6.18 here) a file just written by the
+/// linker or `cp` is cached in larger folios than one read back from disk. One build's idle
+/// `serve --stdio` held about 17,100 kB `RssFile` just copied and 12,700 kB read back
+/// (2026-12-07), as much as the "+4 MiB" issue 37 part 7 first saw between two builds. So the
+/// section
+/// first drops the binary's cached pages (`POSIX_FADV_DONTNEED`; they are clean), and every
+/// build, this one or `CAIRN_BENCH_BIN`'s, starts read back from disk the same way; then it
+/// notes an idle server's `RssAnon` and `RssFile`, which tell memory the process allocates
+/// from pages of the binary.
+fn binary_pages(t: &mut Table, bin: &Path, work: &Path) {
+    let dropped = std::fs::File::open(bin).is_ok_and(|f| {
+        use std::os::fd::AsRawFd;
+        // SAFETY: an advice call on a descriptor this function holds open; no memory is passed.
+        let r = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+        r == 0
+    });
+    let dir = work.join("idle-serve");
+    let _ = std::fs::create_dir_all(&dir);
+    let mut child = Command::new(bin)
+        .args(["serve", "--stdio", "--journal"])
+        .arg(dir.join("journal.db"))
+        .env_remove("SSH_AUTH_SOCK")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn cairn serve --stdio");
+    std::thread::sleep(Duration::from_millis(1500));
+    let pid = child.id().to_string();
+    let anon = proc_status(&pid, "RssAnon:").unwrap_or(0);
+    let file = proc_status(&pid, "RssFile:").unwrap_or(0);
+    drop(child.stdin.take());
+    let _ = child.wait();
+    t.note(format!(
+        "6 idle `cairn serve --stdio` on an empty journal, 1.5 s after its start: RssAnon \
+         {anon} kB, RssFile {file} kB (the binary's cached pages {} first, so that every build \
+         is measured read back from disk)",
+        if dropped { "dropped" } else { "not dropped" }
+    ));
 }
 
 // ---------------------------------------------------------------- 6b. executions in flight
