@@ -645,7 +645,7 @@ pub struct IntentKey(Vec<u8>);
 /// Why the intent key (the HMAC key that binds an intent to its execution) cannot be used.
 ///
 /// Layer: intents (`src/intent.rs`). The executor converts it at its boundary:
-/// `From<IntentError> for ExecError` makes it [`ExecError::Setup`] (the operator fixes the key
+/// `From<IntentError> for ExecError` makes it [`ExecError::Setup`](crate::error::ExecError::Setup) (the operator fixes the key
 /// file and runs again). The request validators here (`Intent::validate`,
 /// `OperationSpec::into_intent`) and `OpClass`'s `FromStr` keep returning a message for the
 /// caller to wrap: they name the field at fault and are the caller's to locate.

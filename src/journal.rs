@@ -229,7 +229,7 @@ pub struct Status {
 }
 
 /// A handle on the journal. Its methods are the same whichever store keeps it; the store is a
-/// [`Backend`] chosen by the location given to [`Journal::open`].
+/// `Backend` chosen by the location given to [`Journal::open`].
 pub struct Journal {
     path: PathBuf,
     store: Store,
@@ -1222,7 +1222,7 @@ impl Journal {
     }
 
     /// Who owns `id` on a shared (PostgreSQL) journal; `None` on a SQLite file, where
-    /// [`crate::owner`] decides by process liveness.
+    /// `exec::claims::owner` decides by process liveness.
     pub fn ownership(&self, id: &ExecutionId) -> Result<Option<Ownership>> {
         self.backend().ownership(id)
     }

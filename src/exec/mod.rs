@@ -107,7 +107,7 @@ pub struct Outcome {
     /// The operation class.
     pub class: Option<String>,
     /// Accepted, not dispatched, and owned by this process (`pid@host`), which is still alive
-    /// and may still send it: nothing is concluded (see [`crate::owner`]). On a shared
+    /// and may still send it: nothing is concluded (see `exec::claims::owner`). On a shared
     /// journal also the live owning replica's process of an execution that stayed unsettled
     /// for the caller's whole reconnect window (its state is the journal's, nothing concluded).
     #[serde(skip_serializing_if = "Option::is_none")]

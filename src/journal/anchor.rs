@@ -2,7 +2,7 @@
 //!
 //! After each commit the newest `(seq, hash)` of each chain is written to an anchor file next to
 //! the journal (replaced atomically, never moved backwards), with an HMAC-SHA256 under a key kept
-//! in a separate 0600 file. The journal moves it; [`crate::audit`] checks it.
+//! in a separate 0600 file. The journal moves it; `cairn audit verify` checks it.
 
 use std::fs;
 use std::io::Write;

@@ -26,7 +26,7 @@ impl Journal {
     /// in the same transaction, append to `id` a `host-epoch-changed` event when the epoch
     /// differs from the one last seen there, and a `host-key-shared` event for each other
     /// destination presenting the same key with another epoch that was not yet said
-    /// ([`observe_in`], one IMMEDIATE transaction here).
+    /// (`observe_in`, one IMMEDIATE transaction here).
     pub fn observe_host_epoch(
         &mut self,
         id: &ExecutionId,

@@ -513,7 +513,7 @@ impl Shared {
     }
 }
 
-/// An authenticated SSH connection. Clones share it (a [`crate::pool::Pool`] lends one to several
+/// An authenticated SSH connection. Clones share it (a `pool::Pool` lends one to several
 /// executions); it closes when the last clone and the last [`Exec`] on it are dropped.
 #[derive(Clone)]
 pub struct Connection {
@@ -556,7 +556,7 @@ impl Connection {
     ///
     /// A target with jump hosts ([`Target::jump`]) is reached through each of them in turn, every
     /// hop under its own deadline and with its own host-key check; the connections to the hops
-    /// are this connection's own (a [`crate::pool`] shares them between targets instead).
+    /// are this connection's own (a `pool` shares them between targets instead).
     pub async fn connect(target: &Target, opts: &ConnectOptions) -> Result<Connection, SshError> {
         let _ = opts;
         let mut prev: Option<Connection> = None;

@@ -45,7 +45,7 @@ use crate::state::State;
 use super::*;
 
 /// How many times the owner's sweep picks up one execution that none of its calls drives
-/// ([`Executor::redrive_owned`]): one whose recovery keeps failing is then left as it is (the
+/// (`Executor::redrive_owned`): one whose recovery keeps failing is then left as it is (the
 /// admission table's bound).
 pub const MAX_REDRIVES: usize = admission::MAX_REDRIVES;
 

@@ -5,7 +5,7 @@
 use super::{checkpoint, fence, group, wake, Pg};
 use crate::journal::{client_identity, JournalError, Result};
 
-/// The newest schema version this binary knows (the last of [`MIGRATIONS`]).
+/// The newest schema version this binary knows (the last of `MIGRATIONS`).
 pub const PG_SCHEMA_VERSION: i32 = 9;
 
 /// Each version's DDL, applied in order in one transaction each.
