@@ -4,6 +4,9 @@
 //! methods asks it once; what both stores do alike (the kind as its name, listing, the
 //! host-epoch procedure, the evidence checks) stays in [`Journal`], written once.
 //!
+//! Batches and the HTTP records are sub-traits ([`BatchStore`], [`HttpStore`]) that each store
+//! implements where that SQL lives, beside its schema, so no method of theirs is a forwarder.
+//!
 //! The defaults are a store that no other replica shares (a SQLite file): no ownership, nothing
 //! to take over, nothing to watch.
 //!
@@ -44,7 +47,7 @@ pub(super) type Choose<'a> = Box<dyn FnOnce(&[Candidate]) -> Option<usize> + 'a>
 
 /// What a store does for [`super::Journal`]; each method means what the same-named method of
 /// [`super::Journal`] documents.
-pub(super) trait Backend: Send + Sync {
+pub(super) trait Backend: Send + Sync + BatchStore + HttpStore {
     /// Run one SQL statement as the journal's own connection (tests).
     #[cfg(test)]
     fn raw_execute(&self, sql: &str) -> Result<u64>;
@@ -91,15 +94,6 @@ pub(super) trait Backend: Send + Sync {
     fn session_event(&self, session: &str, kind: &str, evidence: serde_json::Value) -> Result<()>;
     fn sessions(&self) -> Result<Vec<SessionView>>;
 
-    fn create_batch(
-        &self,
-        id: &str,
-        command: &[u8],
-        options: &serde_json::Value,
-        members: &[(String, ExecutionId)],
-    ) -> Result<()>;
-    fn batch(&self, id: &str) -> Result<Option<BatchRecord>>;
-    fn batch_ids(&self) -> Result<Vec<String>>;
     fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>>;
     fn observe_host_epoch(
         &self,
@@ -107,31 +101,6 @@ pub(super) trait Backend: Send + Sync {
         place: &HostPlace,
         epoch: &str,
     ) -> Result<Announced>;
-    fn add_token(&self, t: &TokenRecord) -> Result<()>;
-    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
-    fn tokens(&self) -> Result<Vec<TokenRecord>>;
-    fn revoke_token(&self, id: &str) -> Result<bool>;
-    fn store_http_event(
-        &self,
-        stream_id: &str,
-        retry_ms: Option<i64>,
-        message: Option<&str>,
-    ) -> Result<i64>;
-    fn http_event_stream(&self, seq: i64) -> Result<Option<String>>;
-    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>>;
-    fn record_http_stream(&self, s: &StreamRecord) -> Result<()>;
-    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>>;
-    fn store_http_session(&self, id: &str, state: &str) -> Result<()>;
-    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()>;
-    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>>;
-    fn delete_http_session(&self, id: &str) -> Result<()>;
-    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>>;
-    fn prune_http_events(&self, before_ms: i64) -> Result<usize>;
-    fn execution_by_correlation_after(
-        &self,
-        correlation: &str,
-        after_seq: i64,
-    ) -> Result<Option<String>>;
     fn last_event_seq(&self) -> Result<i64>;
     fn metrics(&self) -> Result<JournalMetrics>;
     /// Whether other replicas share this store.
@@ -160,4 +129,48 @@ pub(super) trait Backend: Send + Sync {
     fn watch(&self, _id: &ExecutionId) -> Option<Watch> {
         None
     }
+}
+
+/// Batches, as a store keeps them: each store implements this next to its batch schema
+/// (`batch.rs`, `postgres/sessions.rs`), so the SQL and its trait methods are one block.
+pub(super) trait BatchStore {
+    fn create_batch(
+        &self,
+        id: &str,
+        command: &[u8],
+        options: &serde_json::Value,
+        members: &[(String, ExecutionId)],
+    ) -> Result<()>;
+    fn batch(&self, id: &str) -> Result<Option<BatchRecord>>;
+    fn batch_ids(&self) -> Result<Vec<String>>;
+}
+
+/// API tokens and the HTTP gateway's streams, stored events and sessions, as a store keeps
+/// them: each store implements this next to its HTTP schema (`http.rs`, `postgres/http.rs`).
+pub(super) trait HttpStore {
+    fn add_token(&self, t: &TokenRecord) -> Result<()>;
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>>;
+    fn tokens(&self) -> Result<Vec<TokenRecord>>;
+    fn revoke_token(&self, id: &str) -> Result<bool>;
+    fn store_http_event(
+        &self,
+        stream_id: &str,
+        retry_ms: Option<i64>,
+        message: Option<&str>,
+    ) -> Result<i64>;
+    fn http_event_stream(&self, seq: i64) -> Result<Option<String>>;
+    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>>;
+    fn record_http_stream(&self, s: &StreamRecord) -> Result<()>;
+    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>>;
+    fn store_http_session(&self, id: &str, state: &str) -> Result<()>;
+    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()>;
+    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>>;
+    fn delete_http_session(&self, id: &str) -> Result<()>;
+    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>>;
+    fn prune_http_events(&self, before_ms: i64) -> Result<usize>;
+    fn execution_by_correlation_after(
+        &self,
+        correlation: &str,
+        after_seq: i64,
+    ) -> Result<Option<String>>;
 }

@@ -84,8 +84,10 @@ impl super::sqlite::Sqlite {
                  COMMIT;",
         )
     }
+}
 
-    pub(super) fn create_batch(
+impl super::backend::BatchStore for super::sqlite::Sqlite {
+    fn create_batch(
         &self,
         id: &str,
         command: &[u8],
@@ -117,7 +119,7 @@ impl super::sqlite::Sqlite {
         tx.commit().map_err(e)
     }
 
-    pub(super) fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+    fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
         let head = self
             .conn()?
             .query_row(
@@ -165,7 +167,7 @@ impl super::sqlite::Sqlite {
         }))
     }
 
-    pub(super) fn batch_ids(&self) -> Result<Vec<String>> {
+    fn batch_ids(&self) -> Result<Vec<String>> {
         let lease = self.conn()?;
         let mut st = lease
             .prepare("SELECT id FROM batches ORDER BY created_at, id")

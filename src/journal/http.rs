@@ -239,8 +239,10 @@ impl super::sqlite::Sqlite {
         rows.and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
             .map_err(|e| self.err(e))
     }
+}
 
-    pub(super) fn add_token(&self, t: &TokenRecord) -> Result<()> {
+impl super::backend::HttpStore for super::sqlite::Sqlite {
+    fn add_token(&self, t: &TokenRecord) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
@@ -260,15 +262,15 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
         Ok(self.token_where("WHERE hash = ?1", hash)?.pop())
     }
 
-    pub(super) fn tokens(&self) -> Result<Vec<TokenRecord>> {
+    fn tokens(&self) -> Result<Vec<TokenRecord>> {
         self.token_where("", "")
     }
 
-    pub(super) fn revoke_token(&self, id: &str) -> Result<bool> {
+    fn revoke_token(&self, id: &str) -> Result<bool> {
         let n = self
             .conn()?
             .execute(
@@ -279,7 +281,7 @@ impl super::sqlite::Sqlite {
         Ok(n > 0)
     }
 
-    pub(super) fn store_http_event(
+    fn store_http_event(
         &self,
         stream_id: &str,
         retry_ms: Option<i64>,
@@ -296,7 +298,7 @@ impl super::sqlite::Sqlite {
         Ok(lease.last_insert_rowid())
     }
 
-    pub(super) fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
+    fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
         self.conn()?
             .query_row(
                 "SELECT stream_id FROM http_events WHERE seq = ?1",
@@ -307,7 +309,7 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
+    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
         let lease = self.conn()?;
         let mut st = lease
             .prepare_cached(
@@ -327,7 +329,7 @@ impl super::sqlite::Sqlite {
         .map_err(|e| self.err(e))
     }
 
-    pub(super) fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
+    fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT OR IGNORE INTO http_streams (stream_id, session_id, actor, request, opened_ms)
@@ -338,7 +340,7 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
+    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
         self.conn()?
             .query_row(
                 "SELECT stream_id, session_id, actor, request FROM http_streams
@@ -357,7 +359,7 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
+    fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT INTO http_sessions (id, created_at, state) VALUES (?1, ?2, ?3)
@@ -368,7 +370,7 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
+    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
         self.conn()?
             .execute(
                 "INSERT INTO http_sessions (id, actor, created_at) VALUES (?1, ?2, ?3)
@@ -379,10 +381,7 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn http_session(
-        &self,
-        id: &str,
-    ) -> Result<Option<(Option<String>, Option<String>)>> {
+    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
         self.conn()?
             .query_row(
                 "SELECT actor, state FROM http_sessions WHERE id = ?1",
@@ -393,14 +392,14 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn delete_http_session(&self, id: &str) -> Result<()> {
+    fn delete_http_session(&self, id: &str) -> Result<()> {
         self.conn()?
             .execute("DELETE FROM http_sessions WHERE id = ?1", [id])
             .map(|_| ())
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
+    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
         self.conn()?
             .query_row(
                 "SELECT execution_id FROM events
@@ -414,7 +413,7 @@ impl super::sqlite::Sqlite {
             .map_err(|e| self.err(e))
     }
 
-    pub(super) fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
+    fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
         let c = self.conn()?;
         let n = c
             .execute("DELETE FROM http_events WHERE at_ms < ?1", [before_ms])
@@ -431,7 +430,7 @@ impl super::sqlite::Sqlite {
         Ok(n)
     }
 
-    pub(super) fn execution_by_correlation_after(
+    fn execution_by_correlation_after(
         &self,
         correlation: &str,
         after_seq: i64,
@@ -448,7 +447,9 @@ impl super::sqlite::Sqlite {
             .optional()
             .map_err(|e| self.err(e))
     }
+}
 
+impl super::sqlite::Sqlite {
     pub(super) fn last_event_seq(&self) -> Result<i64> {
         self.conn()?
             .query_row("SELECT COALESCE(MAX(seq), 0) FROM events", [], |r| r.get(0))

@@ -12,13 +12,13 @@ use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 use super::backend::{Backend, Choose, Named};
 use super::sessions::{write_in, SessionBook, SessionEntry, SessionWrite};
+use super::JournalMetrics;
 use super::{
     advance_anchor, anchor, append_in, connect, group, insert_accepted, redact_url,
     status_from_states, AcceptOrMatch, Candidate, Event, ExecutionRecord, GroupCommitStats,
     IntentColumns, JournalError, LegacyIntent, Result, SessionRecord, SessionView, Status,
     SCHEMA_VERSION,
 };
-use super::{BatchRecord, JournalMetrics, StoredEvent, StreamRecord, TokenRecord};
 use crate::epoch::{Announced, HostPlace};
 use crate::id::ExecutionId;
 use crate::state::State;
@@ -685,21 +685,6 @@ impl Backend for Sqlite {
         it.collect::<rusqlite::Result<_>>().map_err(|e| self.err(e))
     }
 
-    fn create_batch(
-        &self,
-        id: &str,
-        command: &[u8],
-        options: &serde_json::Value,
-        members: &[(String, ExecutionId)],
-    ) -> Result<()> {
-        Sqlite::create_batch(self, id, command, options, members)
-    }
-    fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
-        Sqlite::batch(self, id)
-    }
-    fn batch_ids(&self) -> Result<Vec<String>> {
-        Sqlite::batch_ids(self)
-    }
     fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
         Sqlite::host_epoch_at(self, place)
     }
@@ -712,63 +697,6 @@ impl Backend for Sqlite {
         Sqlite::observe_host_epoch(self, id, place, epoch)
     }
 
-    fn add_token(&self, t: &TokenRecord) -> Result<()> {
-        Sqlite::add_token(self, t)
-    }
-    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        Sqlite::token_by_hash(self, hash)
-    }
-    fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        Sqlite::tokens(self)
-    }
-    fn revoke_token(&self, id: &str) -> Result<bool> {
-        Sqlite::revoke_token(self, id)
-    }
-    fn store_http_event(
-        &self,
-        stream_id: &str,
-        retry_ms: Option<i64>,
-        message: Option<&str>,
-    ) -> Result<i64> {
-        Sqlite::store_http_event(self, stream_id, retry_ms, message)
-    }
-    fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
-        Sqlite::http_event_stream(self, seq)
-    }
-    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
-        Sqlite::http_events_after(self, stream_id, seq)
-    }
-    fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
-        Sqlite::record_http_stream(self, s)
-    }
-    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
-        Sqlite::http_stream(self, stream_id)
-    }
-    fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
-        Sqlite::store_http_session(self, id, state)
-    }
-    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
-        Sqlite::bind_http_session(self, id, actor)
-    }
-    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
-        Sqlite::http_session(self, id)
-    }
-    fn delete_http_session(&self, id: &str) -> Result<()> {
-        Sqlite::delete_http_session(self, id)
-    }
-    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
-        Sqlite::execution_by_correlation(self, correlation)
-    }
-    fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
-        Sqlite::prune_http_events(self, before_ms)
-    }
-    fn execution_by_correlation_after(
-        &self,
-        correlation: &str,
-        after_seq: i64,
-    ) -> Result<Option<String>> {
-        Sqlite::execution_by_correlation_after(self, correlation, after_seq)
-    }
     fn last_event_seq(&self) -> Result<i64> {
         Sqlite::last_event_seq(self)
     }

@@ -8,9 +8,8 @@ use crate::epoch::{Announced, HostPlace};
 use crate::id::ExecutionId;
 use crate::journal::backend::{Backend, Choose, Named};
 use crate::journal::{
-    AcceptOrMatch, BatchRecord, Event, ExecutionRecord, GroupCommitStats, IntentColumns,
-    JournalError, JournalMetrics, LegacyIntent, Ownership, SessionRecord, SessionView, Status,
-    StoredEvent, StreamRecord, TakeOver, TokenRecord, Watch,
+    AcceptOrMatch, Event, ExecutionRecord, GroupCommitStats, IntentColumns, JournalError,
+    JournalMetrics, LegacyIntent, Ownership, SessionRecord, SessionView, Status, TakeOver, Watch,
 };
 use crate::state::State;
 
@@ -103,21 +102,6 @@ impl Backend for Pg {
         Pg::sessions(self)
     }
 
-    fn create_batch(
-        &self,
-        id: &str,
-        command: &[u8],
-        options: &serde_json::Value,
-        members: &[(String, ExecutionId)],
-    ) -> Result<()> {
-        Pg::create_batch(self, id, command, options, members)
-    }
-    fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
-        Pg::batch(self, id)
-    }
-    fn batch_ids(&self) -> Result<Vec<String>> {
-        Pg::batch_ids(self)
-    }
     fn host_epoch_at(&self, place: &HostPlace) -> Result<Option<String>> {
         Pg::host_epoch_at(self, place)
     }
@@ -128,63 +112,6 @@ impl Backend for Pg {
         epoch: &str,
     ) -> Result<Announced> {
         Pg::observe_host_epoch(self, id, place, epoch)
-    }
-    fn add_token(&self, t: &TokenRecord) -> Result<()> {
-        Pg::add_token(self, t)
-    }
-    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
-        Ok(Pg::tokens_where(self, Some(hash))?.pop())
-    }
-    fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        Pg::tokens_where(self, None)
-    }
-    fn revoke_token(&self, id: &str) -> Result<bool> {
-        Pg::revoke_token(self, id)
-    }
-    fn store_http_event(
-        &self,
-        stream_id: &str,
-        retry_ms: Option<i64>,
-        message: Option<&str>,
-    ) -> Result<i64> {
-        Pg::store_http_event(self, stream_id, retry_ms, message)
-    }
-    fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
-        Pg::http_event_stream(self, seq)
-    }
-    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
-        Pg::http_events_after(self, stream_id, seq)
-    }
-    fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
-        Pg::record_http_stream(self, s)
-    }
-    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
-        Pg::http_stream(self, stream_id)
-    }
-    fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
-        Pg::store_http_session(self, id, state)
-    }
-    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
-        Pg::bind_http_session(self, id, actor)
-    }
-    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
-        Pg::http_session(self, id)
-    }
-    fn delete_http_session(&self, id: &str) -> Result<()> {
-        Pg::delete_http_session(self, id)
-    }
-    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
-        Pg::execution_by_correlation_after(self, correlation, 0)
-    }
-    fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
-        Pg::prune_http_events(self, before_ms)
-    }
-    fn execution_by_correlation_after(
-        &self,
-        correlation: &str,
-        after_seq: i64,
-    ) -> Result<Option<String>> {
-        Pg::execution_by_correlation_after(self, correlation, after_seq)
     }
     fn last_event_seq(&self) -> Result<i64> {
         Pg::last_event_seq(self)

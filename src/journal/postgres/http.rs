@@ -2,31 +2,11 @@
 //! resumable SSE), its MCP sessions, and their pruning.
 
 use super::Pg;
+use crate::journal::backend::HttpStore;
 use crate::journal::{now_ms, now_rfc3339, Result, StoredEvent, StreamRecord, TokenRecord};
 
 impl Pg {
-    pub(in crate::journal) fn add_token(&self, t: &TokenRecord) -> Result<()> {
-        self.exec(
-            "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
-                                 expires_ms, revoked_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)",
-            &[
-                &t.id,
-                &t.hash,
-                &t.actor,
-                &t.scope_prefix,
-                &t.created_at,
-                &t.expires_at,
-                &t.expires_ms,
-            ],
-        )
-        .map(|_| ())
-    }
-
-    pub(in crate::journal) fn tokens_where(
-        &self,
-        by_hash: Option<&str>,
-    ) -> Result<Vec<TokenRecord>> {
+    fn tokens_where(&self, by_hash: Option<&str>) -> Result<Vec<TokenRecord>> {
         let rows = self.query(
             "SELECT id, hash, actor, scope_prefix, created_at, expires_at, expires_ms, revoked_at
              FROM tokens WHERE $1::text IS NULL OR hash = $1 ORDER BY created_at, id",
@@ -46,15 +26,47 @@ impl Pg {
             })
             .collect())
     }
+}
 
-    pub(in crate::journal) fn revoke_token(&self, id: &str) -> Result<bool> {
+impl HttpStore for Pg {
+    fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
+        Ok(self.tokens_where(Some(hash))?.pop())
+    }
+
+    fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.tokens_where(None)
+    }
+
+    fn execution_by_correlation(&self, correlation: &str) -> Result<Option<String>> {
+        self.execution_by_correlation_after(correlation, 0)
+    }
+
+    fn add_token(&self, t: &TokenRecord) -> Result<()> {
+        self.exec(
+            "INSERT INTO tokens (id, hash, actor, scope_prefix, created_at, expires_at,
+                                 expires_ms, revoked_at)
+             VALUES ($1, $2, $3, $4, $5, $6, $7, NULL)",
+            &[
+                &t.id,
+                &t.hash,
+                &t.actor,
+                &t.scope_prefix,
+                &t.created_at,
+                &t.expires_at,
+                &t.expires_ms,
+            ],
+        )
+        .map(|_| ())
+    }
+
+    fn revoke_token(&self, id: &str) -> Result<bool> {
         Ok(self.exec(
             "UPDATE tokens SET revoked_at = $2 WHERE id = $1 AND revoked_at IS NULL",
             &[&id, &now_rfc3339()],
         )? > 0)
     }
 
-    pub(in crate::journal) fn store_http_event(
+    fn store_http_event(
         &self,
         stream_id: &str,
         retry_ms: Option<i64>,
@@ -69,17 +81,13 @@ impl Pg {
             .ok_or_else(|| self.fail("the insert returned no sequence"))
     }
 
-    pub(in crate::journal) fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
+    fn http_event_stream(&self, seq: i64) -> Result<Option<String>> {
         Ok(self
             .query_opt("SELECT stream_id FROM http_events WHERE seq = $1", &[&seq])?
             .map(|r| r.get(0)))
     }
 
-    pub(in crate::journal) fn http_events_after(
-        &self,
-        stream_id: &str,
-        seq: i64,
-    ) -> Result<Vec<StoredEvent>> {
+    fn http_events_after(&self, stream_id: &str, seq: i64) -> Result<Vec<StoredEvent>> {
         Ok(self
             .query(
                 "SELECT seq, stream_id, retry_ms, message FROM http_events
@@ -96,7 +104,7 @@ impl Pg {
             .collect())
     }
 
-    pub(in crate::journal) fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
+    fn record_http_stream(&self, s: &StreamRecord) -> Result<()> {
         self.exec(
             "INSERT INTO http_streams (stream_id, session_id, actor, request, opened_ms)
              VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
@@ -105,7 +113,7 @@ impl Pg {
         .map(|_| ())
     }
 
-    pub(in crate::journal) fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
+    fn http_stream(&self, stream_id: &str) -> Result<Option<StreamRecord>> {
         Ok(self
             .query_opt(
                 "SELECT stream_id, session_id, actor, request FROM http_streams
@@ -120,7 +128,7 @@ impl Pg {
             }))
     }
 
-    pub(in crate::journal) fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
+    fn store_http_session(&self, id: &str, state: &str) -> Result<()> {
         self.exec(
             "INSERT INTO http_sessions (id, created_at, created_ms, state) VALUES ($1, $2, $3, $4)
              ON CONFLICT (id) DO UPDATE SET state = excluded.state",
@@ -129,7 +137,7 @@ impl Pg {
         .map(|_| ())
     }
 
-    pub(in crate::journal) fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
+    fn bind_http_session(&self, id: &str, actor: &str) -> Result<()> {
         self.exec(
             "INSERT INTO http_sessions AS s (id, actor, created_at, created_ms)
              VALUES ($1, $2, $3, $4)
@@ -139,10 +147,7 @@ impl Pg {
         .map(|_| ())
     }
 
-    pub(in crate::journal) fn http_session(
-        &self,
-        id: &str,
-    ) -> Result<Option<(Option<String>, Option<String>)>> {
+    fn http_session(&self, id: &str) -> Result<Option<(Option<String>, Option<String>)>> {
         Ok(self
             .query_opt(
                 "SELECT actor, state FROM http_sessions WHERE id = $1",
@@ -151,12 +156,12 @@ impl Pg {
             .map(|r| (r.get(0), r.get(1))))
     }
 
-    pub(in crate::journal) fn delete_http_session(&self, id: &str) -> Result<()> {
+    fn delete_http_session(&self, id: &str) -> Result<()> {
         self.exec("DELETE FROM http_sessions WHERE id = $1", &[&id])
             .map(|_| ())
     }
 
-    pub(in crate::journal) fn execution_by_correlation_after(
+    fn execution_by_correlation_after(
         &self,
         correlation: &str,
         after_seq: i64,
@@ -172,7 +177,7 @@ impl Pg {
             .map(|r| r.get(0)))
     }
 
-    pub(in crate::journal) fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
+    fn prune_http_events(&self, before_ms: i64) -> Result<usize> {
         self.block(async {
             let c = self.client().await?;
             let n = c

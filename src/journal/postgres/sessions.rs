@@ -135,8 +135,10 @@ impl Pg {
             })
             .collect())
     }
+}
 
-    pub(in crate::journal) fn create_batch(
+impl crate::journal::backend::BatchStore for Pg {
+    fn create_batch(
         &self,
         id: &str,
         command: &[u8],
@@ -172,7 +174,7 @@ impl Pg {
         })
     }
 
-    pub(in crate::journal) fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
+    fn batch(&self, id: &str) -> Result<Option<BatchRecord>> {
         let Some(head) = self.query_opt(
             "SELECT id, created_at, command, options, client FROM batches WHERE id = $1",
             &[&id],
@@ -203,7 +205,7 @@ impl Pg {
         }))
     }
 
-    pub(in crate::journal) fn batch_ids(&self) -> Result<Vec<String>> {
+    fn batch_ids(&self) -> Result<Vec<String>> {
         Ok(self
             .query("SELECT id FROM batches ORDER BY created_at, id", &[])?
             .iter()
