@@ -7,7 +7,7 @@
 //! Journals made before this kept one epoch per (host key, remote dir) in `host_epochs`; that
 //! table is no longer read (it joined hosts that share a key) and is left as it was.
 
-use rusqlite::{params, OptionalExtension, TransactionBehavior};
+use rusqlite::{params, OptionalExtension};
 
 use std::collections::BTreeSet;
 
@@ -270,23 +270,11 @@ impl super::sqlite::Sqlite {
         place: &HostPlace,
         epoch: &str,
     ) -> Result<Announced> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let mut book = SqliteBook {
-            tx: &tx,
-            path: &path,
-        };
-        // No await point waits: every step of the SQLite book is synchronous.
-        let (a, last_ev) = futures::executor::block_on(observe_in(&mut book, id, place, epoch))?;
-        tx.commit().map_err(sq)?;
-        drop(lease);
+        let (a, last_ev) = self.immediate(|tx, path| {
+            let mut book = SqliteBook { tx, path };
+            // No await point waits: every step of the SQLite book is synchronous.
+            futures::executor::block_on(observe_in(&mut book, id, place, epoch))
+        })?;
         if let Some(ev) = &last_ev {
             self.anchor_to(ev);
         }

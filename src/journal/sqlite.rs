@@ -45,6 +45,22 @@ impl Sqlite {
         }
     }
 
+    /// Run `f` in one IMMEDIATE transaction on a leased connection and commit it; the lease is
+    /// returned before this returns, so the caller may move the anchor with no connection held.
+    /// The host-epoch and session procedures (`hosts.rs`, `sessions.rs`) run their books here.
+    pub(super) fn immediate<T>(
+        &self,
+        f: impl FnOnce(&rusqlite::Transaction<'_>, &std::path::Path) -> Result<T>,
+    ) -> Result<T> {
+        let mut lease = self.conn()?;
+        let tx = lease
+            .transaction_with_behavior(TransactionBehavior::Immediate)
+            .map_err(|e| self.err(e))?;
+        let out = f(&tx, &self.path)?;
+        tx.commit().map_err(|e| self.err(e))?;
+        Ok(out)
+    }
+
     /// Run `sql` (one `BEGIN IMMEDIATE … COMMIT` batch creating tables) unless the table
     /// `last` already exists: how a journal made before a feature gains that feature's tables.
     pub(super) fn add_tables(&self, c: &rusqlite::Connection, last: &str, sql: &str) -> Result<()> {
@@ -780,23 +796,11 @@ impl Sqlite {
     /// `w` in one IMMEDIATE transaction ([`write_in`]); once committed, the sessions anchor is
     /// moved to the entry appended.
     fn write_session(&self, w: SessionWrite<'_>) -> Result<()> {
-        let path = self.path.clone();
-        let sq = |source| JournalError::Sqlite {
-            path: path.clone(),
-            source,
-        };
-        let mut lease = self.conn()?;
-        let tx = lease
-            .transaction_with_behavior(TransactionBehavior::Immediate)
-            .map_err(sq)?;
-        let mut book = SqliteSessions {
-            tx: &tx,
-            path: &path,
-        };
-        // No await point waits: every step of the SQLite book is synchronous.
-        let (seq, hash) = futures::executor::block_on(write_in(&mut book, w))?;
-        tx.commit().map_err(sq)?;
-        drop(lease);
+        let (seq, hash) = self.immediate(|tx, path| {
+            let mut book = SqliteSessions { tx, path };
+            // No await point waits: every step of the SQLite book is synchronous.
+            futures::executor::block_on(write_in(&mut book, w))
+        })?;
         self.anchor_sessions(seq, &hash);
         Ok(())
     }
