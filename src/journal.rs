@@ -678,6 +678,19 @@ impl SessionRecord {
             detail: serde_json::from_str(&r.get::<_, String>(6)?).unwrap_or_default(),
         })
     }
+
+    /// The same session row read from PostgreSQL (the journal's `sessions()` and `audit verify`).
+    pub(crate) fn from_pg_row(r: &tokio_postgres::Row) -> SessionRecord {
+        SessionRecord {
+            id: r.get(0),
+            kind: r.get(1),
+            actor: r.get(2),
+            pid: r.get(3),
+            client: r.get(4),
+            started_at: r.get(5),
+            detail: serde_json::from_str(r.get::<_, &str>(6)).unwrap_or_default(),
+        }
+    }
 }
 
 /// A session with what its events say.

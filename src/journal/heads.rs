@@ -173,19 +173,7 @@ mod tests {
     use crate::lifecycle::TRANSITIONS;
     use rand::{Rng, SeedableRng};
 
-    const ALL: [State; 11] = [
-        State::Accepted,
-        State::Authorized,
-        State::Rejected,
-        State::Dispatched,
-        State::Running,
-        State::Completed,
-        State::Failed,
-        State::Interrupted,
-        State::Unknown,
-        State::Cancelled,
-        State::Delivered,
-    ];
+    const ALL: [State; 11] = State::ALL;
 
     /// One step at a time equals the replay, over any sequence (legal or not: journals written
     /// before the lifecycle was enforced hold `unknown` after a settled state).

@@ -281,15 +281,7 @@ async fn sessions(tx: &Tx<'_>) -> PgResult<Vec<SessionRecord>> {
         )
         .await?
         .iter()
-        .map(|r| SessionRecord {
-            id: r.get(0),
-            kind: r.get(1),
-            actor: r.get(2),
-            pid: r.get(3),
-            client: r.get(4),
-            started_at: r.get(5),
-            detail: serde_json::from_str(r.get::<_, &str>(6)).unwrap_or_default(),
-        })
+        .map(SessionRecord::from_pg_row)
         .collect())
 }
 

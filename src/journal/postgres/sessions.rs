@@ -121,15 +121,7 @@ impl Pg {
         Ok(rows
             .iter()
             .map(|r| SessionView {
-                record: SessionRecord {
-                    id: r.get(0),
-                    kind: r.get(1),
-                    actor: r.get(2),
-                    pid: r.get(3),
-                    client: r.get(4),
-                    started_at: r.get(5),
-                    detail: serde_json::from_str(r.get::<_, &str>(6)).unwrap_or_default(),
-                },
+                record: SessionRecord::from_pg_row(r),
                 ended_at: r.get(7),
                 executions: r.get::<_, i64>(8).max(0) as u64,
             })
